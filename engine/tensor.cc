@@ -1,0 +1,40 @@
+#include "engine/tensor.h"
+
+#include <stdexcept>
+
+#include "absl/strings/str_join.h"
+
+namespace attn {
+
+int64_t Tensor::NumElements(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+Tensor::Tensor(std::vector<int64_t> shape)
+    : shape_(std::move(shape)), values_(static_cast<size_t>(NumElements(shape_)), 0.0f) {}
+
+Tensor::Tensor(std::vector<int64_t> shape, FloatBuffer values)
+    : shape_(std::move(shape)), values_(std::move(values)) {
+  if (NumElements(shape_) != static_cast<int64_t>(values_.size())) {
+    throw std::invalid_argument("Tensor: shape " + ShapeToString(shape_) + " does not match " +
+                                std::to_string(values_.size()) + " values");
+  }
+}
+
+void Tensor::Reshape(std::vector<int64_t> shape) {
+  if (NumElements(shape) != numel()) {
+    throw std::invalid_argument("Tensor::Reshape: " + ShapeToString(shape_) + " -> " +
+                                ShapeToString(shape));
+  }
+  shape_ = std::move(shape);
+}
+
+std::string Tensor::ShapeString() const { return ShapeToString(shape_); }
+
+std::string ShapeToString(const std::vector<int64_t>& shape) {
+  return "[" + absl::StrJoin(shape, ", ") + "]";
+}
+
+}  // namespace attn

@@ -1,0 +1,68 @@
+// Tensor: a dense, row-major fp32 array with a shape. Storage is 64-byte aligned so oneDNN
+// can use it directly. Copyable (deep copy); moves are cheap.
+#pragma once
+
+#include <cstdint>
+#include <cstdlib>
+#include <new>
+#include <string>
+#include <vector>
+
+namespace attn {
+
+template <typename T, std::size_t kAlignment = 64>
+struct AlignedAllocator {
+  using value_type = T;
+  AlignedAllocator() = default;
+  template <typename U>
+  AlignedAllocator(const AlignedAllocator<U, kAlignment>&) {}  // NOLINT
+  template <typename U>
+  struct rebind {
+    using other = AlignedAllocator<U, kAlignment>;
+  };
+  T* allocate(std::size_t n) {
+    const std::size_t bytes = ((n * sizeof(T) + kAlignment - 1) / kAlignment) * kAlignment;
+    void* p = std::aligned_alloc(kAlignment, bytes == 0 ? kAlignment : bytes);
+    if (p == nullptr) throw std::bad_alloc();
+    return static_cast<T*>(p);
+  }
+  void deallocate(T* p, std::size_t) { std::free(p); }
+  bool operator==(const AlignedAllocator&) const { return true; }
+  bool operator!=(const AlignedAllocator&) const { return false; }
+};
+
+using FloatBuffer = std::vector<float, AlignedAllocator<float>>;
+
+class Tensor {
+ public:
+  Tensor() = default;
+  // Zero-filled tensor of the given shape.
+  explicit Tensor(std::vector<int64_t> shape);
+  Tensor(std::vector<int64_t> shape, FloatBuffer values);
+
+  const std::vector<int64_t>& shape() const { return shape_; }
+  int rank() const { return static_cast<int>(shape_.size()); }
+  int64_t dim(int i) const { return shape_[i < 0 ? shape_.size() + i : i]; }
+  int64_t numel() const { return static_cast<int64_t>(values_.size()); }
+  bool empty() const { return values_.empty(); }
+
+  float* data() { return values_.data(); }
+  const float* data() const { return values_.data(); }
+  FloatBuffer& values() { return values_; }
+  const FloatBuffer& values() const { return values_; }
+
+  // Same data, new shape with the same element count.
+  void Reshape(std::vector<int64_t> shape);
+  // "[2, 3, 4]"
+  std::string ShapeString() const;
+
+  static int64_t NumElements(const std::vector<int64_t>& shape);
+
+ private:
+  std::vector<int64_t> shape_;
+  FloatBuffer values_;
+};
+
+std::string ShapeToString(const std::vector<int64_t>& shape);
+
+}  // namespace attn

@@ -1,0 +1,102 @@
+// WordPiece tokenizer equal to Hugging Face's BertTokenizerFast on the same files:
+// BertNormalizer (clean text, CJK spacing, lower-case, strip accents) -> BertPreTokenizer
+// (whitespace + punctuation split) -> WordPiece (greedy longest-match-first, "##" prefix,
+// [UNK] for words longer than max_input_chars_per_word) -> template [CLS] A [SEP] (B [SEP]).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace attn {
+
+struct TokenizerOptions {
+  bool clean_text = true;
+  bool tokenize_chinese_chars = true;
+  bool lowercase = true;
+  // Hugging Face: strip_accents null means "follow lowercase".
+  bool strip_accents = true;
+  int max_input_chars_per_word = 100;
+  std::string continuing_subword_prefix = "##";
+  std::string unk_token = "[UNK]";
+  std::string cls_token = "[CLS]";
+  std::string sep_token = "[SEP]";
+  std::string pad_token = "[PAD]";
+  std::string mask_token = "[MASK]";
+  // tokenizer_config.json model_max_length (capped by the caller at the model's positions).
+  int model_max_length = 512;
+};
+
+enum class TruncationSide { kRight, kLeft };
+
+struct TruncationOptions {
+  bool enabled = true;
+  // Total length including special tokens.
+  int max_length = 512;
+  TruncationSide side = TruncationSide::kRight;
+};
+
+// One encoded sequence (single text or pair), special tokens included.
+struct Encoding {
+  std::vector<int32_t> ids;
+  std::vector<int32_t> type_ids;
+  std::vector<std::string> tokens;
+  // Offsets into the original text, [start, end). Special tokens have (0, 0), as in Hugging
+  // Face. char_* count Unicode code points (what Python's str indices are); byte_* are UTF-8
+  // byte offsets. For a pair, offsets of the second text's tokens refer to the second text.
+  std::vector<int32_t> char_start, char_end;
+  std::vector<int32_t> byte_start, byte_end;
+  std::vector<uint8_t> special_tokens_mask;  // 1 for [CLS]/[SEP]
+  // Which text each token came from: 0 = first, 1 = second, -1 = special token.
+  std::vector<int8_t> sequence_index;
+  bool truncated = false;
+  // Length before truncation (special tokens included).
+  int untruncated_length = 0;
+
+  int size() const { return static_cast<int>(ids.size()); }
+};
+
+class WordPieceTokenizer {
+ public:
+  // Reads vocab.txt (or, if absent, the WordPiece vocab in tokenizer.json) and the options in
+  // tokenizer_config.json / tokenizer.json's normalizer. Errors name the file and the problem.
+  static absl::StatusOr<WordPieceTokenizer> FromModelDir(const std::string& model_dir);
+  // vocab: token per id. Fails if the special tokens are missing from the vocab.
+  static absl::StatusOr<WordPieceTokenizer> FromVocab(std::vector<std::string> vocab,
+                                                      TokenizerOptions options);
+
+  // Invalid UTF-8 -> InvalidArgument naming the byte offset.
+  absl::StatusOr<Encoding> Encode(std::string_view text,
+                                  const TruncationOptions& truncation = {}) const;
+  // Longest-first truncation across the two texts, as Hugging Face does.
+  absl::StatusOr<Encoding> EncodePair(std::string_view text_a, std::string_view text_b,
+                                      const TruncationOptions& truncation = {}) const;
+  // Token ids given directly: validates ids against the vocab; adds no special tokens.
+  // Type ids default to 0 when empty.
+  absl::StatusOr<Encoding> FromIds(const std::vector<int32_t>& ids,
+                                   const std::vector<int32_t>& type_ids = {}) const;
+
+  int vocab_size() const { return static_cast<int>(vocab_.size()); }
+  // -1 if not in the vocab.
+  int32_t TokenToId(std::string_view token) const;
+  const std::string& IdToToken(int32_t id) const { return vocab_.at(id); }
+  int32_t cls_id() const { return cls_id_; }
+  int32_t sep_id() const { return sep_id_; }
+  int32_t pad_id() const { return pad_id_; }
+  int32_t unk_id() const { return unk_id_; }
+  const TokenizerOptions& options() const { return options_; }
+
+ private:
+  WordPieceTokenizer() = default;
+
+  std::vector<std::string> vocab_;
+  std::unordered_map<std::string, int32_t> token_to_id_;
+  TokenizerOptions options_;
+  int32_t cls_id_ = -1, sep_id_ = -1, pad_id_ = -1, unk_id_ = -1;
+};
+
+}  // namespace attn
