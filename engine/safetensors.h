@@ -69,12 +69,12 @@ class SafetensorsFile {
   absl::Status Parse();
 
   std::string source_name_;
-  std::string owned_bytes_;      // FromBytes()
-  void* mapping_ = nullptr;      // Open()
+  std::string owned_bytes_;  // FromBytes()
+  void* mapping_ = nullptr;  // Open()
   size_t mapping_size_ = 0;
   const char* file_data_ = nullptr;
   uint64_t file_size_ = 0;
-  uint64_t data_start_ = 0;      // 8 + header length
+  uint64_t data_start_ = 0;  // 8 + header length
   std::vector<TensorInfo> tensors_;
   std::map<std::string, std::string> metadata_;
 };
