@@ -8,8 +8,10 @@
 #include <string>
 #include <string_view>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 
 namespace attn {
@@ -69,10 +71,13 @@ class WordPieceTokenizer {
   static absl::StatusOr<WordPieceTokenizer> FromVocab(std::vector<std::string> vocab,
                                                       TokenizerOptions options);
 
-  // Invalid UTF-8 -> InvalidArgument naming the byte offset.
+  // Invalid UTF-8 -> InvalidArgument naming the byte offset; so is a truncation max_length below
+  // the number of special tokens (Hugging Face silently skips truncation then). Special tokens
+  // written in the text ("[SEP]") become their ids, as in Hugging Face.
   absl::StatusOr<Encoding> Encode(std::string_view text,
                                   const TruncationOptions& truncation = {}) const;
-  // Longest-first truncation across the two texts, as Hugging Face does.
+  // Longest-first truncation across the two texts, as the tokenizers crate does it. An empty
+  // text_b still makes a pair ([CLS] a [SEP] [SEP]), like the crate and transformers' batch API.
   absl::StatusOr<Encoding> EncodePair(std::string_view text_a, std::string_view text_b,
                                       const TruncationOptions& truncation = {}) const;
   // Token ids given directly: validates ids against the vocab; adds no special tokens.
@@ -91,12 +96,26 @@ class WordPieceTokenizer {
   const TokenizerOptions& options() const { return options_; }
 
  private:
+  struct Piece;  // one token of one text, before [CLS]/[SEP] are added (defined in the .cc)
+
   WordPieceTokenizer() = default;
+
+  // Added/special tokens found verbatim in the raw text, then BertNormalizer ->
+  // BertPreTokenizer -> WordPiece on the text between them. `what` names the text in errors.
+  absl::Status TokenizeText(std::string_view text, std::string_view what,
+                            std::vector<Piece>* pieces) const;
+  absl::StatusOr<Encoding> Assemble(const std::vector<Piece>& a, const std::vector<Piece>* b,
+                                    const TruncationOptions& truncation) const;
 
   std::vector<std::string> vocab_;
   std::unordered_map<std::string, int32_t> token_to_id_;
   TokenizerOptions options_;
   int32_t cls_id_ = -1, sep_id_ = -1, pad_id_ = -1, unk_id_ = -1;
+  // Tokens matched in the raw text before normalization (Hugging Face's added vocabulary with
+  // normalized=false: the special tokens, plus tokenizer.json's added_tokens), longest first.
+  std::vector<std::pair<std::string, int32_t>> added_tokens_;
+  // Longest vocab entry in bytes: longer WordPiece candidates cannot match, so are not looked up.
+  int max_token_bytes_ = 0;
 };
 
 }  // namespace attn
