@@ -1,1 +1,101 @@
-// placeholder: being written
+#include "engine/model.h"
+
+#include <algorithm>
+#include <filesystem>
+
+#include "absl/strings/str_cat.h"
+#include "engine/log.h"
+
+namespace attn {
+
+absl::StatusOr<std::shared_ptr<const Model>> Model::Load(const std::string& model_dir) {
+  namespace fs = std::filesystem;
+  std::error_code error;
+  if (!fs::is_directory(model_dir, error)) {
+    return absl::NotFoundError(
+        absl::StrCat("model directory '", model_dir, "' does not exist or is not a directory"));
+  }
+  auto model = std::shared_ptr<Model>(new Model());
+  model->model_dir_ = model_dir;
+
+  absl::StatusOr<BertConfig> config =
+      LoadBertConfig((fs::path(model_dir) / "config.json").string());
+  if (!config.ok()) return config.status();
+  model->config_ = *config;
+
+  absl::StatusOr<SentenceEmbeddingConfig> sentence = LoadSentenceEmbeddingConfig(model_dir);
+  if (!sentence.ok()) return sentence.status();
+  model->sentence_config_ = *sentence;
+
+  absl::StatusOr<WordPieceTokenizer> tokenizer = WordPieceTokenizer::FromModelDir(model_dir);
+  if (!tokenizer.ok()) return tokenizer.status();
+  if (tokenizer->vocab_size() > model->config_.vocab_size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(model_dir, ": tokenizer vocabulary has ", tokenizer->vocab_size(),
+                     " tokens but config.json vocab_size is ", model->config_.vocab_size));
+  }
+  model->tokenizer_.emplace(std::move(*tokenizer));
+
+  const std::string weights_path = (fs::path(model_dir) / "model.safetensors").string();
+  absl::StatusOr<std::unique_ptr<SafetensorsFile>> file = SafetensorsFile::Open(weights_path);
+  if (!file.ok()) return file.status();
+  absl::StatusOr<BertWeights> weights = LoadBertWeights(**file, model->config_);
+  if (!weights.ok()) return weights.status();
+  model->weights_ = std::move(*weights);
+
+  Log(LogLevel::kInfo, "loaded %s: %d layers, hidden %d, %d heads, %d parameters", model_dir,
+      model->config_.num_hidden_layers, model->config_.hidden_size,
+      model->config_.num_attention_heads, model->weights_.ParameterCount());
+  return std::shared_ptr<const Model>(std::move(model));
+}
+
+int Model::default_max_length() const {
+  int length = sentence_config_.max_seq_length > 0 ? sentence_config_.max_seq_length
+                                                   : tokenizer_->options().model_max_length;
+  if (length <= 0) length = config_.max_position_embeddings;
+  return std::min(length, config_.max_position_embeddings);
+}
+
+ForwardOptions Model::DefaultForwardOptions() const {
+  ForwardOptions options;
+  options.pool = true;
+  options.pooling = sentence_config_.pooling;
+  options.normalize = sentence_config_.normalize;
+  return options;
+}
+
+absl::StatusOr<ForwardResult> Model::Forward(const std::vector<SequenceInput>& batch,
+                                             const ForwardOptions& options) const {
+  return EncoderForward(config_, weights_, batch, options);
+}
+
+absl::StatusOr<std::vector<EmbeddedText>> EmbedTexts(const Model& model,
+                                                     const std::vector<std::string>& texts,
+                                                     const ForwardOptions& options) {
+  std::vector<EmbeddedText> out(texts.size());
+  std::vector<SequenceInput> batch(texts.size());
+  TruncationOptions truncation;
+  truncation.max_length = model.default_max_length();
+  for (size_t i = 0; i < texts.size(); ++i) {
+    absl::StatusOr<Encoding> encoding = model.tokenizer().Encode(texts[i], truncation);
+    if (!encoding.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("input ", i, ": ", encoding.status().message()));
+    }
+    batch[i].token_ids = encoding->ids;
+    batch[i].type_ids = encoding->type_ids;
+    out[i].encoding = std::move(*encoding);
+  }
+  ForwardOptions pooled_options = options;
+  pooled_options.pool = true;
+  absl::StatusOr<ForwardResult> result = model.Forward(batch, pooled_options);
+  if (!result.ok()) return result.status();
+  const int64_t H = model.config().hidden_size;
+  for (size_t i = 0; i < texts.size(); ++i) {
+    const float* row = result->pooled.data() + i * H;
+    out[i].embedding.assign(row, row + H);
+  }
+  return out;
+}
+
+}  // namespace attn

@@ -1,1 +1,149 @@
-// placeholder: being written
+#include "engine/weights.h"
+
+#include <cstring>
+#include <map>
+#include <set>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace attn {
+
+int64_t BertWeights::ParameterCount() const {
+  int64_t count = word_embeddings.numel() + position_embeddings.numel() +
+                  token_type_embeddings.numel() + embedding_norm_gamma.numel() +
+                  embedding_norm_beta.numel();
+  for (const LayerWeights& l : layers) {
+    for (const Tensor* t :
+         {&l.qkv_weight, &l.qkv_bias, &l.attn_output_weight, &l.attn_output_bias,
+          &l.attn_norm_gamma, &l.attn_norm_beta, &l.ffn_in_weight, &l.ffn_in_bias,
+          &l.ffn_out_weight, &l.ffn_out_bias, &l.ffn_norm_gamma, &l.ffn_norm_beta}) {
+      count += t->numel();
+    }
+  }
+  return count;
+}
+
+std::vector<ParameterSlot> BuildParameterTable(const BertConfig& config, BertWeights* w) {
+  const int64_t H = config.hidden_size, I = config.intermediate_size;
+  w->word_embeddings = Tensor({config.vocab_size, H});
+  w->position_embeddings = Tensor({config.max_position_embeddings, H});
+  w->token_type_embeddings = Tensor({config.type_vocab_size, H});
+  w->embedding_norm_gamma = Tensor({H});
+  w->embedding_norm_beta = Tensor({H});
+  std::vector<ParameterSlot> table = {
+      {"embeddings.word_embeddings.weight", {config.vocab_size, H}, &w->word_embeddings, 0},
+      {"embeddings.position_embeddings.weight",
+       {config.max_position_embeddings, H},
+       &w->position_embeddings,
+       0},
+      {"embeddings.token_type_embeddings.weight",
+       {config.type_vocab_size, H},
+       &w->token_type_embeddings,
+       0},
+      {"embeddings.LayerNorm.weight", {H}, &w->embedding_norm_gamma, 0},
+      {"embeddings.LayerNorm.bias", {H}, &w->embedding_norm_beta, 0},
+  };
+  w->layers.assign(config.num_hidden_layers, LayerWeights{});
+  for (int i = 0; i < config.num_hidden_layers; ++i) {
+    LayerWeights& l = w->layers[i];
+    l.qkv_weight = Tensor({3 * H, H});
+    l.qkv_bias = Tensor({3 * H});
+    l.attn_output_weight = Tensor({H, H});
+    l.attn_output_bias = Tensor({H});
+    l.attn_norm_gamma = Tensor({H});
+    l.attn_norm_beta = Tensor({H});
+    l.ffn_in_weight = Tensor({I, H});
+    l.ffn_in_bias = Tensor({I});
+    l.ffn_out_weight = Tensor({H, I});
+    l.ffn_out_bias = Tensor({H});
+    l.ffn_norm_gamma = Tensor({H});
+    l.ffn_norm_beta = Tensor({H});
+    const std::string p = absl::StrCat("encoder.layer.", i, ".");
+    const std::vector<ParameterSlot> layer_slots = {
+        {p + "attention.self.query.weight", {H, H}, &l.qkv_weight, 0},
+        {p + "attention.self.key.weight", {H, H}, &l.qkv_weight, H},
+        {p + "attention.self.value.weight", {H, H}, &l.qkv_weight, 2 * H},
+        {p + "attention.self.query.bias", {H}, &l.qkv_bias, 0},
+        {p + "attention.self.key.bias", {H}, &l.qkv_bias, H},
+        {p + "attention.self.value.bias", {H}, &l.qkv_bias, 2 * H},
+        {p + "attention.output.dense.weight", {H, H}, &l.attn_output_weight, 0},
+        {p + "attention.output.dense.bias", {H}, &l.attn_output_bias, 0},
+        {p + "attention.output.LayerNorm.weight", {H}, &l.attn_norm_gamma, 0},
+        {p + "attention.output.LayerNorm.bias", {H}, &l.attn_norm_beta, 0},
+        {p + "intermediate.dense.weight", {I, H}, &l.ffn_in_weight, 0},
+        {p + "intermediate.dense.bias", {I}, &l.ffn_in_bias, 0},
+        {p + "output.dense.weight", {H, I}, &l.ffn_out_weight, 0},
+        {p + "output.dense.bias", {H}, &l.ffn_out_bias, 0},
+        {p + "output.LayerNorm.weight", {H}, &l.ffn_norm_gamma, 0},
+        {p + "output.LayerNorm.bias", {H}, &l.ffn_norm_beta, 0},
+    };
+    table.insert(table.end(), layer_slots.begin(), layer_slots.end());
+  }
+  return table;
+}
+
+bool IsIgnoredTensorName(const std::string& hf_name) {
+  // position_ids is a registered buffer (0..P-1); the pooler (tanh dense on [CLS]) feeds only
+  // BERT's next-sentence head, which sentence embeddings do not use.
+  return hf_name == "embeddings.position_ids" || hf_name == "pooler.dense.weight" ||
+         hf_name == "pooler.dense.bias";
+}
+
+namespace {
+std::string StripBertPrefix(const std::string& name) {
+  return absl::StartsWith(name, "bert.") ? name.substr(5) : name;
+}
+}  // namespace
+
+absl::StatusOr<BertWeights> LoadBertWeights(const SafetensorsFile& file, const BertConfig& config) {
+  BertWeights weights;
+  const std::vector<ParameterSlot> table = BuildParameterTable(config, &weights);
+  std::map<std::string, const ParameterSlot*> by_name;
+  for (const ParameterSlot& slot : table) by_name[slot.hf_name] = &slot;
+
+  std::set<std::string> seen;
+  for (const TensorInfo& info : file.tensors()) {
+    const std::string name = StripBertPrefix(info.name);
+    if (IsIgnoredTensorName(name)) continue;
+    auto it = by_name.find(name);
+    if (it == by_name.end()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(file.source_name(), ": unknown tensor '", info.name,
+                       "' (not part of a BERT encoder with ", config.num_hidden_layers,
+                       " layers; is this the right config.json?)"));
+    }
+    if (!seen.insert(name).second) {
+      return absl::InvalidArgumentError(absl::StrCat(file.source_name(), ": tensor '", name,
+                                                     "' appears twice (with and without 'bert.')"));
+    }
+    const ParameterSlot& slot = *it->second;
+    if (info.shape != slot.shape) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          file.source_name(), ": tensor '", info.name, "' has shape ", ShapeToString(info.shape),
+          ", expected ", ShapeToString(slot.shape), " from config.json"));
+    }
+    absl::StatusOr<Tensor> values = file.ReadFloat32(info.name);
+    if (!values.ok()) return values.status();
+    const int64_t row_size = slot.target->numel() / slot.target->dim(0);
+    std::memcpy(slot.target->data() + slot.row_offset * row_size, values->data(),
+                sizeof(float) * values->numel());
+  }
+  std::vector<std::string> missing;
+  for (const ParameterSlot& slot : table) {
+    if (!seen.count(slot.hf_name)) {
+      missing.push_back(absl::StrCat("'", slot.hf_name, "' ", ShapeToString(slot.shape)));
+    }
+  }
+  if (!missing.empty()) {
+    const size_t shown = std::min<size_t>(missing.size(), 5);
+    return absl::InvalidArgumentError(
+        absl::StrCat(file.source_name(), ": missing ", missing.size(),
+                     " tensor(s): ", absl::StrJoin(missing.begin(), missing.begin() + shown, ", "),
+                     missing.size() > shown ? ", ..." : ""));
+  }
+  return weights;
+}
+
+}  // namespace attn

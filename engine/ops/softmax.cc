@@ -1,1 +1,21 @@
-// placeholder: being written
+#include "engine/ops/softmax.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace attn {
+
+void SoftmaxForward(ExecContext& ctx, const float* x, int64_t rows, int64_t cols, float* y) {
+  const dnnl::memory::desc desc = RowMajorDesc({rows, cols});
+  const std::string key = absl::StrCat("softmax_fwd:", rows, "x", cols);
+  const CachedPrimitive cached = ctx.runtime().GetOrCreate(key, [&] {
+    dnnl::primitive_attr attr;
+    attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+    dnnl::softmax_forward::primitive_desc pd(
+        dnnl::softmax_forward::desc(dnnl::prop_kind::forward_inference, desc, 1), attr,
+        ctx.engine());
+    return CachedPrimitive{dnnl::softmax_forward(pd), pd.scratchpad_desc()};
+  });
+  ctx.Execute(cached, {{DNNL_ARG_SRC, ctx.Wrap(desc, x)}, {DNNL_ARG_DST, ctx.Wrap(desc, y)}});
+}
+
+}  // namespace attn

@@ -1,0 +1,15 @@
+// GELU, the exact (erf) form BERT uses: y = x * 0.5 * (1 + erf(x / sqrt(2))).
+// The encoder fuses it into the FFN matmul (LinearEpilogue::kGelu); this standalone op is the
+// same oneDNN algorithm for unfused use.
+#pragma once
+
+#include <cstdint>
+
+#include "engine/dnnl_context.h"
+
+namespace attn {
+
+// x, y: n contiguous floats; may alias.
+void GeluForward(ExecContext& ctx, const float* x, int64_t n, float* y);
+
+}  // namespace attn
