@@ -1,1 +1,211 @@
+// Golden parity with Hugging Face: fixtures made by tests/golden/make_golden.py (transformers
+// BertModel + sentence-transformers on the same weights; see tests/golden/README.md).
+// Tolerances: token ids, type ids, tokens and char offsets identical; every layer's hidden
+// state max abs error <= 1e-4; attention probabilities <= 1e-5; pooled normalised embedding
+// cosine >= 0.99999.
 #include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/model.h"
+#include "engine/safetensors.h"
+#include "nlohmann/json.hpp"
+
+namespace attn {
+namespace {
+
+constexpr double kHiddenTolerance = 1e-4;
+constexpr double kAttentionTolerance = 1e-5;
+constexpr double kPooledMinCosine = 0.99999;
+
+struct GoldenCase {
+  nlohmann::json spec;
+  Tensor hidden_states;  // (L+1, R, H) at rows `rows`
+  Tensor attentions;     // (L, heads, R, T)
+  Tensor pooled;         // (H)
+  std::vector<int64_t> rows;
+  std::string name() const { return spec["name"].get<std::string>(); }
+};
+
+class GoldenParityTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    auto loaded = Model::Load(ATTN_TEST_MODEL_DIR);
+    ASSERT_TRUE(loaded.ok()) << loaded.status();
+    model_ = new std::shared_ptr<const Model>(*loaded);
+
+    std::ifstream cases_file(std::string(ATTN_GOLDEN_DIR) + "/minilm_cases.json");
+    ASSERT_TRUE(cases_file.good()) << "missing tests/golden/minilm_cases.json";
+    const nlohmann::json cases = nlohmann::json::parse(cases_file)["cases"];
+    auto tensors =
+        SafetensorsFile::Open(std::string(ATTN_GOLDEN_DIR) + "/minilm_golden.safetensors");
+    ASSERT_TRUE(tensors.ok()) << tensors.status();
+    cases_ = new std::vector<GoldenCase>();
+    for (const nlohmann::json& spec : cases) {
+      GoldenCase c;
+      c.spec = spec;
+      const std::string name = spec["name"];
+      auto hidden = (*tensors)->ReadFloat32(name + ".hidden_states");
+      auto attentions = (*tensors)->ReadFloat32(name + ".attentions");
+      auto pooled = (*tensors)->ReadFloat32(name + ".pooled");
+      ASSERT_TRUE(hidden.ok() && attentions.ok() && pooled.ok()) << name;
+      c.hidden_states = std::move(*hidden);
+      c.attentions = std::move(*attentions);
+      c.pooled = std::move(*pooled);
+      c.rows = spec["rows"].get<std::vector<int64_t>>();
+      cases_->push_back(std::move(c));
+    }
+  }
+  static void TearDownTestSuite() {
+    delete model_;
+    delete cases_;
+  }
+
+  static const Model& model() { return **model_; }
+
+  static Encoding Tokenize(const GoldenCase& c) {
+    TruncationOptions truncation;
+    truncation.max_length = c.spec["max_length"].get<int>();
+    truncation.side =
+        c.spec["truncation_side"] == "left" ? TruncationSide::kLeft : TruncationSide::kRight;
+    absl::StatusOr<Encoding> encoding =
+        c.spec["text_pair"].is_null()
+            ? model().tokenizer().Encode(c.spec["text"].get<std::string>(), truncation)
+            : model().tokenizer().EncodePair(c.spec["text"].get<std::string>(),
+                                             c.spec["text_pair"].get<std::string>(), truncation);
+    EXPECT_TRUE(encoding.ok()) << c.name() << ": " << encoding.status();
+    return encoding.ok() ? *encoding : Encoding{};
+  }
+
+  static std::shared_ptr<const Model>* model_;
+  static std::vector<GoldenCase>* cases_;
+};
+std::shared_ptr<const Model>* GoldenParityTest::model_ = nullptr;
+std::vector<GoldenCase>* GoldenParityTest::cases_ = nullptr;
+
+TEST_F(GoldenParityTest, HasTheRequiredCases) {
+  EXPECT_GE(cases_->size(), 12u);
+  bool has_512 = false, has_pair = false;
+  for (const GoldenCase& c : *cases_) {
+    has_512 |= c.spec["seq_len"].get<int>() == 512;
+    has_pair |= !c.spec["text_pair"].is_null();
+  }
+  EXPECT_TRUE(has_512) << "need a case of exactly 512 tokens after truncation";
+  EXPECT_TRUE(has_pair);
+}
+
+TEST_F(GoldenParityTest, TokenizationIsIdentical) {
+  for (const GoldenCase& c : *cases_) {
+    SCOPED_TRACE(c.name());
+    const Encoding e = Tokenize(c);
+    EXPECT_EQ(e.ids, c.spec["input_ids"].get<std::vector<int32_t>>());
+    EXPECT_EQ(e.type_ids, c.spec["token_type_ids"].get<std::vector<int32_t>>());
+    EXPECT_EQ(e.tokens, c.spec["tokens"].get<std::vector<std::string>>());
+    const auto offsets = c.spec["offsets"].get<std::vector<std::vector<int32_t>>>();
+    ASSERT_EQ(offsets.size(), e.char_start.size());
+    for (size_t i = 0; i < offsets.size(); ++i) {
+      EXPECT_EQ(e.char_start[i], offsets[i][0]) << "token " << i;
+      EXPECT_EQ(e.char_end[i], offsets[i][1]) << "token " << i;
+    }
+  }
+}
+
+// All cases in ONE packed forward: parity must hold for the packed batch, not just singly.
+TEST_F(GoldenParityTest, HiddenStatesAttentionsAndPooledMatchHuggingFace) {
+  const int L = model().config().num_hidden_layers;
+  const int64_t H = model().config().hidden_size;
+  std::vector<SequenceInput> batch;
+  for (const GoldenCase& c : *cases_) {
+    batch.push_back({c.spec["input_ids"].get<std::vector<int32_t>>(),
+                     c.spec["token_type_ids"].get<std::vector<int32_t>>()});
+  }
+  ForwardOptions options = model().DefaultForwardOptions();
+  for (int l = 0; l <= L; ++l) options.hidden_layers.push_back(l);
+  for (int l = 0; l < L; ++l) options.attention_layers.push_back(l);
+  auto result = model().Forward(batch, options);
+  ASSERT_TRUE(result.ok()) << result.status();
+
+  double worst_hidden = 0, worst_attention = 0, worst_cosine = 1;
+  for (size_t b = 0; b < cases_->size(); ++b) {
+    const GoldenCase& c = (*cases_)[b];
+    SCOPED_TRACE(c.name());
+    const int64_t T = batch[b].token_ids.size(), R = c.rows.size(), heads = 12;
+    ASSERT_EQ(c.hidden_states.shape(), (std::vector<int64_t>{L + 1, R, H}));
+    ASSERT_EQ(c.attentions.shape(), (std::vector<int64_t>{L, heads, R, T}));
+    for (int l = 0; l <= L; ++l) {
+      const float* ours = result->HiddenState(l)->data() + result->seq_offsets[b] * H;
+      double err = 0;
+      for (int64_t r = 0; r < R; ++r) {
+        for (int64_t j = 0; j < H; ++j) {
+          err = std::max(err, double{std::abs(ours[c.rows[r] * H + j] -
+                                              c.hidden_states.data()[(l * R + r) * H + j])});
+        }
+      }
+      EXPECT_LE(err, kHiddenTolerance) << "hidden state of layer " << l;
+      worst_hidden = std::max(worst_hidden, err);
+    }
+    for (int l = 0; l < L; ++l) {
+      const Tensor& probs = result->Attention(l)->sequences[b].probs;
+      double err = 0;
+      for (int64_t h = 0; h < heads; ++h) {
+        for (int64_t r = 0; r < R; ++r) {
+          for (int64_t j = 0; j < T; ++j) {
+            err = std::max(
+                err, double{std::abs(probs.data()[(h * T + c.rows[r]) * T + j] -
+                                     c.attentions.data()[((l * heads + h) * R + r) * T + j])});
+          }
+        }
+      }
+      EXPECT_LE(err, kAttentionTolerance) << "attention of layer " << l;
+      worst_attention = std::max(worst_attention, err);
+    }
+    double dot = 0, norm_a = 0, norm_b = 0;
+    for (int64_t j = 0; j < H; ++j) {
+      const double a = result->pooled.data()[b * H + j], g = c.pooled.data()[j];
+      dot += a * g;
+      norm_a += a * a;
+      norm_b += g * g;
+    }
+    const double cosine = dot / std::sqrt(norm_a * norm_b);
+    EXPECT_GE(cosine, kPooledMinCosine) << "pooled embedding";
+    worst_cosine = std::min(worst_cosine, cosine);
+  }
+  std::printf("worst hidden-state error %.3g, worst attention error %.3g, min pooled cosine %.9f\n",
+              worst_hidden, worst_attention, worst_cosine);
+}
+
+// The acceptance check for the engine CLI: `echo text | attn-embed` prints the
+// sentence-transformers embedding of king_queen (cosine >= 0.99999).
+TEST_F(GoldenParityTest, EngineCliMatchesSentenceTransformers) {
+  const GoldenCase* king = nullptr;
+  for (const GoldenCase& c : *cases_) {
+    if (c.name() == "king_queen") king = &c;
+  }
+  ASSERT_NE(king, nullptr);
+  ASSERT_EQ(king->spec["pooled_source"], "sentence_transformers");
+  const std::string command = std::string("echo '") + king->spec["text"].get<std::string>() +
+                              "' | " + ATTN_EMBED_BINARY + " --model_dir=" + ATTN_TEST_MODEL_DIR;
+  std::unique_ptr<FILE, int (*)(FILE*)> pipe(popen(command.c_str(), "r"), pclose);
+  ASSERT_NE(pipe, nullptr);
+  std::string output;
+  char buffer[4096];
+  while (size_t n = fread(buffer, 1, sizeof(buffer), pipe.get())) output.append(buffer, n);
+  const nlohmann::json line = nlohmann::json::parse(output);
+  const std::vector<float> embedding = line["embedding"].get<std::vector<float>>();
+  ASSERT_EQ(embedding.size(), 384u);
+  double dot = 0, norm = 0;
+  for (size_t j = 0; j < embedding.size(); ++j) {
+    dot += double{embedding[j]} * king->pooled.data()[j];
+    norm += double{embedding[j]} * embedding[j];
+  }
+  EXPECT_NEAR(norm, 1.0, 1e-5);
+  EXPECT_GE(dot, kPooledMinCosine);  // both unit length: the dot product is the cosine
+}
+
+}  // namespace
+}  // namespace attn
