@@ -12,6 +12,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "engine/cli_util.h"
 #include "engine/model.h"
 
 ABSL_FLAG(std::string, model_dir, ATTN_DEFAULT_MODEL_DIR, "Hugging Face model directory.");
@@ -24,6 +25,7 @@ ABSL_FLAG(int, threads, 0, "OpenMP threads; 0 = all cores.");
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "Times the engine forward pass: attn-bench-engine --batch 32 --seq_len 128");
+  attn::AcceptDashedFlagNames(argc, argv);
   absl::ParseCommandLine(argc, argv);
   if (absl::GetFlag(FLAGS_threads) > 0) omp_set_num_threads(absl::GetFlag(FLAGS_threads));
   auto model = attn::Model::Load(absl::GetFlag(FLAGS_model_dir));

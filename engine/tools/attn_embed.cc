@@ -13,6 +13,7 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
+#include "engine/cli_util.h"
 #include "engine/log.h"
 #include "engine/model.h"
 #include "nlohmann/json.hpp"
@@ -45,6 +46,7 @@ int main(int argc, char** argv) {
       "Embeds each line of stdin and prints one JSON object per line:\n"
       "  {\"index\": 0, \"text\": \"...\", \"num_tokens\": 9, \"embedding\": [384 floats]}\n"
       "Example: echo \"The king spoke to the queen.\" | attn-embed");
+  attn::AcceptDashedFlagNames(argc, argv);
   absl::ParseCommandLine(argc, argv);
 
   attn::LogLevel level;
@@ -122,7 +124,8 @@ int main(int argc, char** argv) {
       }
       const float* row = result->pooled.data() + i * hidden;
       out["embedding"] = std::vector<float>(row, row + hidden);
-      std::cout << out.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace) << "\n";
+      std::cout << out.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace)
+                << "\n";
     }
     std::cout.flush();
     lines.clear();
