@@ -1,0 +1,196 @@
+#include "server/batcher.h"
+
+#include <algorithm>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "engine/log.h"
+
+namespace attn::server {
+
+using Clock = std::chrono::steady_clock;
+
+struct Batcher::JobState {
+  std::shared_ptr<Job> job;
+  Clock::time_point enqueued;
+  JobOutput output;
+  int remaining_chunks = 0;
+  bool finished = false;  // done() called (failure or success)
+  bool started = false;
+};
+
+Batcher::Batcher(BatcherOptions options, Metrics* metrics)
+    : options_(options), metrics_(metrics), worker_([this] { Loop(); }) {}
+
+Batcher::~Batcher() { Stop(); }
+
+int64_t Batcher::admitted() const {
+  absl::MutexLock lock(&mutex_);
+  return admitted_;
+}
+
+absl::Status Batcher::Submit(std::shared_ptr<Job> job) {
+  auto state = std::make_shared<JobState>();
+  state->job = std::move(job);
+  state->enqueued = Clock::now();
+  state->output.sequences.resize(state->job->sequences.size());
+
+  // Split into chunks within the token budget, keeping sequence order.
+  std::vector<Chunk> chunks;
+  Chunk current{state, 0, 0, 0};
+  for (int i = 0; i < static_cast<int>(state->job->sequences.size()); ++i) {
+    const int64_t tokens = static_cast<int64_t>(state->job->sequences[i].token_ids.size());
+    if (current.end > current.begin && current.tokens + tokens > options_.max_batch_tokens) {
+      chunks.push_back(current);
+      current = Chunk{state, i, i, 0};
+    }
+    current.end = i + 1;
+    current.tokens += tokens;
+  }
+  if (current.end > current.begin) chunks.push_back(current);
+  state->remaining_chunks = static_cast<int>(chunks.size());
+
+  absl::MutexLock lock(&mutex_);
+  if (stopping_) return absl::UnavailableError("the server is shutting down; retry elsewhere");
+  if (admitted_ >= options_.max_concurrent_requests) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "server busy: ", admitted_, " requests already queued or running (limit ",
+        options_.max_concurrent_requests, ", --max-concurrent-requests); retry with back-off"));
+  }
+  ++admitted_;
+  metrics_->SetQueueDepth(admitted_);
+  for (Chunk& chunk : chunks) queue_.push_back(std::move(chunk));
+  return absl::OkStatus();
+}
+
+void Batcher::Stop() {
+  {
+    absl::MutexLock lock(&mutex_);
+    if (stopping_ && !worker_.joinable()) return;
+    stopping_ = true;
+  }
+  if (worker_.joinable()) worker_.join();
+}
+
+void Batcher::Finish(const std::shared_ptr<JobState>& job, absl::Status status) {
+  if (job->finished) return;
+  job->finished = true;
+  job->job->done(std::move(status), std::move(job->output));
+  absl::MutexLock lock(&mutex_);
+  --admitted_;
+  metrics_->SetQueueDepth(admitted_);
+}
+
+bool Batcher::StillWanted(const std::shared_ptr<JobState>& job) {
+  if (job->finished) return false;
+  if (job->job->is_cancelled && job->job->is_cancelled()) {
+    metrics_->RecordDropped("cancelled");
+    Finish(job, absl::CancelledError("the client cancelled the call before it was computed"));
+    return false;
+  }
+  if (job->job->deadline && *job->job->deadline < std::chrono::system_clock::now()) {
+    const double waited =
+        std::chrono::duration<double, std::milli>(Clock::now() - job->enqueued).count();
+    metrics_->RecordDropped("deadline");
+    Finish(job, absl::DeadlineExceededError(absl::StrFormat(
+                    "the deadline passed while the request was queued (after %.1f ms); "
+                    "allow more time or send smaller requests",
+                    waited)));
+    return false;
+  }
+  return true;
+}
+
+void Batcher::Loop() {
+  while (true) {
+    std::vector<Chunk> batch;
+    {
+      absl::MutexLock lock(&mutex_);
+      mutex_.Await(absl::Condition(
+          +[](Batcher* self) ABSL_EXCLUSIVE_LOCKS_REQUIRED(self->mutex_) {
+            return !self->queue_.empty() || self->stopping_;
+          },
+          this));
+      if (queue_.empty()) return;  // stopping and drained
+      // First chunk in FIFO order, then any later chunks of the same model version that fit
+      // the token budget.
+      batch.push_back(std::move(queue_.front()));
+      queue_.pop_front();
+      int64_t tokens = batch.front().tokens;
+      const Model* model = batch.front().job->job->model.get();
+      for (auto it = queue_.begin(); it != queue_.end();) {
+        if (it->job->job->model.get() == model &&
+            tokens + it->tokens <= options_.max_batch_tokens) {
+          tokens += it->tokens;
+          batch.push_back(std::move(*it));
+          it = queue_.erase(it);
+        } else {
+          ++it;
+        }
+      }
+    }
+    RunBatch(std::move(batch));
+  }
+}
+
+void Batcher::RunBatch(std::vector<Chunk> chunks) {
+  // Drop what nobody waits for any more.
+  std::vector<Chunk> live;
+  for (Chunk& chunk : chunks) {
+    if (StillWanted(chunk.job)) live.push_back(std::move(chunk));
+  }
+  if (live.empty()) return;
+
+  // One engine call: concatenate sequences, keep the union of what the jobs asked for.
+  std::vector<SequenceInput> sequences;
+  ForwardOptions forward;
+  forward.pool = false;
+  std::set<int> hidden_layers, attention_layers;
+  int64_t tokens = 0;
+  const auto start = Clock::now();
+  for (const Chunk& chunk : live) {
+    const Job& job = *chunk.job->job;
+    for (int i = chunk.begin; i < chunk.end; ++i) sequences.push_back(job.sequences[i]);
+    hidden_layers.insert(job.forward.hidden_layers.begin(), job.forward.hidden_layers.end());
+    attention_layers.insert(job.forward.attention_layers.begin(),
+                            job.forward.attention_layers.end());
+    forward.static_embeddings |= job.forward.static_embeddings;
+    forward.attention_scores |= job.forward.attention_scores;
+    forward.attention_qkv |= job.forward.attention_qkv;
+    tokens += chunk.tokens;
+    if (!chunk.job->started) {
+      chunk.job->started = true;
+      const double queued = std::chrono::duration<double>(start - chunk.job->enqueued).count();
+      chunk.job->output.queue_seconds = queued;
+      metrics_->RecordQueueTime(queued);
+    }
+  }
+  forward.hidden_layers.assign(hidden_layers.begin(), hidden_layers.end());
+  forward.attention_layers.assign(attention_layers.begin(), attention_layers.end());
+  forward.attention_probs = true;
+
+  const Model& model = *live.front().job->job->model;
+  absl::StatusOr<ForwardResult> result = model.Forward(sequences, forward);
+  const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  metrics_->RecordInferenceTime(seconds);
+  metrics_->RecordBatch(static_cast<int64_t>(sequences.size()), tokens);
+  metrics_->AddTokens(tokens);
+  if (!result.ok()) {
+    Log(LogLevel::kError, "engine batch of %d sequences failed: %s",
+        static_cast<int>(sequences.size()), result.status().ToString());
+    for (const Chunk& chunk : live) Finish(chunk.job, result.status());
+    return;
+  }
+  auto shared = std::make_shared<const ForwardResult>(std::move(*result));
+  int index = 0;
+  for (const Chunk& chunk : live) {
+    JobState& state = *chunk.job;
+    for (int i = chunk.begin; i < chunk.end; ++i) state.output.sequences[i] = {shared, index++};
+    state.output.inference_seconds += seconds;
+    state.output.batch_inputs =
+        std::max(state.output.batch_inputs, static_cast<int>(sequences.size()));
+    if (--state.remaining_chunks == 0) Finish(chunk.job, absl::OkStatus());
+  }
+}
+
+}  // namespace attn::server

@@ -1,0 +1,101 @@
+// Dynamic batcher: merges concurrent requests' sequences into packed engine batches of up to
+// --max-batch-tokens tokens and runs them one batch at a time (the engine already uses every
+// core through OpenMP, so one batch at a time is the fastest schedule).
+//
+// Admission is bounded by --max-concurrent-requests (queued + running); beyond it Submit()
+// fails at once with RESOURCE_EXHAUSTED. A request larger than the token budget is split into
+// chunks. Before a chunk runs, its request's cancellation and deadline are checked: cancelled
+// or expired requests are dropped (counted in metrics), never computed.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "engine/encoder.h"
+#include "engine/model.h"
+#include "server/metrics.h"
+
+namespace attn::server {
+
+// Where one sequence's outputs live: a shared batch result and the sequence's index in it.
+struct SequenceView {
+  std::shared_ptr<const ForwardResult> result;
+  int index = 0;
+
+  int64_t row_begin() const { return result->seq_offsets[index]; }
+  int64_t length() const { return result->seq_offsets[index + 1] - result->seq_offsets[index]; }
+  // Hidden state rows (T, H) of `layer`; the layer must have been requested.
+  const float* hidden(int layer, int64_t hidden_size) const {
+    return result->HiddenState(layer)->data() + row_begin() * hidden_size;
+  }
+  const SequenceAttention& attention(int layer) const {
+    return result->Attention(layer)->sequences[index];
+  }
+};
+
+struct JobOutput {
+  std::vector<SequenceView> sequences;  // one per submitted sequence, in order
+  double queue_seconds = 0;             // enqueue -> first chunk starts
+  double inference_seconds = 0;         // sum of the forwards that carried this job
+  int batch_inputs = 0;                 // largest batch that carried this job
+};
+
+struct Job {
+  std::shared_ptr<const Model> model;
+  std::vector<SequenceInput> sequences;
+  ForwardOptions forward;  // what to keep; pool must be false
+  std::optional<std::chrono::system_clock::time_point> deadline;
+  std::function<bool()> is_cancelled;  // may be empty
+  // Called exactly once, on the batcher thread: OK with the output, or why it failed.
+  std::function<void(absl::Status, JobOutput)> done;
+};
+
+struct BatcherOptions {
+  int64_t max_batch_tokens = 8192;
+  int max_concurrent_requests = 256;
+};
+
+class Batcher {
+ public:
+  Batcher(BatcherOptions options, Metrics* metrics);
+  ~Batcher();
+
+  // Queues the job. RESOURCE_EXHAUSTED when full, UNAVAILABLE after Stop().
+  absl::Status Submit(std::shared_ptr<Job> job);
+  // Stops admitting, finishes everything queued, joins the worker. Idempotent.
+  void Stop();
+
+  int64_t admitted() const;
+
+ private:
+  struct JobState;
+  struct Chunk {
+    std::shared_ptr<JobState> job;
+    int begin = 0, end = 0;  // sequence range within the job
+    int64_t tokens = 0;
+  };
+
+  void Loop();
+  void RunBatch(std::vector<Chunk> batch);
+  void Finish(const std::shared_ptr<JobState>& job, absl::Status status);
+  // Drop check before computing; returns false (and finishes the job) if it must not run.
+  bool StillWanted(const std::shared_ptr<JobState>& job);
+
+  const BatcherOptions options_;
+  Metrics* const metrics_;
+  mutable absl::Mutex mutex_;
+  std::deque<Chunk> queue_ ABSL_GUARDED_BY(mutex_);
+  int64_t admitted_ ABSL_GUARDED_BY(mutex_) = 0;
+  bool stopping_ ABSL_GUARDED_BY(mutex_) = false;
+  std::thread worker_;
+};
+
+}  // namespace attn::server

@@ -1,0 +1,117 @@
+#include "server/metrics.h"
+
+#include <mutex>
+
+#include "server/status_map.h"
+
+namespace attn::server {
+namespace {
+
+// Latency buckets from 0.5 ms to 30 s: single-sentence calls take milliseconds, big attention
+// maps seconds.
+const prometheus::Histogram::BucketBoundaries& LatencyBuckets() {
+  static const auto* buckets = new prometheus::Histogram::BucketBoundaries{
+      0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30};
+  return *buckets;
+}
+
+std::mutex g_model_info_mutex;
+
+}  // namespace
+
+Metrics::Metrics()
+    : registry_(std::make_shared<prometheus::Registry>()),
+      requests_(prometheus::BuildCounter()
+                    .Name("attnserve_requests_total")
+                    .Help("Finished RPCs by method and gRPC status code.")
+                    .Register(*registry_)),
+      request_duration_(prometheus::BuildHistogram()
+                            .Name("attnserve_request_duration_seconds")
+                            .Help("Server-side RPC latency, receipt to response, by method.")
+                            .Register(*registry_)),
+      queue_duration_(prometheus::BuildHistogram()
+                          .Name("attnserve_queue_duration_seconds")
+                          .Help("Time requests wait in the batcher queue before their batch runs.")
+                          .Register(*registry_)
+                          .Add({}, LatencyBuckets())),
+      tokenization_duration_(prometheus::BuildHistogram()
+                                 .Name("attnserve_tokenization_duration_seconds")
+                                 .Help("Time to validate and tokenize one request's inputs.")
+                                 .Register(*registry_)
+                                 .Add({}, LatencyBuckets())),
+      inference_duration_(prometheus::BuildHistogram()
+                              .Name("attnserve_inference_duration_seconds")
+                              .Help("Engine forward time of one packed batch.")
+                              .Register(*registry_)
+                              .Add({}, LatencyBuckets())),
+      batch_size_(
+          prometheus::BuildHistogram()
+              .Name("attnserve_batch_size")
+              .Help("Inputs (sequences) per packed engine batch.")
+              .Register(*registry_)
+              .Add({}, prometheus::Histogram::BucketBoundaries{1, 2, 4, 8, 16, 32, 64, 128, 256})),
+      batch_tokens_(prometheus::BuildHistogram()
+                        .Name("attnserve_batch_tokens")
+                        .Help("Tokens per packed engine batch.")
+                        .Register(*registry_)
+                        .Add({}, prometheus::Histogram::BucketBoundaries{16, 64, 256, 512, 1024,
+                                                                         2048, 4096, 8192, 16384})),
+      queue_depth_(prometheus::BuildGauge()
+                       .Name("attnserve_queue_depth")
+                       .Help("Requests admitted and not yet finished (queued or running).")
+                       .Register(*registry_)
+                       .Add({})),
+      tokens_(prometheus::BuildCounter()
+                  .Name("attnserve_tokens_total")
+                  .Help("Tokens run through the engine (special tokens included).")
+                  .Register(*registry_)
+                  .Add({})),
+      dropped_(prometheus::BuildCounter()
+                   .Name("attnserve_dropped_requests_total")
+                   .Help("Requests dropped from the queue before computing, by reason "
+                         "(cancelled, deadline).")
+                   .Register(*registry_)),
+      model_info_(prometheus::BuildGauge()
+                      .Name("attnserve_model_info")
+                      .Help("The served model version and its shape; value is always 1.")
+                      .Register(*registry_)) {
+  // Pre-create the common series so dashboards and rate() see zeros before the first event.
+  for (const char* reason : {"cancelled", "deadline"}) dropped_.Add({{"reason", reason}});
+}
+
+void Metrics::RecordRequest(std::string_view method, grpc::StatusCode code, double seconds) {
+  const std::string method_label(method);
+  requests_.Add({{"method", method_label}, {"code", std::string(GrpcCodeName(code))}}).Increment();
+  request_duration_.Add({{"method", method_label}}, LatencyBuckets()).Observe(seconds);
+}
+
+void Metrics::RecordQueueTime(double seconds) { queue_duration_.Observe(seconds); }
+void Metrics::RecordTokenizationTime(double seconds) { tokenization_duration_.Observe(seconds); }
+void Metrics::RecordInferenceTime(double seconds) { inference_duration_.Observe(seconds); }
+
+void Metrics::RecordBatch(int64_t inputs, int64_t tokens) {
+  batch_size_.Observe(static_cast<double>(inputs));
+  batch_tokens_.Observe(static_cast<double>(tokens));
+}
+
+void Metrics::SetQueueDepth(int64_t requests) { queue_depth_.Set(static_cast<double>(requests)); }
+void Metrics::AddTokens(int64_t tokens) { tokens_.Increment(static_cast<double>(tokens)); }
+
+void Metrics::RecordDropped(std::string_view reason) {
+  dropped_.Add({{"reason", std::string(reason)}}).Increment();
+}
+
+void Metrics::SetModelInfo(const std::string& version, const std::string& architecture,
+                           const std::string& precision, int layers, int hidden, int heads) {
+  std::lock_guard<std::mutex> lock(g_model_info_mutex);
+  if (current_model_info_ != nullptr) model_info_.Remove(current_model_info_);
+  current_model_info_ = &model_info_.Add({{"version", version},
+                                          {"architecture", architecture},
+                                          {"precision", precision},
+                                          {"layers", std::to_string(layers)},
+                                          {"hidden_size", std::to_string(hidden)},
+                                          {"heads", std::to_string(heads)}});
+  current_model_info_->Set(1);
+}
+
+}  // namespace attn::server

@@ -1,0 +1,57 @@
+// Every Prometheus metric the server exports is declared here, with its help text, and nowhere
+// else. Prefix attnserve_. Thread-safe.
+#pragma once
+
+#include <grpcpp/support/status.h>
+#include <prometheus/counter.h>
+#include <prometheus/family.h>
+#include <prometheus/gauge.h>
+#include <prometheus/histogram.h>
+#include <prometheus/registry.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+
+namespace attn::server {
+
+class Metrics {
+ public:
+  Metrics();
+
+  const std::shared_ptr<prometheus::Registry>& registry() const { return registry_; }
+
+  // One finished RPC: attnserve_requests_total{method,code} and
+  // attnserve_request_duration_seconds{method}.
+  void RecordRequest(std::string_view method, grpc::StatusCode code, double seconds);
+  void RecordQueueTime(double seconds);
+  void RecordTokenizationTime(double seconds);
+  void RecordInferenceTime(double seconds);
+  // One packed engine batch.
+  void RecordBatch(int64_t inputs, int64_t tokens);
+  void SetQueueDepth(int64_t requests);
+  void AddTokens(int64_t tokens);
+  // A request dropped before it was computed: reason "cancelled" or "deadline".
+  void RecordDropped(std::string_view reason);
+  // attnserve_model_info{version, model_dir, precision, ...} 1 for the served version.
+  void SetModelInfo(const std::string& version, const std::string& architecture,
+                    const std::string& precision, int layers, int hidden, int heads);
+
+ private:
+  std::shared_ptr<prometheus::Registry> registry_;
+  prometheus::Family<prometheus::Counter>& requests_;
+  prometheus::Family<prometheus::Histogram>& request_duration_;
+  prometheus::Histogram& queue_duration_;
+  prometheus::Histogram& tokenization_duration_;
+  prometheus::Histogram& inference_duration_;
+  prometheus::Histogram& batch_size_;
+  prometheus::Histogram& batch_tokens_;
+  prometheus::Gauge& queue_depth_;
+  prometheus::Counter& tokens_;
+  prometheus::Family<prometheus::Counter>& dropped_;
+  prometheus::Family<prometheus::Gauge>& model_info_;
+  prometheus::Gauge* current_model_info_ = nullptr;
+};
+
+}  // namespace attn::server

@@ -1,0 +1,24 @@
+// Server settings, one struct with defaults; main() fills it from flags (see --help).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace attn::server {
+
+struct ServerOptions {
+  std::string model_dir;  // Hugging Face model directory to serve as version "base"
+  std::string host = "0.0.0.0";
+  int port = 50051;                 // 0 = pick a free port
+  int metrics_port = 9464;          // 0 = pick a free port, -1 = no metrics endpoint
+  std::string ready_file;           // written (JSON ports + pid) once SERVING
+  int64_t max_batch_tokens = 8192;  // token budget of one packed engine batch
+  int max_concurrent_requests =
+      256;  // admitted (queued + running) requests; beyond: RESOURCE_EXHAUSTED
+  int max_inputs_per_request = 256;
+  int64_t max_message_bytes = 64ll << 20;  // request and response size limit
+  int threads = 0;                         // OpenMP threads for the engine; 0 = all cores
+  double drain_timeout_s = 30.0;  // SIGTERM: how long in-flight requests may take to finish
+};
+
+}  // namespace attn::server

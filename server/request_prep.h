@@ -1,0 +1,65 @@
+// Request validation and tokenization: turns an API request into what the engine must compute,
+// or an INVALID_ARGUMENT status whose message names the field, the input index and the limit.
+// Pure functions of (model, request, limits); no gRPC calls, so they are easy to test and fuzz.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "attnserve/v1/encoder.pb.h"
+#include "engine/half.h"
+#include "engine/model.h"
+
+namespace attn::server {
+
+struct RequestLimits {
+  int max_inputs_per_request = 256;
+};
+
+// Inputs tokenized and ready for the engine.
+struct TokenizedInputs {
+  std::vector<SequenceInput> sequences;
+  std::vector<Encoding> encodings;
+  int64_t total_tokens = 0;
+};
+
+absl::StatusOr<TokenizedInputs> TokenizeInputs(
+    const Model& model, const google::protobuf::RepeatedPtrField<attnserve::v1::Input>& inputs,
+    const attnserve::v1::TokenizationOptions& tokenization, const RequestLimits& limits);
+
+struct EncodePlan {
+  TokenizedInputs inputs;
+  std::optional<PoolingMode> pooling;  // nullopt = POOLING_NONE
+  bool normalize = false;
+  bool token_embeddings = false;
+  std::vector<int> hidden_layers;  // resolved (0..L), request order
+  bool static_embeddings = false;
+  WireDType dtype = WireDType::kFloat32;
+  ForwardOptions forward;  // what the engine must keep (pooling is done per request)
+};
+
+absl::StatusOr<EncodePlan> PrepareEncode(const Model& model,
+                                         const attnserve::v1::EncodeRequest& request,
+                                         const RequestLimits& limits);
+
+struct AttentionPlan {
+  TokenizedInputs inputs;
+  std::vector<int> layers;  // resolved 0-based layers, request order
+  std::vector<int> heads;   // selected heads, request order
+  bool weights = true;
+  bool scores = false;
+  bool qkv = false;
+  bool mean_over_heads = false;
+  bool rollout = false;
+  int top_k = 0;
+  WireDType dtype = WireDType::kFloat32;
+  ForwardOptions forward;
+};
+
+absl::StatusOr<AttentionPlan> PrepareAttention(const Model& model,
+                                               const attnserve::v1::AttentionMapRequest& request,
+                                               const RequestLimits& limits);
+
+}  // namespace attn::server
