@@ -11,8 +11,9 @@ inline void AcceptDashedFlagNames(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     char* arg = argv[i];
     if (std::strcmp(arg, "--") == 0) return;
-    if (arg[0] != '-') continue;
-    char* name = arg + (arg[1] == '-' ? 2 : 1);
+    // Only "--name" arguments: a separate value such as "-a-b" must stay as typed.
+    if (arg[0] != '-' || arg[1] != '-') continue;
+    char* name = arg + 2;
     for (char* c = name; *c != '\0' && *c != '='; ++c) {
       if (*c == '-') *c = '_';
     }

@@ -1,0 +1,1081 @@
+// attnctl: command-line client for attnserve.
+//
+//   attnctl encode|attention|tokenize|info|health [flags]
+//
+// Human-readable output by default, --json for machine output. Exit status: 0 ok, 1 RPC or I/O
+// failure (health: also "not SERVING"), 2 usage error.
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <iostream>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/reflection.h"
+#include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/string_view.h"
+#include "absl/strings/strip.h"
+#include "client/client.h"
+#include "client/render.h"
+#include "client/tensor_decode.h"
+#include "engine/cli_util.h"
+#include "google/protobuf/util/json_util.h"
+
+// Common.
+ABSL_FLAG(std::string, server, "",
+          "Server address host:port (default: $ATTNSERVE_ADDR, else localhost:50051)");
+ABSL_FLAG(int, timeout_ms, 30000, "Per-call deadline in milliseconds (0 = none)");
+ABSL_FLAG(bool, wait_for_ready, false,
+          "Wait (up to the deadline) for the server to come up instead of failing fast");
+ABSL_FLAG(bool, json, false, "Print the response as JSON, one line per response");
+ABSL_FLAG(std::string, model_version, "", "Model version to use (default: the served one)");
+// Inputs.
+ABSL_FLAG(std::string, text, "", "Input text; without it, one text per line is read from stdin");
+ABSL_FLAG(std::string, pair, "", "Second text of a pair with --text");
+ABSL_FLAG(int, max_length, 0, "Max tokens per input incl. [CLS]/[SEP] (0 = model default)");
+ABSL_FLAG(std::string, truncation, "", "right | left | none (default: right)");
+// encode.
+ABSL_FLAG(std::string, pooling, "default", "cls | mean | max | none | default");
+ABSL_FLAG(std::string, normalize, "default",
+          "L2-normalise the pooled embedding: true|false|default");
+ABSL_FLAG(std::vector<std::string>, layers, {},
+          "Hidden-state layers to return, e.g. 0,-1 (0 = embedding output, -1 = last layer)");
+ABSL_FLAG(std::string, dtype, "float32", "Tensor dtype on the wire: float32 | float16 | bfloat16");
+// attention.
+ABSL_FLAG(int, layer, -1, "Encoder layer, 0-based; negative counts from the end (-1 = last)");
+ABSL_FLAG(int, head, -1, "Attention head, 0-based (default -1: all heads)");
+ABSL_FLAG(std::string, svg, "", "Write the picture as SVG to this path");
+ABSL_FLAG(std::string, html, "", "Write a self-contained HTML page to this path");
+ABSL_FLAG(bool, rollout, false, "Show attention rollout through all layers instead of a head");
+ABSL_FLAG(bool, mean, false, "Show the mean over the layer's heads instead of a head");
+ABSL_FLAG(int, top, 3, "Attended tokens printed per row (text output)");
+// health.
+ABSL_FLAG(std::string, service, "", "Service name to check (default \"\": the whole server)");
+
+namespace attn::client {
+namespace {
+
+namespace v1 = ::attnserve::v1;
+
+constexpr int kExitOk = 0;
+constexpr int kExitFailure = 1;
+constexpr int kExitUsage = 2;
+
+// ---------------------------------------------------------------------------------------------
+// Usage text
+
+constexpr char kTopUsage[] =
+    R"(attnctl: command-line client for attnserve (a BERT encoder served over gRPC).
+
+Usage: attnctl <command> [flags]
+
+Commands:
+  encode      sentence embeddings (and hidden states of chosen layers) of texts
+  attention   attention maps of a layer: top attended tokens, or SVG/HTML pictures
+  tokenize    tokens, ids, segment ids and character offsets
+  info        the served model: architecture, sizes, defaults, versions
+  health      grpc.health.v1 check; exits 0 only if SERVING (for Docker HEALTHCHECK)
+
+Common flags:
+  --server HOST:PORT    server address (default: $ATTNSERVE_ADDR, else localhost:50051)
+  --timeout-ms N        per-call deadline in milliseconds (default 30000; 0 = none)
+  --wait-for-ready      wait for the server to come up instead of failing fast
+  --json                print the response as JSON (one line per response)
+  --model-version V     use this model version (default: the one being served)
+
+Inputs (encode, attention, tokenize):
+  --text TEXT           the input text; without --text, one text per line is read from stdin
+  --pair TEXT           second text of a pair: [CLS] text [SEP] pair [SEP]
+  --max-length N        max tokens incl. [CLS]/[SEP] (default 0 = the model's default)
+  --truncation MODE     right (default) | left | none
+
+Examples:
+  attnctl info --server localhost:50051
+  attnctl encode --text "The cat sat on the mat."
+  printf 'first text\nsecond text\n' | attnctl encode --json
+  attnctl tokenize --text "Don't panic!" --pair "Why not?"
+  attnctl attention --text "The cat sat on the mat." --layer 2 --head 5
+  attnctl attention --text "The cat sat on the mat." --html attention.html
+  attnctl health --server localhost:50051 --timeout-ms 2000 || echo unhealthy
+
+Run 'attnctl <command> --help' for the flags of a command. Flag names may be written with
+dashes or underscores (--timeout-ms = --timeout_ms).
+Exit status: 0 ok, 1 RPC or I/O error (health: not SERVING), 2 usage error.
+)";
+
+constexpr char kCommonFlagsHelp[] =
+    R"(Common flags:
+  --server HOST:PORT    server address (default: $ATTNSERVE_ADDR, else localhost:50051)
+  --timeout-ms N        per-call deadline in milliseconds (default 30000; 0 = none)
+  --wait-for-ready      wait for the server to come up instead of failing fast
+  --json                print the response as JSON (one line per response)
+)";
+
+constexpr char kInputFlagsHelp[] =
+    R"(Inputs:
+  --text TEXT           the input text; without --text, one text per line is read from stdin
+                        (empty lines skipped), each line one input of the batch
+  --pair TEXT           second text of a pair with --text: [CLS] text [SEP] pair [SEP]
+  --max-length N        max tokens incl. [CLS]/[SEP] (default 0 = the model's default)
+  --truncation MODE     right (default: keep the beginning) | left | none (error if too long)
+  --model-version V     use this model version (default: the one being served)
+)";
+
+struct Command {
+  const char* name;
+  const char* usage;
+  // Flags the command reads besides the common ones.
+  std::vector<std::string> flags;
+  bool takes_inputs;
+};
+
+const std::vector<Command>& Commands() {
+  static const auto* commands = new std::vector<Command>{
+      {"encode",
+       R"(attnctl encode: pooled sentence embeddings (and hidden states) of texts.
+
+Usage: attnctl encode [--text TEXT [--pair TEXT] | < lines] [flags]
+
+Prints per input its token count, the embedding's L2 norm and first 8 dimensions, and for each
+--layers entry the hidden-state shape and the first 8 values of the [CLS] row.
+
+Flags:
+  --pooling P           cls | mean | max | none | default (the model's: mean for MiniLM)
+  --normalize B         true | false | default (the model's: true for MiniLM)
+  --layers L,L,...      also return per-token hidden states of these layers: 0 = embedding
+                        output, i = encoder layer i, negative counts from the end (-1 = last)
+  --dtype D             wire dtype of hidden states: float32 (default) | float16 | bfloat16
+
+Examples:
+  attnctl encode --text "The cat sat on the mat."
+  attnctl encode --text "A man is eating." --pair "Someone eats." --pooling cls
+  attnctl encode --text "hello" --layers 0,-1 --dtype bfloat16
+  cat sentences.txt | attnctl encode --json > embeddings.jsonl
+)",
+       {"pooling", "normalize", "layers", "dtype"},
+       true},
+      {"attention",
+       R"(attnctl attention: attention maps of one layer.
+
+Usage: attnctl attention [--text TEXT [--pair TEXT] | < lines] [flags]
+
+Rows are query tokens (attending from), columns key tokens (attended to). Without --svg/--html
+it prints, per row, the most attended tokens of the chosen map (default: the mean over heads
+when no --head is given). With --svg/--html it draws the map: one head (--head), the mean over
+heads (--mean), attention rollout through all layers (--rollout), or by default a grid with
+every head of the layer.
+
+Flags:
+  --layer N             encoder layer, 0-based; negative counts from the end (default -1: last)
+  --head H              one head, 0-based (default: all heads)
+  --mean                the mean over the layer's heads
+  --rollout             attention rollout (Abnar & Zuidema 2020) through all layers
+  --svg PATH            write an SVG picture (several inputs: PATH-0.svg, PATH-1.svg, ...)
+  --html PATH           write one self-contained HTML page with a picture per input
+  --top K               attended tokens printed per row (default 3)
+  --dtype D             wire dtype: float32 (default) | float16 | bfloat16
+
+Examples:
+  attnctl attention --text "The cat sat on the mat." --head 3
+  attnctl attention --text "The cat sat on the mat." --layer 0 --svg heads.svg
+  attnctl attention --text "The bank of the river." --rollout --html rollout.html
+)",
+       {"layer", "head", "svg", "html", "rollout", "mean", "top", "dtype"},
+       true},
+      {"tokenize",
+       R"(attnctl tokenize: tokens exactly as the encoder sees them.
+
+Usage: attnctl tokenize [--text TEXT [--pair TEXT] | < lines] [flags]
+
+Prints a table per input: position, token, vocabulary id, segment (type) id, the token's
+[start, end) character offsets into its text and the text they cover.
+
+Examples:
+  attnctl tokenize --text "Tokenization isn't trivial."
+  attnctl tokenize --text "How old are you?" --pair "I am 6." --max-length 8
+)",
+       {},
+       true},
+      {"info",
+       R"(attnctl info: what model the server is serving.
+
+Usage: attnctl info [flags]
+
+Prints the model's architecture, sizes, defaults and versions as "key: value" lines.
+
+Flags:
+  --model-version V     describe this version (default: the one being served)
+
+Examples:
+  attnctl info
+  attnctl info --json
+)",
+       {},
+       false},
+      {"health",
+       R"(attnctl health: grpc.health.v1 check.
+
+Usage: attnctl health [--service NAME] [flags]
+
+Prints SERVING, NOT_SERVING, UNKNOWN or SERVICE_UNKNOWN and exits 0 only for SERVING, so it can
+be a Docker HEALTHCHECK or a Kubernetes exec probe.
+
+Flags:
+  --service NAME        service to check (default "": the server as a whole; for example
+                        attnserve.v1.Encoder)
+
+Examples:
+  attnctl health
+  HEALTHCHECK CMD ["attnctl", "health", "--timeout-ms", "2000"]
+)",
+       {"service"},
+       false},
+  };
+  return *commands;
+}
+
+const Command* FindCommand(absl::string_view name) {
+  for (const Command& c : Commands()) {
+    if (name == c.name) return &c;
+  }
+  return nullptr;
+}
+
+void PrintCommandUsage(const Command& command, FILE* out) {
+  std::fputs(command.usage, out);
+  std::fputs("\n", out);
+  std::fputs(kCommonFlagsHelp, out);
+  if (command.takes_inputs) {
+    std::fputs("\n", out);
+    std::fputs(kInputFlagsHelp, out);
+  }
+}
+
+int UsageError(const std::string& message, const Command* command = nullptr) {
+  std::fprintf(stderr, "attnctl: %s\n", message.c_str());
+  if (command != nullptr) {
+    std::fprintf(stderr, "Run 'attnctl %s --help' for usage.\n", command->name);
+  } else {
+    std::fprintf(stderr, "Run 'attnctl --help' for usage.\n");
+  }
+  return kExitUsage;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Command line
+
+// Abseil's own flags (help, flagfile, ...): always allowed, handled by ParseCommandLine.
+bool IsAbseilBuiltinFlag(absl::string_view name) {
+  static const std::set<absl::string_view> kBuiltins = {
+      "flagfile",  "fromenv",     "tryfromenv", "undefok",   "help",    "helpfull",
+      "helpshort", "helppackage", "helpon",     "helpmatch", "version", "only_check_args"};
+  return kBuiltins.count(name) > 0;
+}
+
+bool IsCommonFlag(absl::string_view name) {
+  return name == "server" || name == "timeout_ms" || name == "wait_for_ready" || name == "json";
+}
+
+bool CommandTakesFlag(const Command& command, absl::string_view name) {
+  if (IsCommonFlag(name)) return true;
+  if (name == "model_version") return command.takes_inputs || command.name == std::string("info");
+  if (command.takes_inputs &&
+      (name == "text" || name == "pair" || name == "max_length" || name == "truncation")) {
+    return true;
+  }
+  return std::find(command.flags.begin(), command.flags.end(), name) != command.flags.end();
+}
+
+// Checks every flag before absl::ParseCommandLine sees them, so unknown flags, flags that do not
+// apply to the command and unparsable values are usage errors (exit 2) with a helpful message;
+// Abseil would exit 1. `original` holds argv before AcceptDashedFlagNames: a value given as a
+// separate argument ("--text -a-b") is restored from it, as dash rewriting must only touch
+// flag names. Returns the command, or nullptr after printing the error (exit code in
+// `*error_exit`).
+const Command* ValidateCommandLine(int argc, char** argv, const std::vector<std::string>& original,
+                                   int* error_exit) {
+  const Command* command = nullptr;
+  std::vector<std::string> seen;  // our flags on the command line, checked against the command
+  for (int i = 1; i < argc; ++i) {
+    absl::string_view arg = argv[i];
+    if (arg == "--") {
+      if (i + 1 < argc) {
+        *error_exit = UsageError(absl::StrCat("unexpected argument '", argv[i + 1],
+                                              "'; give texts with --text or on stdin"));
+        return nullptr;
+      }
+      break;
+    }
+    if (arg.empty() || arg[0] != '-' || arg == "-") {
+      if (command == nullptr) {
+        command = FindCommand(arg);
+        if (command == nullptr) {
+          *error_exit = UsageError(absl::StrCat("unknown command '", arg, "'"));
+          return nullptr;
+        }
+      } else {
+        *error_exit = UsageError(
+            absl::StrCat("unexpected argument '", arg, "'; give texts with --text or on stdin"),
+            command);
+        return nullptr;
+      }
+      continue;
+    }
+    absl::string_view body = arg.substr(arg[1] == '-' ? 2 : 1);
+    const size_t eq = body.find('=');
+    const std::string name(body.substr(0, eq));
+    const bool has_value = eq != absl::string_view::npos;
+    if (IsAbseilBuiltinFlag(name)) {
+      if (!has_value && name != "help" && name != "helpfull" && name != "helpshort" &&
+          name != "helppackage" && name != "version" && name != "only_check_args" && i + 1 < argc) {
+        ++i;  // "--flagfile PATH"
+      }
+      continue;
+    }
+    absl::CommandLineFlag* flag = absl::FindCommandLineFlag(name);
+    std::string flag_name = name;
+    if (flag == nullptr && absl::StartsWith(name, "no")) {
+      // "--nojson" negates a boolean flag.
+      absl::CommandLineFlag* negated = absl::FindCommandLineFlag(name.substr(2));
+      if (negated != nullptr && negated->IsOfType<bool>() && !has_value) {
+        flag = negated;
+        flag_name = name.substr(2);
+      }
+    }
+    if (flag == nullptr) {
+      *error_exit = UsageError(absl::StrCat("unknown flag --", name), command);
+      return nullptr;
+    }
+    seen.push_back(flag_name);
+    std::string value;
+    if (has_value) {
+      value = std::string(body.substr(eq + 1));
+    } else if (flag->IsOfType<bool>()) {
+      continue;  // "--json", "--nojson"
+    } else if (i + 1 < argc) {
+      ++i;
+      // Undo the dash rewriting on a separate value argument.
+      std::strcpy(argv[i], original[i].c_str());
+      value = argv[i];
+    } else {
+      *error_exit = UsageError(absl::StrCat("flag --", name, " needs a value"), command);
+      return nullptr;
+    }
+    std::string error;
+    if (!flag->ParseFrom(value, &error)) {
+      *error_exit = UsageError(
+          absl::StrCat("invalid value '", value, "' for --", flag_name, ": ", error), command);
+      return nullptr;
+    }
+  }
+  if (command == nullptr) {
+    *error_exit = UsageError("missing command (encode, attention, tokenize, info or health)");
+    return nullptr;
+  }
+  for (const std::string& name : seen) {
+    if (!CommandTakesFlag(*command, name)) {
+      *error_exit = UsageError(
+          absl::StrCat("flag --", name, " does not apply to '", command->name, "'"), command);
+      return nullptr;
+    }
+  }
+  return command;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Helpers
+
+std::string ServerAddress() {
+  std::string server = absl::GetFlag(FLAGS_server);
+  if (!server.empty()) return server;
+  const char* env = std::getenv("ATTNSERVE_ADDR");
+  if (env != nullptr && *env != '\0') return env;
+  return "localhost:50051";
+}
+
+ClientOptions OptionsFromFlags() {
+  ClientOptions options;
+  options.timeout = std::chrono::milliseconds(std::max(0, absl::GetFlag(FLAGS_timeout_ms)));
+  options.wait_for_ready = absl::GetFlag(FLAGS_wait_for_ready);
+  return options;
+}
+
+int RpcError(const absl::Status& status, const std::string& target) {
+  const std::string code = absl::StatusCodeToString(status.code());
+  if (IsUnreachable(status)) {
+    std::fprintf(stderr, "attnctl: cannot reach %s (%s): %s\n", target.c_str(), code.c_str(),
+                 std::string(status.message()).c_str());
+  } else {
+    std::fprintf(stderr, "attnctl: %s: %s\n", code.c_str(), std::string(status.message()).c_str());
+  }
+  return kExitFailure;
+}
+
+bool PrintJson(const google::protobuf::Message& message) {
+  google::protobuf::util::JsonPrintOptions options;
+  options.preserve_proto_field_names = true;
+  options.always_print_primitive_fields = true;
+  std::string json;
+  auto status = google::protobuf::util::MessageToJsonString(message, &json, options);
+  if (!status.ok()) {
+    std::fprintf(stderr, "attnctl: cannot print JSON: %s\n", status.ToString().c_str());
+    return false;
+  }
+  std::printf("%s\n", json.c_str());
+  return true;
+}
+
+// Number of code points: a good enough display width for aligning columns.
+int DisplayWidth(absl::string_view s) {
+  int n = 0;
+  for (char c : s) n += (static_cast<unsigned char>(c) & 0xC0) != 0x80;
+  return n;
+}
+
+std::string PadRight(absl::string_view s, int width) {
+  std::string out(s);
+  out.append(std::max(0, width - DisplayWidth(s)), ' ');
+  return out;
+}
+
+// Code points [begin, end) of a UTF-8 string (offsets as the server reports them).
+std::string CodePointSlice(absl::string_view s, int begin, int end) {
+  std::string out;
+  int cp = -1;
+  for (char c : s) {
+    if ((static_cast<unsigned char>(c) & 0xC0) != 0x80) ++cp;
+    if (cp >= end) break;
+    if (cp >= begin) out.push_back(c);
+  }
+  return out;
+}
+
+// A one-line, length-limited rendering of an input text for headings.
+std::string ShortText(absl::string_view text, int max_chars = 60) {
+  std::string flat;
+  for (char c : text) flat.push_back(c == '\n' || c == '\t' || c == '\r' ? ' ' : c);
+  if (DisplayWidth(flat) <= max_chars) return flat;
+  return CodePointSlice(flat, 0, max_chars - 1) + "\u2026";
+}
+
+// The texts of one input, for printing (token offsets index into them).
+struct InputText {
+  std::string first;
+  std::string second;  // empty unless a pair
+  bool is_pair = false;
+  std::string Describe() const {
+    if (!is_pair) return absl::StrCat("\"", ShortText(first), "\"");
+    return absl::StrCat("\"", ShortText(first, 40), "\" + \"", ShortText(second, 40), "\"");
+  }
+};
+
+absl::StatusOr<std::vector<InputText>> ReadInputs() {
+  std::vector<InputText> inputs;
+  const std::string text = absl::GetFlag(FLAGS_text);
+  const std::string pair = absl::GetFlag(FLAGS_pair);
+  if (!text.empty()) {
+    inputs.push_back({text, pair, !pair.empty()});
+    return inputs;
+  }
+  if (!pair.empty()) return absl::InvalidArgumentError("--pair needs --text");
+  // An interactive terminal would wait forever for a text nobody knows to type.
+  if (isatty(STDIN_FILENO)) {
+    return absl::InvalidArgumentError("no input: give --text TEXT or pipe one text per line");
+  }
+  std::string line;
+  while (std::getline(std::cin, line)) {
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (absl::StripAsciiWhitespace(line).empty()) continue;
+    inputs.push_back({line, "", false});
+  }
+  if (inputs.empty()) {
+    return absl::InvalidArgumentError("no input: stdin had no text (one text per line)");
+  }
+  return inputs;
+}
+
+void FillInputs(const std::vector<InputText>& texts,
+                google::protobuf::RepeatedPtrField<v1::Input>* inputs) {
+  for (const InputText& t : texts) {
+    v1::Input* input = inputs->Add();
+    if (t.is_pair) {
+      input->mutable_pair()->set_first(t.first);
+      input->mutable_pair()->set_second(t.second);
+    } else {
+      input->set_text(t.first);
+    }
+  }
+}
+
+absl::StatusOr<v1::TokenizationOptions> TokenizationFromFlags() {
+  v1::TokenizationOptions options;
+  const int max_length = absl::GetFlag(FLAGS_max_length);
+  if (max_length < 0) return absl::InvalidArgumentError("--max-length must be >= 0");
+  options.set_max_length(max_length);
+  const std::string mode = absl::AsciiStrToLower(absl::GetFlag(FLAGS_truncation));
+  if (mode.empty()) {
+    options.set_truncation(v1::TRUNCATION_UNSPECIFIED);
+  } else if (mode == "right") {
+    options.set_truncation(v1::TRUNCATION_RIGHT);
+  } else if (mode == "left") {
+    options.set_truncation(v1::TRUNCATION_LEFT);
+  } else if (mode == "none") {
+    options.set_truncation(v1::TRUNCATION_NONE);
+  } else {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--truncation must be right, left or none, not '", mode, "'"));
+  }
+  return options;
+}
+
+absl::StatusOr<v1::DType> DTypeFromFlag() {
+  const std::string d = absl::AsciiStrToLower(absl::GetFlag(FLAGS_dtype));
+  if (d == "float32" || d == "fp32" || d == "f32") return v1::FLOAT32;
+  if (d == "float16" || d == "fp16" || d == "f16" || d == "half") return v1::FLOAT16;
+  if (d == "bfloat16" || d == "bf16") return v1::BFLOAT16;
+  return absl::InvalidArgumentError(
+      absl::StrCat("--dtype must be float32, float16 or bfloat16, not '", d, "'"));
+}
+
+std::string FormatFloats(const float* values, int n) {
+  std::vector<std::string> parts;
+  for (int i = 0; i < n; ++i) parts.push_back(absl::StrFormat("%+.4f", values[i]));
+  return absl::StrJoin(parts, " ");
+}
+
+std::string TruncationNote(bool truncated, int untruncated_length) {
+  if (!truncated) return "";
+  return absl::StrFormat(", truncated from %d", untruncated_length);
+}
+
+void PrintMetadata(const std::string& version, const v1::ResponseMetadata& m) {
+  std::printf(
+      "model %s: %lld tokens, %.2f ms total (tokenize %.2f, queue %.2f, inference %.2f; batch "
+      "of %d inputs)\n",
+      version.c_str(), static_cast<long long>(m.token_count()), m.total_ms(), m.tokenization_ms(),
+      m.queue_ms(), m.inference_ms(), m.batch_inputs());
+}
+
+// ---------------------------------------------------------------------------------------------
+// encode
+
+int RunEncode(EncoderClient& client, const Command& command) {
+  v1::EncodeRequest request;
+  auto texts = ReadInputs();
+  if (!texts.ok()) return UsageError(std::string(texts.status().message()), &command);
+  FillInputs(*texts, request.mutable_inputs());
+  auto tokenization = TokenizationFromFlags();
+  if (!tokenization.ok()) return UsageError(std::string(tokenization.status().message()), &command);
+  *request.mutable_tokenization() = *tokenization;
+  auto dtype = DTypeFromFlag();
+  if (!dtype.ok()) return UsageError(std::string(dtype.status().message()), &command);
+  request.set_output_dtype(*dtype);
+  request.set_model_version(absl::GetFlag(FLAGS_model_version));
+
+  const std::string pooling = absl::AsciiStrToLower(absl::GetFlag(FLAGS_pooling));
+  if (pooling == "default") {
+    request.set_pooling(v1::POOLING_MODEL_DEFAULT);
+  } else if (pooling == "cls") {
+    request.set_pooling(v1::POOLING_CLS);
+  } else if (pooling == "mean") {
+    request.set_pooling(v1::POOLING_MEAN);
+  } else if (pooling == "max") {
+    request.set_pooling(v1::POOLING_MAX);
+  } else if (pooling == "none") {
+    request.set_pooling(v1::POOLING_NONE);
+  } else {
+    return UsageError(
+        absl::StrCat("--pooling must be cls, mean, max, none or default, not '", pooling, "'"),
+        &command);
+  }
+  const std::string normalize = absl::AsciiStrToLower(absl::GetFlag(FLAGS_normalize));
+  if (normalize == "true") {
+    request.set_normalize(true);
+  } else if (normalize == "false") {
+    request.set_normalize(false);
+  } else if (normalize != "default") {
+    return UsageError(
+        absl::StrCat("--normalize must be true, false or default, not '", normalize, "'"),
+        &command);
+  }
+  for (const std::string& s : absl::GetFlag(FLAGS_layers)) {
+    int layer = 0;
+    if (!absl::SimpleAtoi(s, &layer)) {
+      return UsageError(absl::StrCat("--layers takes integers like 0,-1, not '", s, "'"), &command);
+    }
+    request.add_hidden_layers(layer);
+  }
+
+  auto response = client.Encode(request);
+  if (!response.ok()) return RpcError(response.status(), client.target());
+  if (absl::GetFlag(FLAGS_json)) return PrintJson(*response) ? kExitOk : kExitFailure;
+
+  int status = kExitOk;
+  for (int i = 0; i < response->results_size(); ++i) {
+    const v1::EncodeResult& r = response->results(i);
+    const std::string what = i < static_cast<int>(texts->size()) ? (*texts)[i].Describe() : "";
+    std::printf("[%d] %s (%d tokens%s)\n", i, what.c_str(), r.tokens_size(),
+                TruncationNote(r.truncated(), r.untruncated_length()).c_str());
+    if (r.embedding_size() > 0) {
+      double sq = 0;
+      for (float v : r.embedding()) sq += static_cast<double>(v) * v;
+      const int n = std::min(8, r.embedding_size());
+      std::printf("    embedding [%d] norm %.4f: %s%s\n", r.embedding_size(), std::sqrt(sq),
+                  FormatFloats(r.embedding().data(), n).c_str(),
+                  r.embedding_size() > n ? " ..." : "");
+    }
+    for (const v1::LayerTensor& layer : r.hidden_states()) {
+      auto tensor = DecodeTensor(layer.tensor());
+      if (!tensor.ok()) {
+        std::fprintf(stderr, "attnctl: input %d layer %d: bad tensor from server: %s\n", i,
+                     layer.layer(), std::string(tensor.status().message()).c_str());
+        status = kExitFailure;
+        continue;
+      }
+      const std::string shape = absl::StrJoin(tensor->shape, " x ");
+      const int n = static_cast<int>(
+          std::min<int64_t>(8, tensor->rank() == 2 ? tensor->dim(1) : tensor->size()));
+      std::printf("    layer %d [%s] %s, [CLS] row: %s%s\n", layer.layer(), shape.c_str(),
+                  v1::DType_Name(layer.tensor().dtype()).c_str(),
+                  FormatFloats(tensor->values.data(), n).c_str(), tensor->size() > n ? " ..." : "");
+    }
+  }
+  PrintMetadata(response->model_version(), response->metadata());
+  return status;
+}
+
+// ---------------------------------------------------------------------------------------------
+// tokenize
+
+int RunTokenize(EncoderClient& client, const Command& command) {
+  v1::TokenizeRequest request;
+  auto texts = ReadInputs();
+  if (!texts.ok()) return UsageError(std::string(texts.status().message()), &command);
+  FillInputs(*texts, request.mutable_inputs());
+  auto tokenization = TokenizationFromFlags();
+  if (!tokenization.ok()) return UsageError(std::string(tokenization.status().message()), &command);
+  *request.mutable_tokenization() = *tokenization;
+  request.set_model_version(absl::GetFlag(FLAGS_model_version));
+
+  auto response = client.Tokenize(request);
+  if (!response.ok()) return RpcError(response.status(), client.target());
+  if (absl::GetFlag(FLAGS_json)) return PrintJson(*response) ? kExitOk : kExitFailure;
+
+  for (int i = 0; i < response->results_size(); ++i) {
+    const v1::TokenizeResult& r = response->results(i);
+    const InputText* input = i < static_cast<int>(texts->size()) ? &(*texts)[i] : nullptr;
+    std::printf("[%d] %s (%d tokens%s)\n", i, input ? input->Describe().c_str() : "",
+                r.tokens_size(), TruncationNote(r.truncated(), r.untruncated_length()).c_str());
+    const std::vector<std::string> header = {"#", "token", "id", "type", "chars", "text"};
+    std::vector<std::vector<std::string>> rows;
+    for (int k = 0; k < r.tokens_size(); ++k) {
+      const v1::Token& t = r.tokens(k);
+      std::string span = "-";
+      std::string covered;
+      if (!t.special()) {
+        span = absl::StrFormat("%d-%d", t.char_start(), t.char_end());
+        if (input != nullptr) {
+          const std::string& source = t.source() == 1 ? input->second : input->first;
+          covered = absl::StrCat("\"", CodePointSlice(source, t.char_start(), t.char_end()), "\"");
+        }
+      }
+      rows.push_back({absl::StrCat(k), t.text(), absl::StrCat(t.id()), absl::StrCat(t.type_id()),
+                      span, covered});
+    }
+    std::vector<int> widths(header.size());
+    for (size_t c = 0; c < header.size(); ++c) {
+      widths[c] = DisplayWidth(header[c]);
+      for (const auto& row : rows) widths[c] = std::max(widths[c], DisplayWidth(row[c]));
+    }
+    auto print_row = [&](const std::vector<std::string>& row) {
+      std::string line = "   ";
+      for (size_t c = 0; c < row.size(); ++c) {
+        line += c + 1 < row.size() ? PadRight(row[c], widths[c] + 2) : row[c];
+      }
+      std::printf("%s\n", std::string(absl::StripTrailingAsciiWhitespace(line)).c_str());
+    };
+    print_row(header);
+    for (const auto& row : rows) print_row(row);
+  }
+  PrintMetadata(response->model_version(), response->metadata());
+  return kExitOk;
+}
+
+// ---------------------------------------------------------------------------------------------
+// info
+
+int RunInfo(EncoderClient& client) {
+  v1::GetModelInfoRequest request;
+  request.set_model_version(absl::GetFlag(FLAGS_model_version));
+  auto info = client.GetModelInfo(request);
+  if (!info.ok()) return RpcError(info.status(), client.target());
+  if (absl::GetFlag(FLAGS_json)) return PrintJson(*info) ? kExitOk : kExitFailure;
+
+  // Walk the message by reflection so new ModelInfo fields show up without touching this.
+  const google::protobuf::Descriptor* d = info->GetDescriptor();
+  const google::protobuf::Reflection* r = info->GetReflection();
+  using FD = google::protobuf::FieldDescriptor;
+  std::vector<std::pair<std::string, std::string>> lines;
+  size_t key_width = 0;
+  for (int f = 0; f < d->field_count(); ++f) {
+    const FD* field = d->field(f);
+    std::vector<std::string> values;
+    const int n = field->is_repeated() ? r->FieldSize(*info, field) : 1;
+    for (int k = 0; k < n; ++k) {
+      const bool rep = field->is_repeated();
+      switch (field->cpp_type()) {
+        case FD::CPPTYPE_STRING:
+          values.push_back(rep ? r->GetRepeatedString(*info, field, k)
+                               : r->GetString(*info, field));
+          break;
+        case FD::CPPTYPE_INT32:
+          values.push_back(
+              absl::StrCat(rep ? r->GetRepeatedInt32(*info, field, k) : r->GetInt32(*info, field)));
+          break;
+        case FD::CPPTYPE_INT64:
+          values.push_back(
+              absl::StrCat(rep ? r->GetRepeatedInt64(*info, field, k) : r->GetInt64(*info, field)));
+          break;
+        case FD::CPPTYPE_BOOL:
+          values.push_back((rep ? r->GetRepeatedBool(*info, field, k) : r->GetBool(*info, field))
+                               ? "true"
+                               : "false");
+          break;
+        case FD::CPPTYPE_ENUM:
+          values.push_back(rep ? r->GetRepeatedEnum(*info, field, k)->name()
+                               : r->GetEnum(*info, field)->name());
+          break;
+        default:
+          values.push_back("(not shown; use --json)");
+      }
+    }
+    lines.emplace_back(field->name(), absl::StrJoin(values, ", "));
+    key_width = std::max(key_width, field->name().size());
+  }
+  for (const auto& [key, value] : lines) {
+    std::printf("%s %s\n", PadRight(key + ":", static_cast<int>(key_width) + 1).c_str(),
+                value.c_str());
+  }
+  return kExitOk;
+}
+
+// ---------------------------------------------------------------------------------------------
+// health
+
+int RunHealth(EncoderClient& client) {
+  auto status = client.Health(absl::GetFlag(FLAGS_service));
+  if (!status.ok()) {
+    if (status.status().code() == absl::StatusCode::kNotFound) {
+      // The protocol's answer for a service name the server does not know.
+      std::printf("SERVICE_UNKNOWN\n");
+      std::fprintf(stderr, "attnctl: NOT_FOUND: %s\n",
+                   std::string(status.status().message()).c_str());
+      return kExitFailure;
+    }
+    return RpcError(status.status(), client.target());
+  }
+  if (absl::GetFlag(FLAGS_json)) {
+    grpc::health::v1::HealthCheckResponse response;
+    response.set_status(*status);
+    if (!PrintJson(response)) return kExitFailure;
+  } else {
+    std::printf("%s\n", grpc::health::v1::HealthCheckResponse::ServingStatus_Name(*status).c_str());
+  }
+  return *status == grpc::health::v1::HealthCheckResponse::SERVING ? kExitOk : kExitFailure;
+}
+
+// ---------------------------------------------------------------------------------------------
+// attention
+
+// What `attention` shows: one head, the grid of all heads, the mean over heads, or rollout.
+enum class View { kHead, kAllHeads, kMean, kRollout };
+
+std::string PathForInput(const std::string& path, int index, int count) {
+  if (count == 1) return path;
+  const size_t slash = path.find_last_of('/');
+  const size_t dot = path.find_last_of('.');
+  if (dot == std::string::npos || (slash != std::string::npos && dot < slash)) {
+    return absl::StrCat(path, "-", index);
+  }
+  return absl::StrCat(path.substr(0, dot), "-", index, path.substr(dot));
+}
+
+bool WriteFile(const std::string& path, const std::string& content) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out << content;
+  out.close();
+  if (!out) {
+    std::fprintf(stderr, "attnctl: cannot write %s: %s\n", path.c_str(), std::strerror(errno));
+    return false;
+  }
+  std::fprintf(stderr, "wrote %s (%zu bytes)\n", path.c_str(), content.size());
+  return true;
+}
+
+// A [T, T] map, or [heads, T, T] maps with their head numbers.
+struct Maps {
+  std::vector<int> heads;  // empty for a single aggregate map
+  std::vector<float> values;
+  std::string description;
+};
+
+absl::StatusOr<Maps> ExtractMaps(const v1::AttentionResult& result, View view, int head) {
+  const int64_t t = result.tokens_size();
+  auto check = [t](const DecodedTensor& d, int rank, const char* what) -> absl::Status {
+    const bool ok = d.rank() == rank && d.dim(rank - 1) == t && d.dim(rank - 2) == t;
+    if (ok) return absl::OkStatus();
+    return absl::InternalError(absl::StrFormat("server sent %s of shape [%s] for %d tokens", what,
+                                               absl::StrJoin(d.shape, ", "), t));
+  };
+  Maps maps;
+  if (view == View::kRollout) {
+    if (!result.has_rollout()) return absl::InternalError("server sent no rollout");
+    auto d = DecodeTensor(result.rollout());
+    if (!d.ok()) return d.status();
+    if (auto s = check(*d, 2, "rollout"); !s.ok()) return s;
+    maps.values = std::move(d->values);
+    maps.description = "attention rollout through all layers";
+    return maps;
+  }
+  if (result.layers_size() == 0) return absl::InternalError("server sent no layer");
+  const v1::LayerAttention& layer = result.layers(0);
+  if (view == View::kMean) {
+    if (!layer.has_mean_weights()) return absl::InternalError("server sent no mean weights");
+    auto d = DecodeTensor(layer.mean_weights());
+    if (!d.ok()) return d.status();
+    if (auto s = check(*d, 2, "mean weights"); !s.ok()) return s;
+    maps.values = std::move(d->values);
+    maps.description = absl::StrFormat("layer %d, mean over heads", layer.layer());
+    return maps;
+  }
+  if (!layer.has_weights()) return absl::InternalError("server sent no attention weights");
+  auto d = DecodeTensor(layer.weights());
+  if (!d.ok()) return d.status();
+  if (auto s = check(*d, 3, "weights"); !s.ok()) return s;
+  if (d->dim(0) != layer.heads_size()) {
+    return absl::InternalError(
+        absl::StrFormat("server sent %d weight maps for %d heads", d->dim(0), layer.heads_size()));
+  }
+  if (view == View::kAllHeads) {
+    maps.heads.assign(layer.heads().begin(), layer.heads().end());
+    maps.values = std::move(d->values);
+    maps.description = absl::StrFormat("layer %d, all %d heads", layer.layer(), layer.heads_size());
+    return maps;
+  }
+  const auto it = std::find(layer.heads().begin(), layer.heads().end(), head);
+  if (it == layer.heads().end()) {
+    return absl::InternalError(absl::StrFormat("server sent no map for head %d", head));
+  }
+  const int64_t index = it - layer.heads().begin();
+  maps.values.assign(d->values.begin() + index * t * t, d->values.begin() + (index + 1) * t * t);
+  maps.description = absl::StrFormat("layer %d, head %d", layer.layer(), head);
+  return maps;
+}
+
+// Per row: the `top` most attended columns of a [T, T] map.
+void PrintTopAttended(const std::vector<std::string>& tokens, const float* map, int top) {
+  const int t = static_cast<int>(tokens.size());
+  int width = 0;
+  for (const auto& token : tokens) width = std::max(width, DisplayWidth(token));
+  const int k = std::min(top, t);
+  std::vector<int> order(t);
+  for (int i = 0; i < t; ++i) {
+    const float* row = map + static_cast<size_t>(i) * t;
+    for (int j = 0; j < t; ++j) order[j] = j;
+    // Ties keep the earlier token first, so output is stable.
+    std::partial_sort(order.begin(), order.begin() + k, order.end(), [row](int a, int b) {
+      return row[a] > row[b] || (row[a] == row[b] && a < b);
+    });
+    std::string line = absl::StrFormat("  %3d %s ->", i, PadRight(tokens[i], width));
+    for (int n = 0; n < k; ++n) {
+      absl::StrAppendFormat(&line, "  %s(%d) %.3f", tokens[order[n]], order[n], row[order[n]]);
+    }
+    std::printf("%s\n", line.c_str());
+  }
+}
+
+int RunAttention(EncoderClient& client, const Command& command) {
+  const int head = absl::GetFlag(FLAGS_head);
+  const bool rollout = absl::GetFlag(FLAGS_rollout);
+  const bool mean = absl::GetFlag(FLAGS_mean);
+  const std::string svg_path = absl::GetFlag(FLAGS_svg);
+  const std::string html_path = absl::GetFlag(FLAGS_html);
+  const bool json = absl::GetFlag(FLAGS_json);
+  const bool pictures = !svg_path.empty() || !html_path.empty();
+  const int top = absl::GetFlag(FLAGS_top);
+  if (head < -1) return UsageError("--head must be a head number >= 0", &command);
+  if (rollout && mean) return UsageError("--rollout and --mean exclude each other", &command);
+  if ((rollout || mean) && head >= 0) {
+    return UsageError("--head picks one head; --rollout and --mean combine all heads", &command);
+  }
+  if (top < 1) return UsageError("--top must be >= 1", &command);
+
+  // Text output without a head shows the mean over heads (12 full tables would be unreadable).
+  View view = View::kAllHeads;
+  if (rollout) {
+    view = View::kRollout;
+  } else if (mean || (head < 0 && !pictures && !json)) {
+    view = View::kMean;
+  } else if (head >= 0) {
+    view = View::kHead;
+  }
+
+  v1::AttentionMapRequest request;
+  auto texts = ReadInputs();
+  if (!texts.ok()) return UsageError(std::string(texts.status().message()), &command);
+  FillInputs(*texts, request.mutable_inputs());
+  auto tokenization = TokenizationFromFlags();
+  if (!tokenization.ok()) return UsageError(std::string(tokenization.status().message()), &command);
+  *request.mutable_tokenization() = *tokenization;
+  auto dtype = DTypeFromFlag();
+  if (!dtype.ok()) return UsageError(std::string(dtype.status().message()), &command);
+  request.set_output_dtype(*dtype);
+  request.set_model_version(absl::GetFlag(FLAGS_model_version));
+  request.add_layers(absl::GetFlag(FLAGS_layer));
+  if (head >= 0) request.add_heads(head);
+  // Only ask for what is shown: per-head weights are [heads, T, T] per input.
+  request.set_include_weights(view == View::kHead || view == View::kAllHeads);
+  request.set_mean_over_heads(view == View::kMean);
+  request.set_rollout(view == View::kRollout);
+
+  auto response = client.AttentionMap(request);
+  if (!response.ok()) return RpcError(response.status(), client.target());
+  if (json && !PrintJson(*response)) return kExitFailure;
+  if (json && !pictures) return kExitOk;
+
+  std::vector<HtmlSection> sections;
+  const int count = response->results_size();
+  for (int i = 0; i < count; ++i) {
+    const v1::AttentionResult& result = response->results(i);
+    std::vector<std::string> tokens;
+    for (const v1::Token& t : result.tokens()) tokens.push_back(t.text());
+    auto maps = ExtractMaps(result, view, head);
+    if (!maps.ok()) {
+      std::fprintf(stderr, "attnctl: input %d: %s\n", i,
+                   std::string(maps.status().message()).c_str());
+      return kExitFailure;
+    }
+    const std::string what = i < static_cast<int>(texts->size()) ? (*texts)[i].Describe() : "";
+    if (!pictures) {
+      std::printf("[%d] %s (%zu tokens%s): %s, top %d attended tokens per row\n", i, what.c_str(),
+                  tokens.size(),
+                  TruncationNote(result.truncated(), result.untruncated_length()).c_str(),
+                  maps->description.c_str(), top);
+      PrintTopAttended(tokens, maps->values.data(), top);
+      continue;
+    }
+    absl::StatusOr<std::string> svg;
+    if (view == View::kAllHeads) {
+      const int layer = result.layers_size() > 0 ? result.layers(0).layer() : 0;
+      svg = RenderHeadGridSvg(tokens, maps->heads, maps->values, layer);
+    } else {
+      HeatmapOptions options;
+      if (view == View::kRollout) options.value_label = "rollout weight";
+      svg = RenderHeatmapSvg(tokens, maps->values, maps->description, options);
+    }
+    if (!svg.ok()) {
+      std::fprintf(stderr, "attnctl: input %d: %s\n", i,
+                   std::string(svg.status().message()).c_str());
+      return kExitFailure;
+    }
+    if (!svg_path.empty() && !WriteFile(PathForInput(svg_path, i, count), *svg)) {
+      return kExitFailure;
+    }
+    sections.push_back(
+        {absl::StrFormat("Input %d: %s", i, what),
+         absl::StrFormat("%s; %d tokens%s.", maps->description, tokens.size(),
+                         TruncationNote(result.truncated(), result.untruncated_length())),
+         *std::move(svg)});
+  }
+  if (!pictures) PrintMetadata(response->model_version(), response->metadata());
+  if (!html_path.empty()) {
+    const std::string subtitle =
+        absl::StrFormat("model version %s, server %s", response->model_version(), client.target());
+    if (!WriteFile(html_path, RenderHtml("attnserve attention maps", subtitle, sections))) {
+      return kExitFailure;
+    }
+  }
+  return kExitOk;
+}
+
+int Main(int argc, char** argv) {
+  // Help first, before any validation: "attnctl", "attnctl --help", "attnctl help [cmd]",
+  // "attnctl <cmd> --help".
+  const Command* help_command = nullptr;
+  bool help = argc < 2;
+  for (int i = 1; i < argc; ++i) {
+    const absl::string_view arg = argv[i];
+    if (arg == "--") break;
+    if (arg == "--help" || arg == "-help" || arg == "-h" || (i == 1 && arg == "help")) help = true;
+    if (help_command == nullptr && arg[0] != '-') help_command = FindCommand(arg);
+  }
+  if (argc < 2) {
+    std::fputs(kTopUsage, stderr);
+    return kExitUsage;
+  }
+  if (help) {
+    if (help_command != nullptr) {
+      PrintCommandUsage(*help_command, stdout);
+    } else {
+      std::fputs(kTopUsage, stdout);
+    }
+    return kExitOk;
+  }
+
+  std::vector<std::string> original(argv, argv + argc);
+  attn::AcceptDashedFlagNames(argc, argv);
+  // Abseil's informational flags (--version, --helpfull, --helpon=...) need no command:
+  // ParseCommandLine prints and exits.
+  for (int i = 1; i < argc; ++i) {
+    absl::string_view arg = argv[i];
+    if (arg == "--") break;
+    absl::ConsumePrefix(&arg, "-");
+    absl::ConsumePrefix(&arg, "-");
+    arg = arg.substr(0, arg.find('='));
+    if (arg == "version" || arg == "helpfull" || arg == "helpshort" || arg == "helppackage" ||
+        arg == "helpon" || arg == "helpmatch") {
+      absl::ParseCommandLine(argc, argv);
+    }
+  }
+  int exit_code = kExitOk;
+  const Command* command = ValidateCommandLine(argc, argv, original, &exit_code);
+  if (command == nullptr) return exit_code;
+  absl::ParseCommandLine(argc, argv);
+
+  EncoderClient client(ServerAddress(), OptionsFromFlags());
+  const std::string name = command->name;
+  if (name == "encode") return RunEncode(client, *command);
+  if (name == "attention") return RunAttention(client, *command);
+  if (name == "tokenize") return RunTokenize(client, *command);
+  if (name == "info") return RunInfo(client);
+  return RunHealth(client);
+}
+
+}  // namespace
+}  // namespace attn::client
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage("command-line client for attnserve; see 'attnctl --help'");
+  absl::FlagsUsageConfig config;
+  config.version_string = [] { return std::string("attnctl 0.1.0\n"); };
+  absl::SetFlagsUsageConfig(config);
+  return attn::client::Main(argc, argv);
+}
