@@ -83,11 +83,6 @@ void Batcher::Finish(const std::shared_ptr<JobState>& job, absl::Status status) 
 
 bool Batcher::StillWanted(const std::shared_ptr<JobState>& job) {
   if (job->finished) return false;
-  if (job->job->is_cancelled && job->job->is_cancelled()) {
-    metrics_->RecordDropped("cancelled");
-    Finish(job, absl::CancelledError("the client cancelled the call before it was computed"));
-    return false;
-  }
   if (job->job->deadline && *job->job->deadline < std::chrono::system_clock::now()) {
     const double waited =
         std::chrono::duration<double, std::milli>(Clock::now() - job->enqueued).count();
@@ -96,6 +91,12 @@ bool Batcher::StillWanted(const std::shared_ptr<JobState>& job) {
                     "the deadline passed while the request was queued (after %.1f ms); "
                     "allow more time or send smaller requests",
                     waited)));
+    return false;
+  }
+  // After the deadline check: gRPC also reports an expired call as cancelled.
+  if (job->job->is_cancelled && job->job->is_cancelled()) {
+    metrics_->RecordDropped("cancelled");
+    Finish(job, absl::CancelledError("the client cancelled the call before it was computed"));
     return false;
   }
   return true;

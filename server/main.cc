@@ -129,7 +129,10 @@ int Run(const ServerOptions& options) {
                              " (port in use or address not available)"));
   }
   grpc::HealthCheckServiceInterface* health = server->GetHealthCheckService();
+  // Register both names as NOT_SERVING now: a name set only later would answer NOT_FOUND while
+  // the model loads.
   health->SetServingStatus(false);
+  health->SetServingStatus(kEncoderServiceName, false);
   Log(LogLevel::kInfo, "listening on %s:%d (gRPC), metrics on port %d; loading %s", options.host,
       grpc_port, metrics_port, options.model_dir);
 

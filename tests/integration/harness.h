@@ -1,0 +1,215 @@
+// Integration test harness: runs the real `attnserve` (and `prometheus`) as child processes,
+// talks to them over loopback, and decodes what comes back.
+//
+// Each test binary shares one server process through SharedServer(); a binary chooses that
+// server's flags by defining SharedServerFlags() (see integration_main.cc).
+#pragma once
+
+#include <grpcpp/grpcpp.h>
+#include <sys/types.h>
+
+#include <chrono>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "attnserve/v1/encoder.grpc.pb.h"
+#include "nlohmann/json.hpp"
+
+namespace attn::integration {
+
+namespace pb = ::attnserve::v1;
+
+// ---------------------------------------------------------------------------------------------
+// Processes
+
+// A child process whose stdout and stderr go to a log file in its own temp directory. The child
+// gets SIGKILL if the test process dies, so a crashed test never leaves a server behind.
+class Subprocess {
+ public:
+  // Creates the temp directory; `name` names it and the log file.
+  explicit Subprocess(std::string name);
+  ~Subprocess();  // Stop() if still running, then removes the temp directory.
+  Subprocess(const Subprocess&) = delete;
+  Subprocess& operator=(const Subprocess&) = delete;
+
+  // argv[0] is the executable path (no PATH lookup).
+  bool Start(const std::vector<std::string>& argv, std::string* error);
+  pid_t pid() const { return pid_; }
+  const std::string& name() const { return name_; }
+  // A fresh temp directory owned by this process object (for config, ready and log files).
+  const std::string& dir() const { return dir_; }
+
+  // True while the child has not exited (reaps it if it has).
+  bool Running();
+  // Waits up to `timeout` for the child to exit; true and the raw wait status if it did.
+  bool WaitExit(std::chrono::duration<double> timeout, int* wait_status);
+  void Signal(int signal);
+  // SIGTERM, up to `grace` for an exit, then SIGKILL. Returns the wait status (or -1).
+  int Stop(std::chrono::duration<double> grace = std::chrono::seconds(10));
+  // The captured stdout + stderr (last `max_bytes`).
+  std::string LogTail(size_t max_bytes = 16000) const;
+  // Whether the child exited and how: "exited with code 0", "killed by signal 9", "running".
+  std::string ExitDescription() const;
+
+ private:
+  std::string name_;
+  std::string dir_;
+  std::string log_path_;
+  pid_t pid_ = -1;
+  bool exited_ = false;
+  int wait_status_ = 0;
+};
+
+// Path of the attnserve binary: $ATTNSERVE_BINARY, else the one CMake built.
+std::string AttnserveBinary();
+// The model served by the tests: $ATTN_TEST_MODEL_DIR, else the configured default.
+std::string TestModelDir();
+
+// The real server: `attnserve --model_dir=... --host=127.0.0.1 --port=P --metrics_port=0
+// --ready_file=...` plus extra flags.
+class ServerProcess {
+ public:
+  // port 0 = let the server pick (the ready file says which).
+  explicit ServerProcess(std::vector<std::string> extra_flags = {}, int port = 0);
+
+  // fork/exec only; returns at once.
+  bool Start(std::string* error);
+  // Polls the ready file (and that the process is alive) until it holds complete JSON.
+  bool WaitReady(std::chrono::duration<double> timeout, std::string* error);
+  // Start() + WaitReady(); on failure `error` includes the server's log.
+  bool StartAndWait(std::chrono::duration<double> timeout, std::string* error);
+
+  bool ReadyFileExists() const;
+  const std::string& ready_file() const { return ready_file_; }
+  int grpc_port() const { return grpc_port_; }
+  int metrics_port() const { return metrics_port_; }
+  pid_t ready_pid() const { return ready_pid_; }
+  std::string address() const;
+  Subprocess& process() { return *process_; }
+
+  // A new channel with no message size limits (the tests ask for large attention maps) and no
+  // HTTP proxy (loopback only).
+  std::shared_ptr<grpc::Channel> NewChannel() const;
+  std::unique_ptr<pb::Encoder::Stub> NewStub() const;
+  // GET /metrics.
+  bool ScrapeMetrics(std::string* body, std::string* error) const;
+
+ private:
+  std::vector<std::string> extra_flags_;
+  int requested_port_;
+  std::unique_ptr<Subprocess> process_;
+  std::string ready_file_;
+  int grpc_port_ = 0;
+  int metrics_port_ = 0;
+  pid_t ready_pid_ = 0;
+};
+
+// Defined by each test binary: flags of its shared server, or nullopt for none.
+std::optional<std::vector<std::string>> SharedServerFlags();
+// The binary's shared server, started (and ready) before any test runs.
+ServerProcess& SharedServer();
+
+// A free TCP port on 127.0.0.1 (bound to port 0, then released: racy, but only for children
+// that need the port on their command line).
+int PickFreePort();
+
+// Whether an executable named `name` is on $PATH; its full path in *path.
+bool FindOnPath(const std::string& name, std::string* path);
+
+// ---------------------------------------------------------------------------------------------
+// HTTP and Prometheus text format
+
+struct HttpResponse {
+  int status = 0;
+  std::string body;
+};
+// A minimal HTTP/1.0 GET over a POSIX socket (the server closes the connection at the end).
+bool HttpGet(int port, const std::string& path, HttpResponse* response, std::string* error,
+             std::chrono::duration<double> timeout = std::chrono::seconds(10));
+
+struct MetricSample {
+  std::string name;
+  std::map<std::string, std::string> labels;
+  double value = 0;
+};
+
+// Parsed Prometheus text exposition (format 0.0.4); comment lines are skipped.
+class Metrics {
+ public:
+  static bool Parse(const std::string& text, Metrics* metrics, std::string* error);
+
+  // Sum of the samples named `name` whose labels include all of `labels`.
+  double Sum(const std::string& name, const std::map<std::string, std::string>& labels = {}) const;
+  // Whether any sample matches.
+  bool Has(const std::string& name, const std::map<std::string, std::string>& labels = {}) const;
+  const std::vector<MetricSample>& samples() const { return samples_; }
+
+ private:
+  std::vector<MetricSample> samples_;
+};
+
+// Scrapes and parses, with gtest assertions on the way.
+Metrics ScrapeOrFail(const ServerProcess& server);
+
+// ---------------------------------------------------------------------------------------------
+// Tensors and golden fixtures
+
+// attnserve.v1.Tensor -> fp32 values; checks dtype and that data holds prod(shape) values.
+bool DecodeTensor(const pb::Tensor& tensor, std::vector<float>* values, std::string* error);
+// Same, as a gtest assertion helper: fails the test and returns {} on error.
+std::vector<float> DecodeOrFail(const pb::Tensor& tensor);
+// Independent reference conversions (not the server's code).
+float HalfToFloat(uint16_t bits);
+float BFloat16ToFloat(uint16_t bits);
+
+std::string ShapeString(const pb::Tensor& tensor);
+std::vector<int64_t> Shape(const pb::Tensor& tensor);
+
+// One case of tests/golden/minilm_cases.json with its tensors from minilm_golden.safetensors.
+struct GoldenCase {
+  nlohmann::json spec;
+  std::string name;
+  int seq_len = 0;
+  std::vector<int> rows;      // token positions stored in the tensors below
+  std::vector<float> hidden;  // [7, R, 384]
+  std::vector<float> attn;    // [6, 12, R, seq_len]
+  std::vector<float> pooled;  // [384]
+  bool is_pair() const { return !spec["text_pair"].is_null(); }
+  bool sentence_transformers_pooled() const {
+    return spec["pooled_source"] == "sentence_transformers";
+  }
+  // attentions[layer][head][r][col], r an index into rows.
+  float Attention(int layer, int head, int r, int col) const;
+  float Hidden(int layer, int r, int k) const;
+};
+constexpr int kNumLayers = 6;
+constexpr int kNumHeads = 12;
+constexpr int kHidden = 384;
+constexpr int kHeadDim = 32;
+constexpr int kVocabSize = 30522;
+
+// Loaded once per process.
+const std::vector<GoldenCase>& GoldenCases();
+const GoldenCase& Golden(const std::string& name);
+// The request input and tokenization options that reproduce the case.
+pb::Input GoldenInput(const GoldenCase& c);
+pb::TokenizationOptions GoldenTokenization(const GoldenCase& c);
+
+// Checks token ids, texts, type ids, char offsets and special flags against the fixture.
+void ExpectTokensMatchGolden(const GoldenCase& c,
+                             const google::protobuf::RepeatedPtrField<pb::Token>& tokens);
+
+double Cosine(const std::vector<float>& a, const std::vector<float>& b);
+double MaxAbsDiff(const std::vector<float>& a, const std::vector<float>& b);
+
+// "INVALID_ARGUMENT: message" for assertion messages.
+std::string StatusString(const grpc::Status& status);
+const char* CodeName(grpc::StatusCode code);
+
+// A text of roughly `tokens` WordPiece tokens (each word one token) for load tests.
+std::string TextOfTokens(int tokens, int seed = 0);
+
+}  // namespace attn::integration
