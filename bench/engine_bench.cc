@@ -25,6 +25,7 @@ ABSL_FLAG(int, threads, 0, "OpenMP threads; 0 = all cores.");
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "Times the engine forward pass: attn-bench-engine --batch 32 --seq_len 128");
+  attn::ShowProjectFlagsInHelp("attn-bench-engine 0.1.0");
   attn::AcceptDashedFlagNames(argc, argv);
   absl::ParseCommandLine(argc, argv);
   if (absl::GetFlag(FLAGS_threads) > 0) omp_set_num_threads(absl::GetFlag(FLAGS_threads));

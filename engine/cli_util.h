@@ -2,6 +2,10 @@
 #pragma once
 
 #include <cstring>
+#include <string>
+
+#include "absl/flags/usage_config.h"
+#include "absl/strings/match.h"
 
 namespace attn {
 
@@ -18,6 +22,18 @@ inline void AcceptDashedFlagNames(int argc, char** argv) {
       if (*c == '-') *c = '_';
     }
   }
+}
+
+// Abseil's --help lists only flags defined in a file named like the binary; ours live in
+// main.cc and friends. Show every flag of this project (not Abseil's own) instead.
+inline void ShowProjectFlagsInHelp(const std::string& version) {
+  absl::FlagsUsageConfig config;
+  config.contains_help_flags = [](absl::string_view path) {
+    return !absl::StrContains(path, "absl/");
+  };
+  config.contains_helpshort_flags = config.contains_help_flags;
+  config.version_string = [version] { return version + "\n"; };
+  absl::SetFlagsUsageConfig(config);
 }
 
 }  // namespace attn

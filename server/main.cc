@@ -176,11 +176,12 @@ int Run(const ServerOptions& options) {
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
-      "attnserve: serves a BERT-family encoder over gRPC (attnserve.v1.Encoder: Encode, "
+      "serves a BERT-family encoder over gRPC (attnserve.v1.Encoder: Encode, "
       "AttentionMap, Tokenize, GetModelInfo) with grpc.health.v1 health checks, server "
       "reflection and Prometheus metrics.\n"
       "Flags take dashes or underscores (--model-dir or --model_dir).\n"
       "Example: attnserve --port 50051 --metrics-port 9464");
+  attn::ShowProjectFlagsInHelp("attnserve 0.1.0");
   attn::AcceptDashedFlagNames(argc, argv);
   absl::ParseCommandLine(argc, argv);
 
