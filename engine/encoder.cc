@@ -27,10 +27,8 @@ const LayerAttention* ForwardResult::Attention(int layer) const {
   return nullptr;
 }
 
-namespace {
-
-absl::Status ValidateBatch(const BertConfig& config, const std::vector<SequenceInput>& batch,
-                           const ForwardOptions& options) {
+absl::Status ValidateEncoderInput(const BertConfig& config, const std::vector<SequenceInput>& batch,
+                                  const ForwardOptions& options) {
   if (batch.empty()) return absl::InvalidArgumentError("empty batch: no input sequences");
   for (size_t i = 0; i < batch.size(); ++i) {
     const SequenceInput& seq = batch[i];
@@ -87,6 +85,8 @@ absl::Status ValidateBatch(const BertConfig& config, const std::vector<SequenceI
   }
   return absl::OkStatus();
 }
+
+namespace {
 
 bool Contains(const std::vector<int>& values, int value) {
   return std::find(values.begin(), values.end(), value) != values.end();
@@ -230,7 +230,9 @@ ForwardResult RunForward(const BertConfig& config, const BertWeights& weights,
 absl::StatusOr<ForwardResult> EncoderForward(const BertConfig& config, const BertWeights& weights,
                                              const std::vector<SequenceInput>& batch,
                                              const ForwardOptions& options) {
-  if (absl::Status status = ValidateBatch(config, batch, options); !status.ok()) return status;
+  if (absl::Status status = ValidateEncoderInput(config, batch, options); !status.ok()) {
+    return status;
+  }
   try {
     return RunForward(config, weights, batch, options);
   } catch (const dnnl::error& e) {

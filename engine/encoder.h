@@ -72,6 +72,10 @@ struct ForwardResult {
   const LayerAttention* Attention(int layer) const;
 };
 
+// Checks ids, type ids, lengths and layer indices; errors name the input index and the limit.
+absl::Status ValidateEncoderInput(const BertConfig& config, const std::vector<SequenceInput>& batch,
+                                  const ForwardOptions& options);
+
 // Validates inputs (ids, type ids, lengths, layer indices) with errors naming the input index
 // and limit, then runs the forward. oneDNN failures come back as InternalError.
 absl::StatusOr<ForwardResult> EncoderForward(const BertConfig& config, const BertWeights& weights,

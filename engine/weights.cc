@@ -25,6 +25,36 @@ int64_t BertWeights::ParameterCount() const {
   return count;
 }
 
+std::vector<std::pair<std::string, Tensor*>> EngineTensors(BertWeights* w) {
+  std::vector<std::pair<std::string, Tensor*>> tensors = {
+      {"word_embeddings", &w->word_embeddings},
+      {"position_embeddings", &w->position_embeddings},
+      {"token_type_embeddings", &w->token_type_embeddings},
+      {"embedding_norm_gamma", &w->embedding_norm_gamma},
+      {"embedding_norm_beta", &w->embedding_norm_beta},
+  };
+  for (size_t i = 0; i < w->layers.size(); ++i) {
+    LayerWeights& l = w->layers[i];
+    const std::string p = absl::StrCat("layers.", i, ".");
+    for (auto& [name, tensor] :
+         std::vector<std::pair<const char*, Tensor*>>{{"qkv_weight", &l.qkv_weight},
+                                                      {"qkv_bias", &l.qkv_bias},
+                                                      {"attn_output_weight", &l.attn_output_weight},
+                                                      {"attn_output_bias", &l.attn_output_bias},
+                                                      {"attn_norm_gamma", &l.attn_norm_gamma},
+                                                      {"attn_norm_beta", &l.attn_norm_beta},
+                                                      {"ffn_in_weight", &l.ffn_in_weight},
+                                                      {"ffn_in_bias", &l.ffn_in_bias},
+                                                      {"ffn_out_weight", &l.ffn_out_weight},
+                                                      {"ffn_out_bias", &l.ffn_out_bias},
+                                                      {"ffn_norm_gamma", &l.ffn_norm_gamma},
+                                                      {"ffn_norm_beta", &l.ffn_norm_beta}}) {
+      tensors.emplace_back(p + name, tensor);
+    }
+  }
+  return tensors;
+}
+
 std::vector<ParameterSlot> BuildParameterTable(const BertConfig& config, BertWeights* w) {
   const int64_t H = config.hidden_size, I = config.intermediate_size;
   w->word_embeddings = Tensor({config.vocab_size, H});

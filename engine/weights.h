@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -40,6 +41,10 @@ struct BertWeights {
 
   int64_t ParameterCount() const;
 };
+
+// Every engine tensor with a stable engine name ("layers.3.qkv_weight"), in a fixed order; the
+// same order for any two BertWeights of one config, so parameters and gradients pair up.
+std::vector<std::pair<std::string, Tensor*>> EngineTensors(BertWeights* weights);
 
 // One row of the name table: a Hugging Face tensor and where it lives in BertWeights.
 struct ParameterSlot {

@@ -64,6 +64,14 @@ void FillTokens(const Model& model, const Encoding& encoding,
   }
 }
 
+// Tokens and truncation info of one input, for any result message that has them.
+template <typename Result>
+void FillInputResult(const Model& model, const Encoding& encoding, Result* result) {
+  FillTokens(model, encoding, result->mutable_tokens());
+  result->set_truncated(encoding.truncated);
+  result->set_untruncated_length(encoding.untruncated_length);
+}
+
 void FillMetadata(const TokenizedInputs& inputs, double tokenization_ms, const JobOutput& output,
                   Clock::time_point received, v1::ResponseMetadata* metadata) {
   metadata->set_token_count(inputs.total_tokens);
@@ -135,99 +143,6 @@ std::optional<std::chrono::system_clock::time_point> DeadlineOf(
   return deadline;
 }
 
-}  // namespace
-
-EncoderService::EncoderService(const ServerOptions& options, ModelRegistry* registry,
-                               Batcher* batcher, Metrics* metrics)
-    : options_(options), registry_(registry), batcher_(batcher), metrics_(metrics) {}
-
-grpc::ServerUnaryReactor* EncoderService::Encode(grpc::CallbackServerContext* context,
-                                                 const v1::EncodeRequest* request,
-                                                 v1::EncodeResponse* response) {
-  auto call = std::make_shared<CallTracker>("Encode", metrics_, context);
-  grpc::ServerUnaryReactor* reactor = call->reactor();
-  if (grpc::Status size = CheckRequestSize(*request, options_.max_message_bytes); !size.ok()) {
-    call->Finish(size);
-    return reactor;
-  }
-  absl::StatusOr<ModelVersion> version = registry_->Get(request->model_version());
-  if (!version.ok()) {
-    call->Finish(ToGrpcStatus(version.status()));
-    return reactor;
-  }
-  const auto tokenize_start = Clock::now();
-  auto plan = std::make_shared<absl::StatusOr<EncodePlan>>(
-      PrepareEncode(*version->model, *request, {options_.max_inputs_per_request}));
-  const double tokenization_ms = MillisSince(tokenize_start);
-  metrics_->RecordTokenizationTime(tokenization_ms / 1e3);
-  if (!plan->ok()) {
-    call->Finish(ToGrpcStatus(plan->status()));
-    return reactor;
-  }
-  if (const auto deadline = DeadlineOf(context);
-      deadline && *deadline < std::chrono::system_clock::now()) {
-    metrics_->RecordDropped("deadline");
-    call->Finish(grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
-                              "the call's deadline had already passed when it arrived"));
-    return reactor;
-  }
-
-  auto job = std::make_shared<Job>();
-  job->model = version->model;
-  job->sequences = (*plan)->inputs.sequences;
-  job->forward = (*plan)->forward;
-  job->deadline = DeadlineOf(context);
-  job->is_cancelled = [context] { return context->IsCancelled(); };
-  const std::string version_name = version->version;
-  const int64_t max_bytes = options_.max_message_bytes;
-  job->done = [call, plan, response, version_name, tokenization_ms, max_bytes,
-               model = version->model](absl::Status status, JobOutput output) {
-    if (!status.ok()) {
-      call->Finish(ToGrpcStatus(status));
-      return;
-    }
-    const EncodePlan& p = **plan;
-    const int64_t H = model->config().hidden_size;
-    const int last_layer = model->config().num_hidden_layers;
-    response->set_model_version(version_name);
-    for (size_t i = 0; i < output.sequences.size(); ++i) {
-      const SequenceView& view = output.sequences[i];
-      const int64_t T = view.length();
-      v1::EncodeResult* result = response->add_results();
-      FillTokens(*model, p.inputs.encodings[i], result->mutable_tokens());
-      result->set_truncated(p.inputs.encodings[i].truncated);
-      result->set_untruncated_length(p.inputs.encodings[i].untruncated_length);
-      const float* last_hidden = view.hidden(last_layer, H);
-      if (p.pooling) {
-        std::vector<float> pooled(H);
-        PoolForward(last_hidden, H, {0, T}, *p.pooling, pooled.data());
-        if (p.normalize) L2NormalizeRows(pooled.data(), 1, H);
-        result->mutable_embedding()->Add(pooled.begin(), pooled.end());
-      }
-      if (p.token_embeddings) {
-        SetTensor({T, H}, last_hidden, p.dtype, result->mutable_token_embeddings());
-      }
-      for (int layer : p.hidden_layers) {
-        v1::LayerTensor* layer_tensor = result->add_hidden_states();
-        layer_tensor->set_layer(layer);
-        SetTensor({T, H}, view.hidden(layer, H), p.dtype, layer_tensor->mutable_tensor());
-      }
-      if (p.static_embeddings) {
-        SetTensor({T, H}, view.result->static_embeddings.data() + view.row_begin() * H, p.dtype,
-                  result->mutable_static_embeddings());
-      }
-    }
-    FillMetadata(p.inputs, tokenization_ms, output, call->received(), response->mutable_metadata());
-    call->Finish(CheckResponseSize(*response, max_bytes));
-  };
-  if (absl::Status submitted = batcher_->Submit(job); !submitted.ok()) {
-    call->Finish(ToGrpcStatus(submitted));
-  }
-  return reactor;
-}
-
-namespace {
-
 // Selected heads of a (heads, T, X) tensor -> (selected, T, X).
 Tensor SelectHeads(const Tensor& full, const std::vector<int>& heads) {
   const int64_t per_head = full.numel() / full.dim(0);
@@ -239,12 +154,99 @@ Tensor SelectHeads(const Tensor& full, const std::vector<int>& heads) {
   return out;
 }
 
+// Fills the Encode results from the batch output (one per input, in order).
+void BuildEncodeResults(const Model& model, const EncodePlan& p, const JobOutput& output,
+                        v1::EncodeResponse* response) {
+  const int64_t H = model.config().hidden_size;
+  const int last_layer = model.config().num_hidden_layers;
+  for (size_t i = 0; i < output.sequences.size(); ++i) {
+    const SequenceView& view = output.sequences[i];
+    const int64_t T = view.length();
+    v1::EncodeResult* result = response->add_results();
+    FillInputResult(model, p.inputs.encodings[i], result);
+    const float* last_hidden = view.hidden(last_layer, H);
+    if (p.pooling) {
+      std::vector<float> pooled(H);
+      PoolForward(last_hidden, H, {0, T}, *p.pooling, pooled.data());
+      if (p.normalize) L2NormalizeRows(pooled.data(), 1, H);
+      result->mutable_embedding()->Add(pooled.begin(), pooled.end());
+    }
+    if (p.token_embeddings) {
+      SetTensor({T, H}, last_hidden, p.dtype, result->mutable_token_embeddings());
+    }
+    for (int layer : p.hidden_layers) {
+      v1::LayerTensor* layer_tensor = result->add_hidden_states();
+      layer_tensor->set_layer(layer);
+      SetTensor({T, H}, view.hidden(layer, H), p.dtype, layer_tensor->mutable_tensor());
+    }
+    if (p.static_embeddings) {
+      SetTensor({T, H}, view.result->static_embeddings.data() + view.row_begin() * H, p.dtype,
+                result->mutable_static_embeddings());
+    }
+  }
+}
+
+// Fills the AttentionMap results from the batch output (one per input, in order).
+void BuildAttentionResults(const Model& model, const AttentionPlan& p, const JobOutput& output,
+                           v1::AttentionMapResponse* response) {
+  const int num_layers = model.config().num_hidden_layers;
+  for (size_t i = 0; i < output.sequences.size(); ++i) {
+    const SequenceView& view = output.sequences[i];
+    const int64_t T = view.length();
+    v1::AttentionResult* result = response->add_results();
+    FillInputResult(model, p.inputs.encodings[i], result);
+    for (int layer : p.layers) {
+      const SequenceAttention& attention = view.attention(layer);
+      v1::LayerAttention* out = result->add_layers();
+      out->set_layer(layer);
+      out->mutable_heads()->Add(p.heads.begin(), p.heads.end());
+      if (p.weights) {
+        const Tensor weights = SelectHeads(attention.probs, p.heads);
+        if (p.top_k > 0) {
+          TopKRowsResult top = TopKRows(weights, p.top_k);
+          v1::SparseRows* sparse = out->mutable_weights_top_k();
+          sparse->set_k(static_cast<int32_t>(top.values.dim(-1)));
+          SetTensor(top.values, p.dtype, sparse->mutable_values());
+          sparse->mutable_indices()->Add(top.indices.begin(), top.indices.end());
+        } else {
+          SetTensor(weights, p.dtype, out->mutable_weights());
+        }
+      }
+      if (p.scores) {
+        SetTensor(SelectHeads(attention.scores, p.heads), p.dtype, out->mutable_scores());
+      }
+      if (p.qkv) {
+        SetTensor(SelectHeads(attention.query, p.heads), p.dtype, out->mutable_query());
+        SetTensor(SelectHeads(attention.key, p.heads), p.dtype, out->mutable_key());
+        SetTensor(SelectHeads(attention.value, p.heads), p.dtype, out->mutable_value());
+      }
+      if (p.mean_over_heads) {
+        SetTensor(MeanOverHeads(attention.probs), p.dtype, out->mutable_mean_weights());
+      }
+    }
+    if (p.rollout) {
+      std::vector<Tensor> means;
+      for (int layer = 0; layer < num_layers; ++layer) {
+        means.push_back(MeanOverHeads(view.attention(layer).probs));
+      }
+      SetTensor(AttentionRollout(means), p.dtype, result->mutable_rollout());
+    }
+  }
+}
+
 }  // namespace
 
-grpc::ServerUnaryReactor* EncoderService::AttentionMap(grpc::CallbackServerContext* context,
-                                                       const v1::AttentionMapRequest* request,
-                                                       v1::AttentionMapResponse* response) {
-  auto call = std::make_shared<CallTracker>("AttentionMap", metrics_, context);
+EncoderService::EncoderService(const ServerOptions& options, ModelRegistry* registry,
+                               Batcher* batcher, Metrics* metrics)
+    : options_(options), registry_(registry), batcher_(batcher), metrics_(metrics) {}
+
+template <typename Request, typename Response, typename Plan>
+grpc::ServerUnaryReactor* EncoderService::RunEngineCall(const char* method,
+                                                        grpc::CallbackServerContext* context,
+                                                        const Request* request, Response* response,
+                                                        PrepareFn<Request, Plan> prepare,
+                                                        BuildFn<Plan, Response> build) {
+  auto call = std::make_shared<CallTracker>(method, metrics_, context);
   grpc::ServerUnaryReactor* reactor = call->reactor();
   if (grpc::Status size = CheckRequestSize(*request, options_.max_message_bytes); !size.ok()) {
     call->Finish(size);
@@ -256,16 +258,16 @@ grpc::ServerUnaryReactor* EncoderService::AttentionMap(grpc::CallbackServerConte
     return reactor;
   }
   const auto tokenize_start = Clock::now();
-  auto plan = std::make_shared<absl::StatusOr<AttentionPlan>>(
-      PrepareAttention(*version->model, *request, {options_.max_inputs_per_request}));
+  auto plan = std::make_shared<absl::StatusOr<Plan>>(
+      prepare(*version->model, *request, {options_.max_inputs_per_request}));
   const double tokenization_ms = MillisSince(tokenize_start);
   metrics_->RecordTokenizationTime(tokenization_ms / 1e3);
   if (!plan->ok()) {
     call->Finish(ToGrpcStatus(plan->status()));
     return reactor;
   }
-  if (const auto deadline = DeadlineOf(context);
-      deadline && *deadline < std::chrono::system_clock::now()) {
+  const auto deadline = DeadlineOf(context);
+  if (deadline && *deadline < std::chrono::system_clock::now()) {
     metrics_->RecordDropped("deadline");
     call->Finish(grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
                               "the call's deadline had already passed when it arrived"));
@@ -276,70 +278,40 @@ grpc::ServerUnaryReactor* EncoderService::AttentionMap(grpc::CallbackServerConte
   job->model = version->model;
   job->sequences = (*plan)->inputs.sequences;
   job->forward = (*plan)->forward;
-  job->deadline = DeadlineOf(context);
+  job->deadline = deadline;
   job->is_cancelled = [context] { return context->IsCancelled(); };
-  const std::string version_name = version->version;
   const int64_t max_bytes = options_.max_message_bytes;
-  job->done = [call, plan, response, version_name, tokenization_ms, max_bytes,
-               model = version->model](absl::Status status, JobOutput output) {
+  // Runs on the batcher thread once the batch carrying this call is done.
+  job->done = [call, plan, response, build, tokenization_ms, max_bytes, version = *version](
+                  absl::Status status, JobOutput output) {
     if (!status.ok()) {
       call->Finish(ToGrpcStatus(status));
       return;
     }
-    const AttentionPlan& p = **plan;
-    const int num_layers = model->config().num_hidden_layers;
-    response->set_model_version(version_name);
-    for (size_t i = 0; i < output.sequences.size(); ++i) {
-      const SequenceView& view = output.sequences[i];
-      const int64_t T = view.length();
-      v1::AttentionResult* result = response->add_results();
-      FillTokens(*model, p.inputs.encodings[i], result->mutable_tokens());
-      result->set_truncated(p.inputs.encodings[i].truncated);
-      result->set_untruncated_length(p.inputs.encodings[i].untruncated_length);
-      for (int layer : p.layers) {
-        const SequenceAttention& attention = view.attention(layer);
-        v1::LayerAttention* out = result->add_layers();
-        out->set_layer(layer);
-        out->mutable_heads()->Add(p.heads.begin(), p.heads.end());
-        if (p.weights) {
-          const Tensor weights = SelectHeads(attention.probs, p.heads);
-          if (p.top_k > 0) {
-            TopKRowsResult top = TopKRows(weights, p.top_k);
-            v1::SparseRows* sparse = out->mutable_weights_top_k();
-            sparse->set_k(static_cast<int32_t>(top.values.dim(-1)));
-            SetTensor(top.values, p.dtype, sparse->mutable_values());
-            sparse->mutable_indices()->Add(top.indices.begin(), top.indices.end());
-          } else {
-            SetTensor(weights, p.dtype, out->mutable_weights());
-          }
-        }
-        if (p.scores)
-          SetTensor(SelectHeads(attention.scores, p.heads), p.dtype, out->mutable_scores());
-        if (p.qkv) {
-          SetTensor(SelectHeads(attention.query, p.heads), p.dtype, out->mutable_query());
-          SetTensor(SelectHeads(attention.key, p.heads), p.dtype, out->mutable_key());
-          SetTensor(SelectHeads(attention.value, p.heads), p.dtype, out->mutable_value());
-        }
-        if (p.mean_over_heads) {
-          SetTensor(MeanOverHeads(attention.probs), p.dtype, out->mutable_mean_weights());
-        }
-      }
-      if (p.rollout) {
-        std::vector<Tensor> means;
-        for (int layer = 0; layer < num_layers; ++layer) {
-          means.push_back(MeanOverHeads(view.attention(layer).probs));
-        }
-        SetTensor(AttentionRollout(means), p.dtype, result->mutable_rollout());
-      }
-      (void)T;
-    }
-    FillMetadata(p.inputs, tokenization_ms, output, call->received(), response->mutable_metadata());
+    response->set_model_version(version.version);
+    build(*version.model, **plan, output, response);
+    FillMetadata((*plan)->inputs, tokenization_ms, output, call->received(),
+                 response->mutable_metadata());
     call->Finish(CheckResponseSize(*response, max_bytes));
   };
   if (absl::Status submitted = batcher_->Submit(job); !submitted.ok()) {
     call->Finish(ToGrpcStatus(submitted));
   }
   return reactor;
+}
+
+grpc::ServerUnaryReactor* EncoderService::Encode(grpc::CallbackServerContext* context,
+                                                 const v1::EncodeRequest* request,
+                                                 v1::EncodeResponse* response) {
+  return RunEngineCall<v1::EncodeRequest, v1::EncodeResponse, EncodePlan>(
+      "Encode", context, request, response, PrepareEncode, BuildEncodeResults);
+}
+
+grpc::ServerUnaryReactor* EncoderService::AttentionMap(grpc::CallbackServerContext* context,
+                                                       const v1::AttentionMapRequest* request,
+                                                       v1::AttentionMapResponse* response) {
+  return RunEngineCall<v1::AttentionMapRequest, v1::AttentionMapResponse, AttentionPlan>(
+      "AttentionMap", context, request, response, PrepareAttention, BuildAttentionResults);
 }
 
 grpc::ServerUnaryReactor* EncoderService::Tokenize(grpc::CallbackServerContext* context,
@@ -367,10 +339,7 @@ grpc::ServerUnaryReactor* EncoderService::Tokenize(grpc::CallbackServerContext* 
   }
   response->set_model_version(version->version);
   for (const Encoding& encoding : inputs->encodings) {
-    v1::TokenizeResult* result = response->add_results();
-    FillTokens(*version->model, encoding, result->mutable_tokens());
-    result->set_truncated(encoding.truncated);
-    result->set_untruncated_length(encoding.untruncated_length);
+    FillInputResult(*version->model, encoding, response->add_results());
   }
   v1::ResponseMetadata* metadata = response->mutable_metadata();
   metadata->set_token_count(inputs->total_tokens);

@@ -10,6 +10,7 @@
 #include "server/metrics.h"
 #include "server/model_registry.h"
 #include "server/options.h"
+#include "server/request_prep.h"
 
 namespace attn::server {
 
@@ -32,6 +33,19 @@ class EncoderService final : public attnserve::v1::Encoder::CallbackService {
                                          attnserve::v1::ModelInfo* response) override;
 
  private:
+  template <typename Request, typename Plan>
+  using PrepareFn = absl::StatusOr<Plan> (*)(const Model&, const Request&, const RequestLimits&);
+  template <typename Plan, typename Response>
+  using BuildFn = void (*)(const Model&, const Plan&, const JobOutput&, Response*);
+
+  // The shared path of Encode and AttentionMap: size and version checks, `prepare` (validate +
+  // tokenize), submit to the batcher, then `build` the results when the batch is done.
+  template <typename Request, typename Response, typename Plan>
+  grpc::ServerUnaryReactor* RunEngineCall(const char* method, grpc::CallbackServerContext* context,
+                                          const Request* request, Response* response,
+                                          PrepareFn<Request, Plan> prepare,
+                                          BuildFn<Plan, Response> build);
+
   const ServerOptions options_;
   ModelRegistry* const registry_;
   Batcher* const batcher_;

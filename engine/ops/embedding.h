@@ -16,4 +16,13 @@ void EmbeddingForward(const Tensor& word_embeddings, const Tensor& position_embe
                       const std::vector<int32_t>& type_ids, const std::vector<int32_t>& positions,
                       float* out);
 
+// Backward of out = word[id] + position[pos] + type[type]: scatter-add dout rows into the
+// tables' gradients (rows of repeated ids accumulate).
+// dout: (M, hidden); dword (vocab, hidden), dposition (max_pos, hidden), dtype (types, hidden)
+// are ACCUMULATED into (+=), so zero them once per step; each may be null (skipped).
+// Deterministic: every gradient element sums its rows in ascending m, whatever the threads.
+void EmbeddingBackward(const float* dout, int64_t hidden, const std::vector<int32_t>& token_ids,
+                       const std::vector<int32_t>& type_ids, const std::vector<int32_t>& positions,
+                       Tensor* dword, Tensor* dposition, Tensor* dtype);
+
 }  // namespace attn

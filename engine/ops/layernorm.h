@@ -13,4 +13,18 @@ namespace attn {
 void LayerNormForward(ExecContext& ctx, const float* x, int64_t rows, const Tensor& gamma,
                       const Tensor& beta, float eps, float* y);
 
+// Training forward: also returns per-row mean (M) and variance (M) (biased) for backward.
+// x, y: (rows, H) row-major, may alias; mean, variance: (rows). y matches LayerNormForward.
+void LayerNormForwardTraining(ExecContext& ctx, const float* x, int64_t rows, const Tensor& gamma,
+                              const Tensor& beta, float eps, float* y, float* mean,
+                              float* variance);
+
+// Backward: dx (M,H), dgamma (H) (+)=, dbeta (H) (+)=, from x, the saved mean/variance and dy.
+// x is the forward's input (not its output), mean/variance what LayerNormForwardTraining
+// returned for it, eps the same eps. dx (rows, H) is overwritten and must not alias x or dy.
+// dgamma/dbeta may be null to skip them; accumulate = true adds into them, false overwrites.
+void LayerNormBackward(ExecContext& ctx, const float* x, int64_t rows, const Tensor& gamma,
+                       const float* mean, const float* variance, float eps, const float* dy,
+                       float* dx, Tensor* dgamma, Tensor* dbeta, bool accumulate);
+
 }  // namespace attn

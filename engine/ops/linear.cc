@@ -1,5 +1,7 @@
 #include "engine/ops/linear.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 
 namespace attn {
@@ -36,6 +38,89 @@ void LinearForward(ExecContext& ctx, const float* x, int64_t rows, const Tensor&
                        {DNNL_ARG_WEIGHTS, ctx.Wrap(w_desc, weight.data())},
                        {DNNL_ARG_BIAS, ctx.Wrap(b_desc, bias.data())},
                        {DNNL_ARG_DST, ctx.Wrap(y_desc, y)}});
+}
+
+namespace {
+
+// db (N) (+)= sum over rows of dy (M, N). Threads own disjoint column blocks and each column is
+// summed in row order, so the result is bitwise independent of the thread count.
+void SumRows(const float* dy, int64_t rows, int64_t cols, bool accumulate, float* db) {
+  constexpr int64_t kBlock = 32;  // two AVX-512 vectors: enough work per row, many blocks
+  const int64_t blocks = (cols + kBlock - 1) / kBlock;
+#pragma omp parallel for schedule(static) if (rows * cols >= (1 << 16))
+  for (int64_t block = 0; block < blocks; ++block) {
+    const int64_t begin = block * kBlock;
+    const int64_t width = std::min(kBlock, cols - begin);
+    float acc[kBlock] = {};
+    for (int64_t m = 0; m < rows; ++m) {
+      const float* row = dy + m * cols + begin;
+#pragma omp simd
+      for (int64_t j = 0; j < width; ++j) acc[j] += row[j];
+    }
+    float* out = db + begin;
+    for (int64_t j = 0; j < width; ++j) out[j] = accumulate ? out[j] + acc[j] : acc[j];
+  }
+}
+
+}  // namespace
+
+void LinearBackward(ExecContext& ctx, const float* x, int64_t rows, const Tensor& weight,
+                    const float* dy, float* dx, Tensor* dweight, Tensor* dbias, bool accumulate) {
+  const int64_t out_features = weight.dim(0);  // N
+  const int64_t in_features = weight.dim(1);   // K
+  if (rows == 0) {
+    // No tokens: the gradients are sums over nothing. Handled here because a matmul with an
+    // empty reduction axis would leave dW untouched instead of zeroing it.
+    if (!accumulate && dweight != nullptr) std::fill_n(dweight->data(), dweight->numel(), 0.0f);
+    if (!accumulate && dbias != nullptr) std::fill_n(dbias->data(), dbias->numel(), 0.0f);
+    return;
+  }
+  const memory::desc x_desc = RowMajorDesc({rows, in_features});    // (M, K)
+  const memory::desc dy_desc = RowMajorDesc({rows, out_features});  // (M, N)
+
+  if (dx != nullptr) {
+    // forward: y = x · W^T   =>   dx (M, K) = dy (M, N) · W (N, K); W is used as stored.
+    const memory::desc w_desc = RowMajorDesc({out_features, in_features});
+    const std::string key =
+        absl::StrCat("linear_bwd_data:", rows, "x", in_features, "x", out_features);
+    const CachedPrimitive cached = ctx.runtime().GetOrCreate(key, [&] {
+      dnnl::primitive_attr attr;
+      attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+      dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(dy_desc, w_desc, x_desc), attr,
+                                      ctx.engine());
+      return CachedPrimitive{dnnl::matmul(pd), pd.scratchpad_desc()};
+    });
+    ctx.Execute(cached, {{DNNL_ARG_SRC, ctx.Wrap(dy_desc, dy)},
+                         {DNNL_ARG_WEIGHTS, ctx.Wrap(w_desc, weight.data())},
+                         {DNNL_ARG_DST, ctx.Wrap(x_desc, dx)}});
+  }
+
+  if (dweight != nullptr) {
+    // forward: y[m, n] = sum_k x[m, k] W[n, k]   =>   dW (N, K) (+)= dy^T (N, M) · x (M, K).
+    // dy^T is dy's bytes read with strides (1, N); accumulation is a sum post-op on dW.
+    const memory::desc dyt_desc = StridedDesc({out_features, rows}, {1, out_features});
+    const memory::desc dw_desc = RowMajorDesc({out_features, in_features});
+    const std::string key = absl::StrCat("linear_bwd_weights:", rows, "x", in_features, "x",
+                                         out_features, ":", accumulate ? "acc" : "set");
+    const CachedPrimitive cached = ctx.runtime().GetOrCreate(key, [&] {
+      dnnl::post_ops post_ops;
+      if (accumulate) post_ops.append_sum(1.0f);
+      dnnl::primitive_attr attr;
+      attr.set_post_ops(post_ops);
+      attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+      dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(dyt_desc, x_desc, dw_desc), attr,
+                                      ctx.engine());
+      return CachedPrimitive{dnnl::matmul(pd), pd.scratchpad_desc()};
+    });
+    ctx.Execute(cached, {{DNNL_ARG_SRC, ctx.Wrap(dyt_desc, dy)},
+                         {DNNL_ARG_WEIGHTS, ctx.Wrap(x_desc, x)},
+                         {DNNL_ARG_DST, ctx.Wrap(dw_desc, dweight->data())}});
+  }
+
+  if (dbias != nullptr) {
+    // forward: y[m, :] += b   =>   db (N) (+)= sum_m dy[m, :]
+    SumRows(dy, rows, out_features, accumulate, dbias->data());
+  }
 }
 
 }  // namespace attn

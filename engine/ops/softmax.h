@@ -10,4 +10,10 @@ namespace attn {
 // x, y: (rows, cols) row-major; may alias (in-place).
 void SoftmaxForward(ExecContext& ctx, const float* x, int64_t rows, int64_t cols, float* y);
 
+// Backward of y = SoftmaxForward(x):
+//   dx (rows, cols) = y * (dy - sum_j(dy * y)) per row, y = softmax output (rows, cols).
+// dy, dx: (rows, cols); dx may alias dy.
+void SoftmaxBackward(ExecContext& ctx, const float* y, const float* dy, int64_t rows, int64_t cols,
+                     float* dx);
+
 }  // namespace attn

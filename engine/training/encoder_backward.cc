@@ -1,0 +1,332 @@
+#include "engine/training/encoder_backward.h"
+
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "engine/dnnl_context.h"
+#include "engine/ops/attention.h"
+#include "engine/ops/dropout.h"
+#include "engine/ops/embedding.h"
+#include "engine/ops/gelu.h"
+#include "engine/ops/layernorm.h"
+#include "engine/ops/linear.h"
+
+namespace attn {
+namespace {
+
+// Dropout sites get disjoint RNG counter ranges: site id in the top bits, element index below.
+enum DropoutSite : uint64_t {
+  kEmbeddings = 0,
+  kAttentionProbs = 1,
+  kAttentionDense = 2,
+  kFfnDense = 3
+};
+
+uint64_t DropoutOffset(int layer, DropoutSite site) {
+  return (static_cast<uint64_t>(layer + 1) * 8 + site) << 40;
+}
+
+uint64_t StepSeed(const TrainingForwardOptions& options) {
+  // Different steps draw different masks; splitmix-style mixing keeps nearby seeds apart.
+  uint64_t z = options.seed + 0x9E3779B97F4A7C15ull * (options.step + 1);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+// y = dropout(x) in place when p > 0, keeping the mask; nothing when p == 0.
+void MaybeDropout(float* data, int64_t n, float p, uint64_t seed, uint64_t offset,
+                  std::vector<uint8_t>* mask) {
+  if (p <= 0.0f) return;
+  mask->resize(n);
+  DropoutForward(data, n, p, seed, offset, data, mask->data());
+}
+
+// d (n) in place through the dropout with `mask` (no-op when the site had no dropout).
+void MaybeDropoutBackward(float* d, int64_t n, float p, const std::vector<uint8_t>& mask) {
+  if (mask.empty()) return;
+  DropoutBackward(d, mask.data(), n, p, d);
+}
+
+void AddInto(float* target, const float* source, int64_t n) {
+#pragma omp parallel for simd schedule(static)
+  for (int64_t i = 0; i < n; ++i) target[i] += source[i];
+}
+
+AttentionShape ShapeOf(const BertConfig& config, int64_t tokens) {
+  AttentionShape shape;
+  shape.tokens = tokens;
+  shape.heads = config.num_attention_heads;
+  shape.head_dim = config.head_dim();
+  shape.qkv_stride = 3 * int64_t{config.hidden_size};
+  shape.context_stride = config.hidden_size;
+  return shape;
+}
+
+TrainingForward RunTrainingForward(const BertConfig& config, const BertWeights& weights,
+                                   const std::vector<SequenceInput>& batch,
+                                   const TrainingForwardOptions& options) {
+  ExecContext ctx;
+  const int64_t H = config.hidden_size, I = config.intermediate_size;
+  const int64_t heads = config.num_attention_heads;
+  const float eps = config.layer_norm_eps;
+  const uint64_t seed = StepSeed(options);
+  const int64_t B = static_cast<int64_t>(batch.size());
+
+  TrainingForward f;
+  f.options = options;
+  f.seq_offsets.assign(B + 1, 0);
+  for (int64_t b = 0; b < B; ++b) {
+    const SequenceInput& seq = batch[b];
+    const int32_t length = static_cast<int32_t>(seq.token_ids.size());
+    f.seq_offsets[b + 1] = f.seq_offsets[b] + length;
+    f.token_ids.insert(f.token_ids.end(), seq.token_ids.begin(), seq.token_ids.end());
+    if (seq.type_ids.empty()) {
+      f.type_ids.insert(f.type_ids.end(), length, 0);
+    } else {
+      f.type_ids.insert(f.type_ids.end(), seq.type_ids.begin(), seq.type_ids.end());
+    }
+    for (int32_t p = 0; p < length; ++p) f.positions.push_back(p);
+  }
+  const int64_t M = f.total_tokens();
+
+  // static (M, H); hidden (M, H) = dropout(LayerNorm(static))
+  f.static_embeddings = Tensor({M, H});
+  EmbeddingForward(weights.word_embeddings, weights.position_embeddings,
+                   weights.token_type_embeddings, f.token_ids, f.type_ids, f.positions,
+                   f.static_embeddings.data());
+  f.emb_mean.resize(M);
+  f.emb_variance.resize(M);
+  Tensor hidden({M, H});
+  LayerNormForwardTraining(ctx, f.static_embeddings.data(), M, weights.embedding_norm_gamma,
+                           weights.embedding_norm_beta, eps, hidden.data(), f.emb_mean.data(),
+                           f.emb_variance.data());
+  MaybeDropout(hidden.data(), M * H, options.hidden_dropout, seed, DropoutOffset(-1, kEmbeddings),
+               &f.emb_mask);
+
+  f.layers.resize(config.num_hidden_layers);
+  for (int l = 0; l < config.num_hidden_layers; ++l) {
+    const LayerWeights& w = weights.layers[l];
+    LayerActivations& a = f.layers[l];
+    a.input = std::move(hidden);
+    // qkv (M, 3H) = x · W_qkv^T + b_qkv
+    a.qkv = Tensor({M, 3 * H});
+    LinearForward(ctx, a.input.data(), M, w.qkv_weight, w.qkv_bias, LinearEpilogue::kNone,
+                  a.qkv.data());
+    // per sequence: probs = softmax(Q K^T / sqrt(d)); context = dropout(probs) · V
+    a.context = Tensor({M, H});
+    a.probs.resize(B);
+    const bool attention_dropout = options.attention_dropout > 0.0f;
+    if (attention_dropout) {
+      a.probs_dropped.resize(B);
+      a.probs_masks.resize(B);
+    }
+    uint64_t probs_offset = DropoutOffset(l, kAttentionProbs);
+    for (int64_t b = 0; b < B; ++b) {
+      const int64_t begin = f.seq_offsets[b], T = f.seq_offsets[b + 1] - begin;
+      const AttentionShape shape = ShapeOf(config, T);
+      a.probs[b] = Tensor({heads, T, T});
+      float* dropped = nullptr;
+      uint8_t* mask = nullptr;
+      if (attention_dropout) {
+        a.probs_dropped[b] = Tensor({heads, T, T});
+        a.probs_masks[b].resize(heads * T * T);
+        dropped = a.probs_dropped[b].data();
+        mask = a.probs_masks[b].data();
+      }
+      AttentionForwardTraining(ctx, shape, a.qkv.data() + begin * 3 * H, a.probs[b].data(), dropped,
+                               mask, options.attention_dropout, seed, probs_offset,
+                               a.context.data() + begin * H);
+      probs_offset += heads * T * T;
+    }
+    // attn_sum (M, H) = x + dropout(context · W_o^T + b_o); attn_out = LayerNorm(attn_sum)
+    a.attn_sum = Tensor({M, H});
+    LinearForward(ctx, a.context.data(), M, w.attn_output_weight, w.attn_output_bias,
+                  LinearEpilogue::kNone, a.attn_sum.data());
+    MaybeDropout(a.attn_sum.data(), M * H, options.hidden_dropout, seed,
+                 DropoutOffset(l, kAttentionDense), &a.attn_dense_mask);
+    AddInto(a.attn_sum.data(), a.input.data(), M * H);
+    a.attn_mean.resize(M);
+    a.attn_variance.resize(M);
+    a.attn_out = Tensor({M, H});
+    LayerNormForwardTraining(ctx, a.attn_sum.data(), M, w.attn_norm_gamma, w.attn_norm_beta, eps,
+                             a.attn_out.data(), a.attn_mean.data(), a.attn_variance.data());
+    // ffn_pre (M, I) = attn_out · W_i^T + b_i; ffn_act = gelu(ffn_pre)
+    a.ffn_pre = Tensor({M, I});
+    LinearForward(ctx, a.attn_out.data(), M, w.ffn_in_weight, w.ffn_in_bias, LinearEpilogue::kNone,
+                  a.ffn_pre.data());
+    a.ffn_act = Tensor({M, I});
+    GeluForward(ctx, a.ffn_pre.data(), M * I, a.ffn_act.data());
+    // ffn_sum (M, H) = attn_out + dropout(ffn_act · W_f^T + b_f); output = LayerNorm(ffn_sum)
+    a.ffn_sum = Tensor({M, H});
+    LinearForward(ctx, a.ffn_act.data(), M, w.ffn_out_weight, w.ffn_out_bias, LinearEpilogue::kNone,
+                  a.ffn_sum.data());
+    MaybeDropout(a.ffn_sum.data(), M * H, options.hidden_dropout, seed, DropoutOffset(l, kFfnDense),
+                 &a.ffn_dense_mask);
+    AddInto(a.ffn_sum.data(), a.attn_out.data(), M * H);
+    a.ffn_mean.resize(M);
+    a.ffn_variance.resize(M);
+    hidden = Tensor({M, H});
+    LayerNormForwardTraining(ctx, a.ffn_sum.data(), M, w.ffn_norm_gamma, w.ffn_norm_beta, eps,
+                             hidden.data(), a.ffn_mean.data(), a.ffn_variance.data());
+  }
+  f.output = std::move(hidden);
+  return f;
+}
+
+}  // namespace
+
+absl::StatusOr<TrainingForward> EncoderForwardTraining(const BertConfig& config,
+                                                       const BertWeights& weights,
+                                                       const std::vector<SequenceInput>& batch,
+                                                       const TrainingForwardOptions& options) {
+  if (absl::Status status = ValidateEncoderInput(config, batch, ForwardOptions{}); !status.ok()) {
+    return status;
+  }
+  for (float p : {options.hidden_dropout, options.attention_dropout}) {
+    if (!(p >= 0.0f && p < 1.0f)) {
+      return absl::InvalidArgumentError(absl::StrCat("dropout probability ", p, " outside [0, 1)"));
+    }
+  }
+  try {
+    return RunTrainingForward(config, weights, batch, options);
+  } catch (const dnnl::error& e) {
+    return absl::InternalError(absl::StrCat("oneDNN error in the training forward: ", e.what()));
+  } catch (const std::bad_alloc&) {
+    return absl::ResourceExhaustedError("out of memory in the training forward");
+  }
+}
+
+BertWeights ZerosLike(const BertWeights& weights) {
+  BertWeights zeros;
+  auto like = [](const Tensor& t) { return Tensor(t.shape()); };
+  zeros.word_embeddings = like(weights.word_embeddings);
+  zeros.position_embeddings = like(weights.position_embeddings);
+  zeros.token_type_embeddings = like(weights.token_type_embeddings);
+  zeros.embedding_norm_gamma = like(weights.embedding_norm_gamma);
+  zeros.embedding_norm_beta = like(weights.embedding_norm_beta);
+  for (const LayerWeights& w : weights.layers) {
+    LayerWeights z;
+    z.qkv_weight = like(w.qkv_weight);
+    z.qkv_bias = like(w.qkv_bias);
+    z.attn_output_weight = like(w.attn_output_weight);
+    z.attn_output_bias = like(w.attn_output_bias);
+    z.attn_norm_gamma = like(w.attn_norm_gamma);
+    z.attn_norm_beta = like(w.attn_norm_beta);
+    z.ffn_in_weight = like(w.ffn_in_weight);
+    z.ffn_in_bias = like(w.ffn_in_bias);
+    z.ffn_out_weight = like(w.ffn_out_weight);
+    z.ffn_out_bias = like(w.ffn_out_bias);
+    z.ffn_norm_gamma = like(w.ffn_norm_gamma);
+    z.ffn_norm_beta = like(w.ffn_norm_beta);
+    zeros.layers.push_back(std::move(z));
+  }
+  return zeros;
+}
+
+namespace {
+
+void RunBackward(const BertConfig& config, const BertWeights& weights, const TrainingForward& f,
+                 const float* d_output, BertWeights* grads, bool compute_embedding_grads) {
+  ExecContext ctx;
+  const int64_t H = config.hidden_size, I = config.intermediate_size;
+  const int64_t heads = config.num_attention_heads;
+  const float eps = config.layer_norm_eps;
+  const float p_hidden = f.options.hidden_dropout;
+  const float p_attention = f.options.attention_dropout;
+  const int64_t M = f.total_tokens();
+  const int64_t B = static_cast<int64_t>(f.seq_offsets.size()) - 1;
+
+  Tensor d_hidden({M, H});  // gradient w.r.t. the current layer's output
+  std::memcpy(d_hidden.data(), d_output, sizeof(float) * M * H);
+  Tensor d_sum({M, H}), d_attn_out({M, H}), d_context({M, H}), d_input({M, H});
+  Tensor d_ffn_act({M, I}), d_ffn_pre({M, I});
+  Tensor d_qkv({M, 3 * H});
+  int64_t max_len = 0;
+  for (int64_t b = 0; b < B; ++b)
+    max_len = std::max(max_len, f.seq_offsets[b + 1] - f.seq_offsets[b]);
+  FloatBuffer attention_scratch(static_cast<size_t>(2 * heads * max_len * max_len));
+
+  for (int l = config.num_hidden_layers - 1; l >= 0; --l) {
+    const LayerWeights& w = weights.layers[l];
+    LayerWeights& g = grads->layers[l];
+    const LayerActivations& a = f.layers[l];
+    // output = LayerNorm(ffn_sum): d_sum (M, H)
+    LayerNormBackward(ctx, a.ffn_sum.data(), M, w.ffn_norm_gamma, a.ffn_mean.data(),
+                      a.ffn_variance.data(), eps, d_hidden.data(), d_sum.data(), &g.ffn_norm_gamma,
+                      &g.ffn_norm_beta, /*accumulate=*/false);
+    // ffn_sum = attn_out + dropout(ffn_act · W_f^T + b_f): the residual passes d_sum on to
+    // attn_out; the dense branch gets it through the dropout mask.
+    std::memcpy(d_attn_out.data(), d_sum.data(), sizeof(float) * M * H);
+    MaybeDropoutBackward(d_sum.data(), M * H, p_hidden, a.ffn_dense_mask);
+    LinearBackward(ctx, a.ffn_act.data(), M, w.ffn_out_weight, d_sum.data(), d_ffn_act.data(),
+                   &g.ffn_out_weight, &g.ffn_out_bias, /*accumulate=*/false);
+    // ffn_act = gelu(ffn_pre)
+    GeluBackward(ctx, a.ffn_pre.data(), d_ffn_act.data(), M * I, d_ffn_pre.data());
+    // ffn_pre = attn_out · W_i^T + b_i  (adds to the residual gradient of attn_out)
+    LinearBackward(ctx, a.attn_out.data(), M, w.ffn_in_weight, d_ffn_pre.data(), d_input.data(),
+                   &g.ffn_in_weight, &g.ffn_in_bias, /*accumulate=*/false);
+    AddInto(d_attn_out.data(), d_input.data(), M * H);
+    // attn_out = LayerNorm(attn_sum)
+    LayerNormBackward(ctx, a.attn_sum.data(), M, w.attn_norm_gamma, a.attn_mean.data(),
+                      a.attn_variance.data(), eps, d_attn_out.data(), d_sum.data(),
+                      &g.attn_norm_gamma, &g.attn_norm_beta, /*accumulate=*/false);
+    // attn_sum = x + dropout(context · W_o^T + b_o): residual to x, dense branch to context.
+    std::memcpy(d_hidden.data(), d_sum.data(), sizeof(float) * M * H);
+    MaybeDropoutBackward(d_sum.data(), M * H, p_hidden, a.attn_dense_mask);
+    LinearBackward(ctx, a.context.data(), M, w.attn_output_weight, d_sum.data(), d_context.data(),
+                   &g.attn_output_weight, &g.attn_output_bias, /*accumulate=*/false);
+    // context = dropout(softmax(Q K^T / sqrt(d))) · V, per sequence -> d_qkv (M, 3H)
+    for (int64_t b = 0; b < B; ++b) {
+      const int64_t begin = f.seq_offsets[b], T = f.seq_offsets[b + 1] - begin;
+      const bool dropped = !a.probs_dropped.empty();
+      AttentionBackward(ctx, ShapeOf(config, T), a.qkv.data() + begin * 3 * H, a.probs[b].data(),
+                        dropped ? a.probs_dropped[b].data() : nullptr,
+                        dropped ? a.probs_masks[b].data() : nullptr, p_attention,
+                        d_context.data() + begin * H, d_qkv.data() + begin * 3 * H,
+                        attention_scratch.data());
+    }
+    // qkv = x · W_qkv^T + b_qkv  (adds to the residual gradient of x)
+    LinearBackward(ctx, a.input.data(), M, w.qkv_weight, d_qkv.data(), d_input.data(),
+                   &g.qkv_weight, &g.qkv_bias, /*accumulate=*/false);
+    AddInto(d_hidden.data(), d_input.data(), M * H);  // d_hidden is now d(layer input)
+  }
+
+  // emb = dropout(LayerNorm(static))
+  MaybeDropoutBackward(d_hidden.data(), M * H, p_hidden, f.emb_mask);
+  LayerNormBackward(ctx, f.static_embeddings.data(), M, weights.embedding_norm_gamma,
+                    f.emb_mean.data(), f.emb_variance.data(), eps, d_hidden.data(), d_sum.data(),
+                    &grads->embedding_norm_gamma, &grads->embedding_norm_beta,
+                    /*accumulate=*/false);
+  if (compute_embedding_grads) {
+    // static = word[id] + position[pos] + type[type]: scatter-add into the tables.
+    std::fill(grads->word_embeddings.values().begin(), grads->word_embeddings.values().end(), 0.f);
+    std::fill(grads->position_embeddings.values().begin(),
+              grads->position_embeddings.values().end(), 0.f);
+    std::fill(grads->token_type_embeddings.values().begin(),
+              grads->token_type_embeddings.values().end(), 0.f);
+    EmbeddingBackward(d_sum.data(), H, f.token_ids, f.type_ids, f.positions,
+                      &grads->word_embeddings, &grads->position_embeddings,
+                      &grads->token_type_embeddings);
+  }
+}
+
+}  // namespace
+
+absl::Status EncoderBackward(const BertConfig& config, const BertWeights& weights,
+                             const TrainingForward& forward, const float* d_output,
+                             BertWeights* grads, bool compute_embedding_grads) {
+  if (grads->layers.size() != weights.layers.size()) {
+    return absl::InvalidArgumentError("gradient buffers are not shaped like the weights");
+  }
+  try {
+    RunBackward(config, weights, forward, d_output, grads, compute_embedding_grads);
+  } catch (const dnnl::error& e) {
+    return absl::InternalError(absl::StrCat("oneDNN error in the backward pass: ", e.what()));
+  } catch (const std::bad_alloc&) {
+    return absl::ResourceExhaustedError("out of memory in the backward pass");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace attn

@@ -1,0 +1,85 @@
+// Training forward and backward of the BERT encoder on a packed batch.
+//
+// The training forward is the inference forward (engine/encoder.h) with HF BertModel's dropout
+// sites, and it keeps what the backward needs (llm.c style: every saved buffer has its shape):
+//   static   (M, H)  = word[id] + position[pos] + type[type]
+//   emb      (M, H)  = dropout(LayerNorm(static))                                 -> layer input
+//   per layer, x (M, H) the layer input:
+//     qkv      (M, 3H) = x · W_qkv^T + b_qkv
+//     probs    (heads, T, T) per sequence = softmax(Q K^T / sqrt(d)); dropped = dropout(probs)
+//     context  (M, H)  = dropped · V
+//     attn_sum (M, H)  = x + dropout(context · W_o^T + b_o);     attn_out = LayerNorm(attn_sum)
+//     ffn_pre  (M, I)  = attn_out · W_i^T + b_i;                  ffn_act = gelu(ffn_pre)
+//     ffn_sum  (M, H)  = attn_out + dropout(ffn_act · W_f^T + b_f); output = LayerNorm(ffn_sum)
+// Gradients use the parameters' own struct type (BertWeights), as DESIGN.md asks.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "engine/encoder.h"
+#include "engine/model_config.h"
+#include "engine/tensor.h"
+#include "engine/weights.h"
+
+namespace attn {
+
+struct TrainingForwardOptions {
+  // Dropout probabilities; HF's config.json values are 0.1. Zero turns a site off.
+  float hidden_dropout = 0.0f;
+  float attention_dropout = 0.0f;
+  // Dropout masks are a pure function of (seed, step, site, element), so a step can be
+  // replayed exactly.
+  uint64_t seed = 0;
+  uint64_t step = 0;
+};
+
+struct LayerActivations {
+  Tensor input;                       // (M, H)   x
+  Tensor qkv;                         // (M, 3H)
+  std::vector<Tensor> probs;          // per sequence (heads, T, T), before dropout
+  std::vector<Tensor> probs_dropped;  // per sequence (heads, T, T); empty without dropout
+  std::vector<std::vector<uint8_t>> probs_masks;  // per sequence heads*T*T; empty without dropout
+  Tensor context;                                 // (M, H)
+  std::vector<uint8_t> attn_dense_mask;  // (M*H) dropout mask after W_o; empty without dropout
+  Tensor attn_sum;                       // (M, H)   LayerNorm input
+  FloatBuffer attn_mean, attn_variance;  // (M)
+  Tensor attn_out;                       // (M, H)
+  Tensor ffn_pre;                        // (M, I)   before GELU
+  Tensor ffn_act;                        // (M, I)   after GELU
+  std::vector<uint8_t> ffn_dense_mask;   // (M*H)
+  Tensor ffn_sum;                        // (M, H)
+  FloatBuffer ffn_mean, ffn_variance;    // (M)
+};
+
+struct TrainingForward {
+  TrainingForwardOptions options;
+  std::vector<int64_t> seq_offsets;                     // B+1
+  std::vector<int32_t> token_ids, type_ids, positions;  // (M) packed
+  Tensor static_embeddings;                             // (M, H)
+  FloatBuffer emb_mean, emb_variance;                   // (M)
+  std::vector<uint8_t> emb_mask;                        // (M*H)
+  std::vector<LayerActivations> layers;
+  Tensor output;  // (M, H) last layer output
+
+  int64_t total_tokens() const { return seq_offsets.back(); }
+};
+
+// Validates like EncoderForward, then runs the training forward.
+absl::StatusOr<TrainingForward> EncoderForwardTraining(const BertConfig& config,
+                                                       const BertWeights& weights,
+                                                       const std::vector<SequenceInput>& batch,
+                                                       const TrainingForwardOptions& options);
+
+// Zero-filled tensors shaped like `weights` (gradient buffers).
+BertWeights ZerosLike(const BertWeights& weights);
+
+// Backward from d_output (M, H) (the gradient of the loss w.r.t. the last layer's output) to
+// every parameter. `grads` must be shaped like `weights` (ZerosLike); it is overwritten.
+// compute_embedding_grads = false skips the embedding tables (their gradient stays zero).
+absl::Status EncoderBackward(const BertConfig& config, const BertWeights& weights,
+                             const TrainingForward& forward, const float* d_output,
+                             BertWeights* grads, bool compute_embedding_grads = true);
+
+}  // namespace attn
