@@ -49,6 +49,16 @@ absl::StatusOr<std::shared_ptr<const Model>> Model::Load(const std::string& mode
   return std::shared_ptr<const Model>(std::move(model));
 }
 
+std::shared_ptr<const Model> Model::WithWeights(const Model& base, BertWeights weights) {
+  auto model = std::shared_ptr<Model>(new Model());
+  model->model_dir_ = base.model_dir_;
+  model->config_ = base.config_;
+  model->tokenizer_ = base.tokenizer_;
+  model->sentence_config_ = base.sentence_config_;
+  model->weights_ = std::move(weights);
+  return model;
+}
+
 int Model::default_max_length() const {
   int length = sentence_config_.max_seq_length > 0 ? sentence_config_.max_seq_length
                                                    : tokenizer_->options().model_max_length;

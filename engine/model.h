@@ -22,6 +22,10 @@ class Model {
   // sentence-transformers files in `model_dir`. Errors name the file and the problem.
   static absl::StatusOr<std::shared_ptr<const Model>> Load(const std::string& model_dir);
 
+  // A model with `base`'s config, tokenizer and pooling but other weights (a fine-tuned
+  // version). The weights must have the base's shapes.
+  static std::shared_ptr<const Model> WithWeights(const Model& base, BertWeights weights);
+
   const std::string& model_dir() const { return model_dir_; }
   const BertConfig& config() const { return config_; }
   const BertWeights& weights() const { return weights_; }

@@ -1,0 +1,242 @@
+#include "engine/training/trainer.h"
+
+#include <chrono>
+#include <cmath>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "engine/ops/pooling.h"
+#include "engine/training/encoder_backward.h"
+
+namespace attn {
+namespace {
+
+int64_t CountTokens(const std::vector<SequenceInput>& sequences) {
+  int64_t tokens = 0;
+  for (const SequenceInput& s : sequences) tokens += static_cast<int64_t>(s.token_ids.size());
+  return tokens;
+}
+
+void Append(std::vector<SequenceInput>* out, const std::vector<SequenceInput>& more) {
+  out->insert(out->end(), more.begin(), more.end());
+}
+
+}  // namespace
+
+int64_t TrainingBatch::examples() const {
+  return static_cast<int64_t>(anchors.size() + first.size() + inputs.size());
+}
+
+int64_t TrainingBatch::tokens() const {
+  return CountTokens(anchors) + CountTokens(positives) + CountTokens(negatives) +
+         CountTokens(first) + CountTokens(second) + CountTokens(inputs);
+}
+
+absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(std::shared_ptr<const Model> base,
+                                                         const TrainerOptions& options) {
+  if (base == nullptr) return absl::InvalidArgumentError("no base model");
+  if (options.objective == Objective::kClassification && options.num_labels < 2) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the classification objective needs num_labels >= 2 (got ", options.num_labels, ")"));
+  }
+  if (options.trainable == TrainableSet::kHeadOnly &&
+      options.objective != Objective::kClassification) {
+    return absl::InvalidArgumentError(
+        "training the head only needs the classification objective (the other objectives have "
+        "no head)");
+  }
+  if (options.warmup_steps < 0 || options.total_steps < 0) {
+    return absl::InvalidArgumentError("warmup_steps and total_steps must be >= 0");
+  }
+  if (!(options.mnrl_scale > 0)) return absl::InvalidArgumentError("mnrl_scale must be > 0");
+
+  auto trainer = std::unique_ptr<Trainer>(new Trainer());
+  trainer->base_ = base;
+  trainer->options_ = options;
+  trainer->weights_ = base->weights();  // the private copy; serving keeps reading `base`
+  trainer->grads_ = ZerosLike(trainer->weights_);
+  ClassificationHead* head = nullptr;
+  ClassificationHead* head_grads = nullptr;
+  if (options.objective == Objective::kClassification) {
+    trainer->head_ = MakeClassificationHead(options.num_labels, base->config().hidden_size,
+                                            HeadInit::kNormal, options.seed);
+    trainer->head_grads_ = ZerosLike(*trainer->head_);
+    head = &*trainer->head_;
+    head_grads = &*trainer->head_grads_;
+  }
+  absl::StatusOr<std::vector<ParamEntry>> params = CollectTrainableParameters(
+      &trainer->weights_, &trainer->grads_, options.trainable, head, head_grads);
+  if (!params.ok()) return params.status();
+  absl::StatusOr<AdamW> optimizer = AdamW::Create(std::move(*params), options.adamw);
+  if (!optimizer.ok()) return optimizer.status();
+  trainer->optimizer_.emplace(std::move(*optimizer));
+  return trainer;
+}
+
+absl::Status Trainer::ValidateBatch(const TrainingBatch& batch) const {
+  auto invalid = [](const std::string& message) { return absl::InvalidArgumentError(message); };
+  switch (options_.objective) {
+    case Objective::kContrastive:
+      if (batch.anchors.empty()) return invalid("contrastive batch has no anchors");
+      if (batch.positives.size() != batch.anchors.size()) {
+        return invalid(absl::StrCat("contrastive batch has ", batch.anchors.size(), " anchors but ",
+                                    batch.positives.size(),
+                                    " positives; send one positive per anchor"));
+      }
+      if (!batch.negatives.empty() && batch.negatives.size() != batch.anchors.size()) {
+        return invalid(absl::StrCat("contrastive batch has ", batch.negatives.size(),
+                                    " hard negatives for ", batch.anchors.size(),
+                                    " anchors; send none or one per anchor"));
+      }
+      break;
+    case Objective::kCosineSimilarity:
+      if (batch.first.empty()) return invalid("cosine-similarity batch has no pairs");
+      if (batch.second.size() != batch.first.size() || batch.scores.size() != batch.first.size()) {
+        return invalid(absl::StrCat("cosine-similarity batch has ", batch.first.size(),
+                                    " first texts, ", batch.second.size(), " second texts and ",
+                                    batch.scores.size(), " scores; they must match"));
+      }
+      for (size_t i = 0; i < batch.scores.size(); ++i) {
+        if (!std::isfinite(batch.scores[i]) || batch.scores[i] < -1.0f || batch.scores[i] > 1.0f) {
+          return invalid(absl::StrCat("score ", i, " is ", batch.scores[i],
+                                      "; gold scores must be finite and in [-1, 1]"));
+        }
+      }
+      break;
+    case Objective::kClassification:
+      if (batch.inputs.empty()) return invalid("classification batch has no inputs");
+      if (batch.labels.size() != batch.inputs.size()) {
+        return invalid(absl::StrCat("classification batch has ", batch.inputs.size(),
+                                    " inputs but ", batch.labels.size(), " labels"));
+      }
+      for (size_t i = 0; i < batch.labels.size(); ++i) {
+        if (batch.labels[i] < 0 || batch.labels[i] >= options_.num_labels) {
+          return invalid(absl::StrCat("label ", i, " is ", batch.labels[i], ", outside [0, ",
+                                      options_.num_labels, ")"));
+        }
+      }
+      break;
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<StepResult> Trainer::Step(const TrainingBatch& batch) {
+  const auto start = std::chrono::steady_clock::now();
+  if (absl::Status valid = ValidateBatch(batch); !valid.ok()) return valid;
+  const BertConfig& config = base_->config();
+  const int64_t H = config.hidden_size;
+
+  // All sequences of the step in one packed batch, in objective order.
+  std::vector<SequenceInput> sequences;
+  Append(&sequences, batch.anchors);
+  Append(&sequences, batch.positives);
+  Append(&sequences, batch.negatives);
+  Append(&sequences, batch.first);
+  Append(&sequences, batch.second);
+  Append(&sequences, batch.inputs);
+  const int64_t B = static_cast<int64_t>(sequences.size());
+
+  TrainingForwardOptions forward_options;
+  if (options_.dropout) {
+    forward_options.hidden_dropout = config.hidden_dropout_prob;
+    forward_options.attention_dropout = config.attention_probs_dropout_prob;
+  }
+  forward_options.seed = options_.seed;
+  forward_options.step = static_cast<uint64_t>(steps_);
+  absl::StatusOr<TrainingForward> forward =
+      EncoderForwardTraining(config, weights_, sequences, forward_options);
+  if (!forward.ok()) return forward.status();
+
+  // pooled (B, H) by the model's pooling; embedding (B, H) = pooled / |pooled|
+  const PoolingMode pooling = base_->sentence_config().pooling;
+  Tensor pooled({B, H});
+  PoolForward(forward->output.data(), H, forward->seq_offsets, pooling, pooled.data());
+  Tensor embedding = pooled;
+  L2NormalizeRows(embedding.data(), B, H);
+
+  // Loss and d_embedding (B, H).
+  Tensor d_embedding({B, H});
+  absl::StatusOr<double> loss;
+  const bool train_encoder = options_.trainable != TrainableSet::kHeadOnly;
+  switch (options_.objective) {
+    case Objective::kContrastive: {
+      const int64_t anchors = static_cast<int64_t>(batch.anchors.size());
+      loss = MultipleNegativesRankingLoss(embedding.data(), anchors, embedding.data() + anchors * H,
+                                          B - anchors, H, MnrlOptions{options_.mnrl_scale},
+                                          d_embedding.data(), d_embedding.data() + anchors * H);
+      break;
+    }
+    case Objective::kCosineSimilarity: {
+      const int64_t pairs = static_cast<int64_t>(batch.first.size());
+      loss = CosineSimilarityLoss(embedding.data(), embedding.data() + pairs * H, H, batch.scores,
+                                  d_embedding.data(), d_embedding.data() + pairs * H);
+      break;
+    }
+    case Objective::kClassification:
+      loss = ClassificationHeadLoss(*head_, embedding.data(), batch.labels, d_embedding.data(),
+                                    &*head_grads_);
+      break;
+  }
+  if (!loss.ok()) return loss.status();
+  if (!std::isfinite(*loss)) {
+    return absl::OutOfRangeError(
+        absl::StrCat("the loss is ", *loss, " at step ", steps_ + 1,
+                     "; training diverged (lower the learning rate); the weights are unchanged"));
+  }
+
+  // Backward: normalisation -> pooling -> encoder.
+  if (train_encoder) {
+    Tensor d_pooled({B, H});
+    L2NormalizeBackward(pooled.data(), d_embedding.data(), B, H, d_pooled.data());
+    Tensor d_output(forward->output.shape());
+    PoolBackward(forward->output.data(), H, forward->seq_offsets, pooling, d_pooled.data(),
+                 d_output.data());
+    const bool embedding_grads = options_.trainable == TrainableSet::kAll;
+    if (absl::Status status =
+            EncoderBackward(config, weights_, *forward, d_output.data(), &grads_, embedding_grads);
+        !status.ok()) {
+      return status;
+    }
+  }
+
+  StepResult result;
+  if (options_.max_grad_norm > 0) {
+    absl::StatusOr<double> norm = ClipGradNorm(optimizer_->params(), options_.max_grad_norm);
+    if (!norm.ok()) {
+      return absl::OutOfRangeError(absl::StrCat("gradient is not finite at step ", steps_ + 1, " (",
+                                                norm.status().message(),
+                                                "); the weights are unchanged"));
+    }
+    result.grad_norm = *norm;
+  } else {
+    result.grad_norm = GlobalGradNorm(optimizer_->params());
+    if (!std::isfinite(result.grad_norm)) {
+      return absl::OutOfRangeError(absl::StrCat("gradient norm is ", result.grad_norm, " at step ",
+                                                steps_ + 1, "; the weights are unchanged"));
+    }
+  }
+  if (options_.total_steps > 0) {
+    result.learning_rate =
+        LinearScheduleLr(options_.adamw.lr, steps_, options_.warmup_steps, options_.total_steps);
+  } else {  // open-ended job: warm up, then hold the base rate
+    result.learning_rate =
+        steps_ < options_.warmup_steps
+            ? options_.adamw.lr * static_cast<double>(steps_) / options_.warmup_steps
+            : options_.adamw.lr;
+  }
+  if (absl::Status stepped = optimizer_->Step(result.learning_rate); !stepped.ok()) return stepped;
+
+  ++steps_;
+  result.step = steps_;
+  result.loss = *loss;
+  result.examples = batch.examples();
+  result.tokens = batch.tokens();
+  result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return result;
+}
+
+std::shared_ptr<const Model> Trainer::Snapshot() const {
+  return Model::WithWeights(*base_, weights_);
+}
+
+}  // namespace attn

@@ -1,0 +1,99 @@
+// A fine-tuning job on a private copy of a model's weights: one Step() per batch runs the
+// training forward, pooling + L2 normalisation, the objective's loss, the whole backward,
+// gradient clipping and AdamW. The served model is never touched; Snapshot() gives an immutable
+// Model with the current weights (for commit).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "engine/encoder.h"
+#include "engine/model.h"
+#include "engine/training/losses.h"
+#include "engine/training/optimizer.h"
+
+namespace attn {
+
+enum class Objective {
+  kContrastive,       // MultipleNegativesRankingLoss over (anchor, positive[, negative])
+  kCosineSimilarity,  // MSE between cos(first, second) and a gold score
+  kClassification,    // a new linear head over the pooled embedding, cross-entropy
+};
+
+struct TrainerOptions {
+  Objective objective = Objective::kContrastive;
+  AdamWOptions adamw;          // lr 2e-5, betas (0.9, 0.999), eps 1e-6, weight decay 0.01
+  int64_t warmup_steps = 0;    // linear warm-up, then linear decay to 0 at total_steps
+  int64_t total_steps = 0;     // 0 = constant learning rate after warm-up
+  double max_grad_norm = 1.0;  // clip by global norm; <= 0 disables clipping
+  TrainableSet trainable = TrainableSet::kAll;
+  uint64_t seed = 0;         // dropout masks and head initialisation
+  bool dropout = true;       // use config.json's dropout probabilities; false = off
+  double mnrl_scale = 20.0;  // contrastive: cosine similarity x scale
+  int num_labels = 0;        // classification: number of classes (>= 2)
+};
+
+// One batch. Fill the fields of the job's objective; the others stay empty.
+struct TrainingBatch {
+  // kContrastive: anchors[i] pairs with positives[i]; negatives empty or one per anchor.
+  std::vector<SequenceInput> anchors, positives, negatives;
+  // kCosineSimilarity: cos(first[i], second[i]) should equal scores[i].
+  std::vector<SequenceInput> first, second;
+  std::vector<float> scores;
+  // kClassification: inputs[i] has class labels[i] in [0, num_labels).
+  std::vector<SequenceInput> inputs;
+  std::vector<int64_t> labels;
+
+  int64_t examples() const;
+  int64_t tokens() const;
+};
+
+struct StepResult {
+  int64_t step = 0;  // 1-based count of completed steps
+  double loss = 0;
+  double grad_norm = 0;  // before clipping
+  double learning_rate = 0;
+  int64_t examples = 0;
+  int64_t tokens = 0;
+  double seconds = 0;
+};
+
+class Trainer {
+ public:
+  // Copies `base`'s weights. Errors for options that cannot work (e.g. classification without
+  // num_labels, head-only training without a classification objective).
+  static absl::StatusOr<std::unique_ptr<Trainer>> Create(std::shared_ptr<const Model> base,
+                                                         const TrainerOptions& options);
+
+  // One optimisation step. InvalidArgument for a malformed batch (the weights are untouched);
+  // a NaN/Inf loss or gradient returns an error and leaves the weights as they were before
+  // the step. After any error from the engine the job should be abandoned.
+  absl::StatusOr<StepResult> Step(const TrainingBatch& batch);
+
+  int64_t steps() const { return steps_; }
+  const TrainerOptions& options() const { return options_; }
+  const BertWeights& weights() const { return weights_; }
+  const ClassificationHead* head() const { return head_ ? &*head_ : nullptr; }
+  const Model& base() const { return *base_; }
+
+  // The current weights as an immutable model with the base's config and tokenizer.
+  std::shared_ptr<const Model> Snapshot() const;
+
+ private:
+  Trainer() = default;
+  absl::Status ValidateBatch(const TrainingBatch& batch) const;
+
+  std::shared_ptr<const Model> base_;
+  TrainerOptions options_;
+  BertWeights weights_;
+  BertWeights grads_;
+  std::optional<ClassificationHead> head_, head_grads_;
+  std::optional<AdamW> optimizer_;
+  int64_t steps_ = 0;
+};
+
+}  // namespace attn
