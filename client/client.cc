@@ -4,6 +4,7 @@
 
 #include "absl/strings/cord.h"
 #include "absl/strings/match.h"
+#include "absl/strings/str_format.h"
 #include "grpcpp/client_context.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
@@ -24,6 +25,37 @@ bool LooksLikeConnectFailure(absl::string_view message) {
          absl::StrContains(message, "empty address list") ||
          absl::StrContains(message, "Connection refused") ||
          absl::StrContains(message, "Ssl handshake failed");
+}
+
+// Deadline (when `with_deadline`), wait-for-ready and the bearer token: what every call sets.
+void SetUpContext(const ClientOptions& options, bool with_deadline,
+                  ::grpc::ClientContext* context) {
+  if (with_deadline && options.timeout.count() > 0) {
+    context->set_deadline(std::chrono::system_clock::now() + options.timeout);
+  }
+  context->set_wait_for_ready(options.wait_for_ready);
+  if (!options.bearer_token.empty()) {
+    context->AddMetadata("authorization", "Bearer " + options.bearer_token);
+  }
+}
+
+// FromGrpcStatus plus the "never reached a server" payload (see IsUnreachable).
+absl::Status ToClientStatus(const ::grpc::Status& grpc_status, ::grpc::Channel* channel,
+                            const std::string& target) {
+  absl::Status status = FromGrpcStatus(grpc_status);
+  if (status.ok()) return status;
+  // A server that is loading or draining also answers UNAVAILABLE; only the channel state
+  // (never got a connection) tells "nobody there" apart from "server said not now".
+  const grpc_connectivity_state state = channel->GetState(/*try_to_connect=*/false);
+  const bool not_connected =
+      state == GRPC_CHANNEL_TRANSIENT_FAILURE || state == GRPC_CHANNEL_CONNECTING;
+  const bool transport_code = status.code() == absl::StatusCode::kUnavailable ||
+                              status.code() == absl::StatusCode::kDeadlineExceeded;
+  if (transport_code && (not_connected || (status.code() == absl::StatusCode::kUnavailable &&
+                                           LooksLikeConnectFailure(status.message())))) {
+    status.SetPayload(kUnreachablePayloadUrl, absl::Cord(target));
+  }
+  return status;
 }
 
 }  // namespace
@@ -66,27 +98,11 @@ EncoderClient::EncoderClient(std::shared_ptr<::grpc::Channel> channel, std::stri
       health_(health::Health::NewStub(channel_)) {}
 
 void EncoderClient::PrepareContext(::grpc::ClientContext* context) const {
-  if (options_.timeout.count() > 0) {
-    context->set_deadline(std::chrono::system_clock::now() + options_.timeout);
-  }
-  context->set_wait_for_ready(options_.wait_for_ready);
+  SetUpContext(options_, /*with_deadline=*/true, context);
 }
 
 absl::Status EncoderClient::ToAbslStatus(const ::grpc::Status& grpc_status) const {
-  absl::Status status = FromGrpcStatus(grpc_status);
-  if (status.ok()) return status;
-  // A server that is loading or draining also answers UNAVAILABLE; only the channel state
-  // (never got a connection) tells "nobody there" apart from "server said not now".
-  const grpc_connectivity_state state = channel_->GetState(/*try_to_connect=*/false);
-  const bool not_connected =
-      state == GRPC_CHANNEL_TRANSIENT_FAILURE || state == GRPC_CHANNEL_CONNECTING;
-  const bool transport_code = status.code() == absl::StatusCode::kUnavailable ||
-                              status.code() == absl::StatusCode::kDeadlineExceeded;
-  if (transport_code && (not_connected || (status.code() == absl::StatusCode::kUnavailable &&
-                                           LooksLikeConnectFailure(status.message())))) {
-    status.SetPayload(kUnreachablePayloadUrl, absl::Cord(target_));
-  }
-  return status;
+  return ToClientStatus(grpc_status, channel_.get(), target_);
 }
 
 absl::StatusOr<v1::EncodeResponse> EncoderClient::Encode(const v1::EncodeRequest& request) {
@@ -135,6 +151,169 @@ absl::StatusOr<HealthStatus> EncoderClient::Health(const std::string& service) {
   ::grpc::Status status = health_->Check(&context, request, &response);
   if (!status.ok()) return ToAbslStatus(status);
   return response.status();
+}
+
+// ---------------------------------------------------------------------------------------------
+// FineTuneSession
+
+FineTuneSession::FineTuneSession(v1::Trainer::Stub* stub, std::shared_ptr<::grpc::Channel> channel,
+                                 std::string target, ClientOptions options)
+    : stub_(stub),
+      channel_(std::move(channel)),
+      target_(std::move(target)),
+      options_(std::move(options)) {}
+
+FineTuneSession::~FineTuneSession() {
+  // Dropping an unfinished call must not leave the server training: cancel, then reap it.
+  if (stream_ != nullptr && !finished_) {
+    Cancel();
+    Finish().IgnoreError();
+  }
+}
+
+absl::Status FineTuneSession::Start(const v1::FineTuneConfig& config) {
+  if (stream_ != nullptr || finished_) {
+    return absl::FailedPreconditionError("FineTuneSession::Start called twice");
+  }
+  auto context = std::make_unique<::grpc::ClientContext>();
+  SetUpContext(options_, /*with_deadline=*/false, context.get());
+  if (options_.wait_for_ready && options_.timeout.count() > 0 &&
+      !channel_->WaitForConnected(std::chrono::system_clock::now() + options_.timeout)) {
+    finished_ = true;
+    final_status_ = absl::DeadlineExceededError(
+        absl::StrFormat("no connection within %d ms", options_.timeout.count()));
+    final_status_.SetPayload(kUnreachablePayloadUrl, absl::Cord(target_));
+    return final_status_;
+  }
+  {
+    std::lock_guard<std::mutex> lock(cancel_mu_);
+    context_ = std::move(context);
+    if (cancelled_) context_->TryCancel();
+  }
+  stream_ = stub_->FineTune(context_.get());
+  v1::FineTuneRequest request;
+  *request.mutable_config() = config;
+  if (stream_->Write(request)) return absl::OkStatus();
+  absl::Status status = Finish();
+  if (status.ok()) {
+    final_status_ = absl::UnknownError("the server ended the stream before the job started");
+    status = final_status_;
+  }
+  return status;
+}
+
+bool FineTuneSession::Write(const v1::FineTuneRequest& request) {
+  if (stream_ == nullptr || half_closed_ || finished_) return false;
+  return stream_->Write(request);
+}
+
+bool FineTuneSession::HalfClose() {
+  if (stream_ == nullptr || finished_) return false;
+  if (half_closed_) return true;
+  half_closed_ = true;
+  return stream_->WritesDone();
+}
+
+bool FineTuneSession::SendBatch(const v1::TrainingBatch& batch) {
+  v1::FineTuneRequest request;
+  *request.mutable_batch() = batch;
+  return Write(request);
+}
+
+bool FineTuneSession::SendBatch(const std::vector<v1::TrainingExample>& examples) {
+  v1::FineTuneRequest request;
+  request.mutable_batch()->mutable_examples()->Assign(examples.begin(), examples.end());
+  return Write(request);
+}
+
+bool FineTuneSession::Commit(const std::string& description, bool do_not_serve) {
+  v1::FineTuneRequest request;
+  request.mutable_commit()->set_description(description);
+  request.mutable_commit()->set_do_not_serve(do_not_serve);
+  const bool written = Write(request);
+  return HalfClose() && written;
+}
+
+bool FineTuneSession::Abort() {
+  v1::FineTuneRequest request;
+  request.set_abort(true);
+  const bool written = Write(request);
+  return HalfClose() && written;
+}
+
+bool FineTuneSession::Read(v1::FineTuneProgress* progress) {
+  if (stream_ == nullptr || finished_) return false;
+  return stream_->Read(progress);
+}
+
+absl::Status FineTuneSession::Finish() {
+  if (finished_) return final_status_;
+  if (stream_ == nullptr) {
+    return absl::FailedPreconditionError("FineTuneSession::Finish before Start");
+  }
+  HalfClose();
+  v1::FineTuneProgress unread;
+  while (stream_->Read(&unread)) {
+  }
+  finished_ = true;
+  final_status_ = ToClientStatus(stream_->Finish(), channel_.get(), target_);
+  return final_status_;
+}
+
+void FineTuneSession::Cancel() {
+  std::lock_guard<std::mutex> lock(cancel_mu_);
+  cancelled_ = true;
+  if (context_ != nullptr) context_->TryCancel();
+}
+
+// ---------------------------------------------------------------------------------------------
+// TrainerClient
+
+TrainerClient::TrainerClient(std::string target, ClientOptions options)
+    : TrainerClient(CreateChannel(target, options), target, options) {}
+
+TrainerClient::TrainerClient(std::shared_ptr<::grpc::Channel> channel, std::string target,
+                             ClientOptions options)
+    : target_(std::move(target)),
+      options_(std::move(options)),
+      channel_(std::move(channel)),
+      trainer_(v1::Trainer::NewStub(channel_)) {}
+
+std::unique_ptr<FineTuneSession> TrainerClient::FineTune() {
+  return std::unique_ptr<FineTuneSession>(
+      new FineTuneSession(trainer_.get(), channel_, target_, options_));
+}
+
+absl::StatusOr<v1::ListVersionsResponse> TrainerClient::ListVersions() {
+  ::grpc::ClientContext context;
+  SetUpContext(options_, /*with_deadline=*/true, &context);
+  v1::ListVersionsResponse response;
+  ::grpc::Status status = trainer_->ListVersions(&context, v1::ListVersionsRequest(), &response);
+  if (!status.ok()) return ToClientStatus(status, channel_.get(), target_);
+  return response;
+}
+
+absl::StatusOr<v1::ListVersionsResponse> TrainerClient::Rollback(const std::string& version) {
+  ::grpc::ClientContext context;
+  SetUpContext(options_, /*with_deadline=*/true, &context);
+  v1::RollbackRequest request;
+  request.set_version(version);
+  v1::ListVersionsResponse response;
+  ::grpc::Status status = trainer_->Rollback(&context, request, &response);
+  if (!status.ok()) return ToClientStatus(status, channel_.get(), target_);
+  return response;
+}
+
+absl::StatusOr<v1::ListVersionsResponse> TrainerClient::SetServingVersion(
+    const std::string& version) {
+  ::grpc::ClientContext context;
+  SetUpContext(options_, /*with_deadline=*/true, &context);
+  v1::SetServingVersionRequest request;
+  request.set_version(version);
+  v1::ListVersionsResponse response;
+  ::grpc::Status status = trainer_->SetServingVersion(&context, request, &response);
+  if (!status.ok()) return ToClientStatus(status, channel_.get(), target_);
+  return response;
 }
 
 }  // namespace attn::client

@@ -4,13 +4,17 @@
 // in error paths.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "attnserve/v1/encoder.grpc.pb.h"
+#include "attnserve/v1/trainer.grpc.pb.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "grpcpp/channel.h"
 
@@ -30,6 +34,10 @@ struct ClientOptions {
   // server certificate is verified against tls_root_certs_pem, or the system roots when empty.
   bool use_tls = false;
   std::string tls_root_certs_pem;
+  // Sent as the metadata `authorization: Bearer <token>` on every call when not empty. The
+  // Trainer service requires it (UNAUTHENTICATED without, PERMISSION_DENIED when wrong); the
+  // Encoder service ignores it. Plaintext channels carry it in the clear: use TLS off-host.
+  std::string bearer_token;
 };
 
 using HealthStatus = ::grpc::health::v1::HealthCheckResponse::ServingStatus;
@@ -66,6 +74,98 @@ class EncoderClient {
   std::shared_ptr<::grpc::Channel> channel_;
   std::unique_ptr<attnserve::v1::Encoder::Stub> encoder_;
   std::unique_ptr<::grpc::health::v1::Health::Stub> health_;
+};
+
+// One fine-tuning job: a FineTune bidirectional stream. Obtained from TrainerClient::FineTune().
+//
+//   auto session = trainer.FineTune();
+//   if (auto s = session->Start(config); !s.ok()) ...   // sends the FineTuneConfig
+//   session->SendBatch(batch);                          // one optimisation step per batch
+//   session->Read(&progress);                           // the server answers every batch
+//   session->Commit("description");                     // or Abort(); both half-close
+//   while (session->Read(&progress)) {}                 // the final message
+//   absl::Status status = session->Finish();
+//
+// Send*, Commit and Abort return false once the stream is broken (the server ended the call,
+// e.g. with an error for a bad batch); Read returns false at the end of the stream. Either way
+// Finish() then gives the call's status. One thread may Read while another sends (the usual
+// gRPC contract for a synchronous bidi stream); Cancel() may be called from any thread (a
+// signal watcher, a watchdog). The stream itself has no deadline, as a job runs as long as it
+// needs; ClientOptions::timeout bounds only the wait for a connection with wait_for_ready.
+class FineTuneSession {
+ public:
+  ~FineTuneSession();
+  FineTuneSession(const FineTuneSession&) = delete;
+  FineTuneSession& operator=(const FineTuneSession&) = delete;
+
+  // Opens the stream and sends `config`. An error is the call's final status (e.g.
+  // UNAUTHENTICATED, UNAVAILABLE); the session is finished then.
+  absl::Status Start(const attnserve::v1::FineTuneConfig& config);
+  bool SendBatch(const attnserve::v1::TrainingBatch& batch);
+  bool SendBatch(const std::vector<attnserve::v1::TrainingExample>& examples);
+  // Publishes the trained weights as a new version (served by default unless do_not_serve),
+  // then half-closes the stream.
+  bool Commit(const std::string& description = "", bool do_not_serve = false);
+  // Stops and discards the job, then half-closes the stream.
+  bool Abort();
+  // The next progress message; false at the end of the stream (then call Finish()).
+  bool Read(attnserve::v1::FineTuneProgress* progress);
+  // Half-closes if still open, discards unread messages, and returns the call's status (the
+  // same on every later call). A stream that was never started is FAILED_PRECONDITION.
+  absl::Status Finish();
+  // Cancels the call (thread-safe, idempotent); the server aborts the job. Finish() then
+  // returns CANCELLED.
+  void Cancel();
+
+  bool started() const { return stream_ != nullptr; }
+  bool half_closed() const { return half_closed_; }
+
+ private:
+  friend class TrainerClient;
+  FineTuneSession(attnserve::v1::Trainer::Stub* stub, std::shared_ptr<::grpc::Channel> channel,
+                  std::string target, ClientOptions options);
+  bool Write(const attnserve::v1::FineTuneRequest& request);
+  bool HalfClose();
+
+  attnserve::v1::Trainer::Stub* stub_;
+  std::shared_ptr<::grpc::Channel> channel_;
+  std::string target_;
+  ClientOptions options_;
+  std::unique_ptr<::grpc::ClientContext> context_;
+  std::unique_ptr<
+      ::grpc::ClientReaderWriter<attnserve::v1::FineTuneRequest, attnserve::v1::FineTuneProgress>>
+      stream_;
+  std::mutex cancel_mu_;  // guards context_ against Cancel() during Start()
+  std::atomic<bool> cancelled_{false};
+  bool half_closed_ = false;
+  bool finished_ = false;
+  absl::Status final_status_;
+};
+
+// Blocking client for the attnserve.v1.Trainer service. Set ClientOptions::bearer_token: every
+// Trainer call needs it.
+class TrainerClient {
+ public:
+  TrainerClient(std::string target, ClientOptions options = {});
+  TrainerClient(std::shared_ptr<::grpc::Channel> channel, std::string target,
+                ClientOptions options = {});
+
+  // A new, not yet started fine-tuning session (see FineTuneSession). The client must outlive
+  // it.
+  std::unique_ptr<FineTuneSession> FineTune();
+  absl::StatusOr<attnserve::v1::ListVersionsResponse> ListVersions();
+  // Serves the version committed before the current one, or `version` when not empty.
+  absl::StatusOr<attnserve::v1::ListVersionsResponse> Rollback(const std::string& version = "");
+  absl::StatusOr<attnserve::v1::ListVersionsResponse> SetServingVersion(const std::string& version);
+
+  const std::string& target() const { return target_; }
+  const ClientOptions& options() const { return options_; }
+
+ private:
+  std::string target_;
+  ClientOptions options_;
+  std::shared_ptr<::grpc::Channel> channel_;
+  std::unique_ptr<attnserve::v1::Trainer::Stub> trainer_;
 };
 
 // Creates the channel EncoderClient uses for `target` with `options` (message size limits,

@@ -1,18 +1,24 @@
-// EncoderClient and attnctl against an in-process fake Encoder server (real gRPC over loopback,
-// real grpc++ built-in health service): status mapping, deadlines, unreachable servers, the
-// grpc.health.v1 wire contract, and every attnctl command's request building, output and exit
-// codes. The real server's behaviour is covered by tests/integration.
+// EncoderClient, TrainerClient and attnctl against in-process fake Encoder and Trainer servers
+// (real gRPC over loopback, real grpc++ built-in health service): status mapping, deadlines,
+// unreachable servers, the grpc.health.v1 wire contract, the bearer token, the FineTune stream
+// protocol, fine-tuning data files, and every attnctl command's request building, output and
+// exit codes. The real server's behaviour is covered by tests/integration.
 #include "client/client.h"
 
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -24,6 +30,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "client/tensor_decode.h"
+#include "client/training_data.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "gtest/gtest.h"
@@ -298,15 +305,279 @@ class FakeEncoder final : public v1::Encoder::Service {
   v1::TokenizeRequest last_tokenize_;
 };
 
+constexpr char kToken[] = "s3cret-token";
+
+// The Trainer as the real server speaks it (see server/trainer_service.cc): bearer token first;
+// config, then one progress message per batch; commit or abort ends with a final message and
+// OK; a half-close without either is CANCELLED. Records what the client sent.
+class FakeTrainer final : public v1::Trainer::Service {
+ public:
+  struct Job {
+    std::string authorization;  // the metadata as received ("" = none)
+    v1::FineTuneConfig config;
+    std::vector<v1::TrainingBatch> batches;
+    bool committed = false;
+    bool aborted = false;
+    v1::CommitRequest commit;
+    bool ended = false;
+    grpc::Status status;
+  };
+
+  void Reset() {
+    std::lock_guard<std::mutex> lock(mu_);
+    jobs_.clear();
+    fail_at_batch_ = 0;
+    step_delay_ = std::chrono::milliseconds(0);
+    serving_ = "ft-000002-20261122T041900Z";
+    versions_ = {{"base", "loaded from /models/all-MiniLM-L6-v2", "2026-11-22T04:00:00Z", ""},
+                 {"ft-000001-20261122T041000Z", "fine-tuned from base (contrastive, 12 steps)",
+                  "2026-11-22T04:10:00Z", ""},
+                 {"ft-000002-20261122T041900Z",
+                  "fine-tuned from ft-000001-20261122T041000Z (classification, 40 steps)",
+                  "2026-11-22T04:19:00Z", "support intents"}};
+  }
+  // Batch n (1-based) fails with INVALID_ARGUMENT.
+  void FailAtBatch(int n) {
+    std::lock_guard<std::mutex> lock(mu_);
+    fail_at_batch_ = n;
+  }
+  void SetStepDelay(std::chrono::milliseconds delay) {
+    std::lock_guard<std::mutex> lock(mu_);
+    step_delay_ = delay;
+  }
+  std::vector<Job> jobs() {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::vector<Job> jobs;
+    for (const auto& job : jobs_) jobs.push_back(*job);
+    return jobs;
+  }
+  size_t batches_received() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return jobs_.empty() ? 0 : jobs_.back()->batches.size();
+  }
+  // Waits until the last job has ended (the handler returned); false after `timeout`.
+  bool WaitForJobEnd(std::chrono::milliseconds timeout) {
+    const auto until = std::chrono::steady_clock::now() + timeout;
+    while (std::chrono::steady_clock::now() < until) {
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (!jobs_.empty() && jobs_.back()->ended) return true;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return false;
+  }
+
+  grpc::Status FineTune(
+      grpc::ServerContext* context,
+      grpc::ServerReaderWriter<v1::FineTuneProgress, v1::FineTuneRequest>* stream) override {
+    // Shared, so a Reset() while a handler still runs (a cancelled client) is harmless.
+    auto job = std::make_shared<Job>();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      jobs_.push_back(job);
+    }
+    grpc::Status status = RunJob(context, stream, job.get());
+    std::lock_guard<std::mutex> lock(mu_);
+    job->ended = true;
+    job->status = status;
+    return status;
+  }
+
+  grpc::Status ListVersions(grpc::ServerContext* context, const v1::ListVersionsRequest*,
+                            v1::ListVersionsResponse* response) override {
+    if (grpc::Status s = Authorize(*context, nullptr); !s.ok()) return s;
+    std::lock_guard<std::mutex> lock(mu_);
+    Fill(response);
+    return grpc::Status::OK;
+  }
+
+  grpc::Status Rollback(grpc::ServerContext* context, const v1::RollbackRequest* request,
+                        v1::ListVersionsResponse* response) override {
+    if (grpc::Status s = Authorize(*context, nullptr); !s.ok()) return s;
+    std::lock_guard<std::mutex> lock(mu_);
+    size_t current = 0;
+    while (current < versions_.size() && versions_[current].version != serving_) ++current;
+    if (request->version().empty()) {
+      if (current == 0) {
+        return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, "no version before " + serving_);
+      }
+      serving_ = versions_[current - 1].version;
+    } else {
+      if (!Known(request->version())) return UnknownVersion(request->version());
+      serving_ = request->version();
+    }
+    Fill(response);
+    return grpc::Status::OK;
+  }
+
+  grpc::Status SetServingVersion(grpc::ServerContext* context,
+                                 const v1::SetServingVersionRequest* request,
+                                 v1::ListVersionsResponse* response) override {
+    if (grpc::Status s = Authorize(*context, nullptr); !s.ok()) return s;
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!Known(request->version())) return UnknownVersion(request->version());
+    serving_ = request->version();
+    Fill(response);
+    return grpc::Status::OK;
+  }
+
+ private:
+  struct Version {
+    std::string version, origin, created, description;
+  };
+
+  grpc::Status Authorize(const grpc::ServerContext& context, std::string* seen) {
+    const auto& metadata = context.client_metadata();
+    const auto it = metadata.find("authorization");
+    if (it == metadata.end()) {
+      return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
+                          "missing metadata 'authorization: Bearer <token>'");
+    }
+    const std::string value(it->second.data(), it->second.size());
+    if (seen != nullptr) *seen = value;
+    if (value != absl::StrCat("Bearer ", kToken)) {
+      return grpc::Status(grpc::StatusCode::PERMISSION_DENIED, "wrong trainer token");
+    }
+    return grpc::Status::OK;
+  }
+
+  grpc::Status RunJob(grpc::ServerContext* context,
+                      grpc::ServerReaderWriter<v1::FineTuneProgress, v1::FineTuneRequest>* stream,
+                      Job* job) {
+    std::string authorization;
+    grpc::Status auth = Authorize(*context, &authorization);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      job->authorization = authorization;
+    }
+    if (!auth.ok()) return auth;
+    v1::FineTuneRequest request;
+    if (!stream->Read(&request)) {
+      return grpc::Status(grpc::StatusCode::CANCELLED, "the stream ended before a config");
+    }
+    if (!request.has_config()) {
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "the first message must be a config");
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      job->config = request.config();
+    }
+    const double lr = request.config().learning_rate();
+    const int64_t total = request.config().total_steps();
+    int64_t step = 0, seen = 0;
+    v1::FineTuneProgress progress;
+    auto fill = [&] {
+      progress.Clear();
+      progress.set_job_id("job-7");
+      progress.set_step(step);
+      progress.set_loss(step > 0 ? 2.0 / step : 0);
+      progress.set_learning_rate(total > 0 ? lr * (total - step) / total : lr);
+      progress.set_examples_per_second(100);
+      progress.set_examples_seen(seen);
+      if (step == 1) progress.set_base_version("base");
+    };
+    while (stream->Read(&request)) {
+      if (context->IsCancelled()) break;
+      std::chrono::milliseconds delay;
+      int fail_at;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        delay = step_delay_;
+        fail_at = fail_at_batch_;
+      }
+      switch (request.message_case()) {
+        case v1::FineTuneRequest::kBatch: {
+          {
+            std::lock_guard<std::mutex> lock(mu_);
+            job->batches.push_back(request.batch());
+          }
+          if (fail_at == step + 1) {
+            return grpc::Status(
+                grpc::StatusCode::INVALID_ARGUMENT,
+                absl::StrCat("job job-7 stopped at batch ", step + 1, ": text too long"));
+          }
+          if (delay.count() > 0) std::this_thread::sleep_for(delay);
+          ++step;
+          seen += request.batch().examples_size();
+          fill();
+          if (!stream->Write(progress)) {
+            return grpc::Status(grpc::StatusCode::CANCELLED, "cancelled by the client");
+          }
+          break;
+        }
+        case v1::FineTuneRequest::kCommit: {
+          std::lock_guard<std::mutex> lock(mu_);
+          job->committed = true;
+          job->commit = request.commit();
+          fill();
+          progress.set_committed_version("ft-000003-20261122T050000Z");
+          versions_.push_back({"ft-000003-20261122T050000Z",
+                               "fine-tuned from base (contrastive, 3 steps)",
+                               "2026-11-22T05:00:00Z", request.commit().description()});
+          if (!request.commit().do_not_serve()) serving_ = "ft-000003-20261122T050000Z";
+          stream->Write(progress);
+          return grpc::Status::OK;
+        }
+        case v1::FineTuneRequest::kAbort: {
+          {
+            std::lock_guard<std::mutex> lock(mu_);
+            job->aborted = true;
+          }
+          fill();
+          stream->Write(progress);
+          return grpc::Status::OK;
+        }
+        default:
+          return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "unexpected message");
+      }
+    }
+    return grpc::Status(grpc::StatusCode::CANCELLED,
+                        "the stream ended without commit; job job-7 discarded");
+  }
+
+  bool Known(const std::string& version) const {
+    for (const Version& v : versions_) {
+      if (v.version == version) return true;
+    }
+    return false;
+  }
+  static grpc::Status UnknownVersion(const std::string& version) {
+    return grpc::Status(grpc::StatusCode::NOT_FOUND,
+                        absl::StrCat("unknown model version '", version, "'"));
+  }
+  void Fill(v1::ListVersionsResponse* response) const {
+    for (const Version& v : versions_) {
+      v1::VersionInfo* info = response->add_versions();
+      info->set_version(v.version);
+      info->set_origin(v.origin);
+      info->set_created_utc(v.created);
+      info->set_description(v.description);
+      info->set_serving(v.version == serving_);
+    }
+    response->set_serving_version(serving_);
+  }
+
+  std::mutex mu_;
+  std::vector<std::shared_ptr<Job>> jobs_;
+  int fail_at_batch_ = 0;
+  std::chrono::milliseconds step_delay_{0};
+  std::string serving_;
+  std::vector<Version> versions_;
+};
+
 // One fake server for the whole binary (cheap, but tests share it: each resets what it sets).
 class ClientTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     grpc::EnableDefaultHealthCheckService(true);
     service_ = new FakeEncoder;
+    trainer_ = new FakeTrainer;
+    trainer_->Reset();
     grpc::ServerBuilder builder;
     builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port_);
     builder.RegisterService(service_);
+    builder.RegisterService(trainer_);
     server_ = builder.BuildAndStart().release();
     ASSERT_NE(server_, nullptr);
     ASSERT_GT(port_, 0);
@@ -316,21 +587,25 @@ class ClientTest : public ::testing::Test {
     server_->Shutdown();
     delete server_;
     delete service_;
+    delete trainer_;
   }
   void TearDown() override {
     service_->FailWith(grpc::Status::OK);
     service_->SetDelay(std::chrono::milliseconds(0));
     server_->GetHealthCheckService()->SetServingStatus(true);
+    trainer_->Reset();
   }
 
   static std::string Target() { return absl::StrCat("127.0.0.1:", port_); }
 
   static FakeEncoder* service_;
+  static FakeTrainer* trainer_;
   static grpc::Server* server_;
   static int port_;
 };
 
 FakeEncoder* ClientTest::service_ = nullptr;
+FakeTrainer* ClientTest::trainer_ = nullptr;
 grpc::Server* ClientTest::server_ = nullptr;
 int ClientTest::port_ = 0;
 
@@ -470,8 +745,8 @@ std::string TempPath(const std::string& name) {
   return absl::StrCat(dir != nullptr ? dir : "/tmp", "/attnctl_test_", getpid(), "_", name);
 }
 
-// Runs attnctl with `args`, `stdin_text` on stdin, ATTNSERVE_ADDR unset unless `env` ("NAME=value")
-// sets it.
+// Runs attnctl with `args`, `stdin_text` on stdin, ATTNSERVE_ADDR and ATTNSERVE_TOKEN unset
+// unless `env` ("NAME=value") sets them.
 CliResult RunCli(const std::vector<std::string>& args, const std::string& stdin_text = "",
                  const std::string& env = "") {
   const std::string in_path = TempPath("stdin");
@@ -480,7 +755,8 @@ CliResult RunCli(const std::vector<std::string>& args, const std::string& stdin_
     std::ofstream in(in_path, std::ios::binary);
     in << stdin_text;
   }
-  std::string command = absl::StrCat("env -u ATTNSERVE_ADDR ", env, " ", ATTNCTL_BINARY);
+  std::string command =
+      absl::StrCat("env -u ATTNSERVE_ADDR -u ATTNSERVE_TOKEN ", env, " ", ATTNCTL_BINARY);
   for (const std::string& a : args) absl::StrAppend(&command, " ", ShellQuote(a));
   absl::StrAppend(&command, " <", in_path, " 2>", err_path);
   CliResult result;
@@ -747,6 +1023,801 @@ TEST_F(ClientTest, CliAttentionPictures) {
               "/nonexistent-dir/x.svg"});
   EXPECT_EXIT_CODE(r, 1);
   EXPECT_TRUE(absl::StrContains(r.err, "cannot write /nonexistent-dir/x.svg")) << r.err;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Trainer: library
+
+v1::TrainingExample Pair(const std::string& anchor, const std::string& positive) {
+  v1::TrainingExample e;
+  e.set_anchor(anchor);
+  e.set_positive(positive);
+  return e;
+}
+
+ClientOptions WithToken(const std::string& token) {
+  ClientOptions options;
+  options.bearer_token = token;
+  return options;
+}
+
+TEST_F(ClientTest, FineTuneSessionCommit) {
+  TrainerClient client(Target(), WithToken(kToken));
+  std::unique_ptr<FineTuneSession> session = client.FineTune();
+  v1::FineTuneConfig config;
+  config.set_objective(v1::CONTRASTIVE);
+  config.set_total_steps(2);
+  config.set_learning_rate(1e-4);
+  ASSERT_TRUE(session->Start(config).ok());
+  ASSERT_TRUE(session->SendBatch({Pair("a", "b"), Pair("c", "d")}));
+  v1::FineTuneProgress progress;
+  ASSERT_TRUE(session->Read(&progress));
+  EXPECT_EQ(progress.step(), 1);
+  EXPECT_EQ(progress.base_version(), "base");
+  EXPECT_EQ(progress.job_id(), "job-7");
+  v1::TrainingBatch batch;
+  *batch.add_examples() = Pair("e", "f");
+  ASSERT_TRUE(session->SendBatch(batch));
+  ASSERT_TRUE(session->Read(&progress));
+  EXPECT_EQ(progress.step(), 2);
+  ASSERT_TRUE(session->Commit("first try", /*do_not_serve=*/true));
+  EXPECT_TRUE(session->half_closed());
+  EXPECT_FALSE(session->SendBatch(batch));  // nothing goes out after the commit
+  ASSERT_TRUE(session->Read(&progress));
+  EXPECT_EQ(progress.committed_version(), "ft-000003-20261122T050000Z");
+  EXPECT_FALSE(session->Read(&progress));
+  EXPECT_TRUE(session->Finish().ok());
+  EXPECT_TRUE(session->Finish().ok());  // idempotent
+
+  const auto jobs = trainer_->jobs();
+  ASSERT_EQ(jobs.size(), 1u);
+  EXPECT_EQ(jobs[0].authorization, "Bearer s3cret-token");
+  EXPECT_EQ(jobs[0].config.objective(), v1::CONTRASTIVE);
+  EXPECT_EQ(jobs[0].config.total_steps(), 2);
+  ASSERT_EQ(jobs[0].batches.size(), 2u);
+  EXPECT_EQ(jobs[0].batches[0].examples_size(), 2);
+  EXPECT_EQ(jobs[0].batches[0].examples(1).positive(), "d");
+  EXPECT_TRUE(jobs[0].committed);
+  EXPECT_EQ(jobs[0].commit.description(), "first try");
+  EXPECT_TRUE(jobs[0].commit.do_not_serve());
+
+  auto versions = client.ListVersions();
+  ASSERT_TRUE(versions.ok()) << versions.status();
+  EXPECT_EQ(versions->versions_size(), 4);
+  EXPECT_EQ(versions->serving_version(), "ft-000002-20261122T041900Z");  // do_not_serve
+}
+
+TEST_F(ClientTest, FineTuneSessionAbortErrorsAndCancel) {
+  TrainerClient client(Target(), WithToken(kToken));
+  v1::FineTuneConfig config;
+  config.set_objective(v1::CONTRASTIVE);
+  v1::FineTuneProgress progress;
+
+  // Abort: a final message, then OK.
+  auto session = client.FineTune();
+  EXPECT_EQ(session->Finish().code(), absl::StatusCode::kFailedPrecondition);  // not started
+  ASSERT_TRUE(session->Start(config).ok());
+  EXPECT_EQ(session->Start(config).code(), absl::StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(session->SendBatch({Pair("a", "b")}));
+  ASSERT_TRUE(session->Abort());
+  int messages = 0;
+  while (session->Read(&progress)) ++messages;
+  EXPECT_EQ(messages, 2);
+  EXPECT_TRUE(session->Finish().ok());
+  EXPECT_TRUE(trainer_->jobs().back().aborted);
+
+  // The server stops the job at batch 2: the status says why.
+  trainer_->FailAtBatch(2);
+  session = client.FineTune();
+  ASSERT_TRUE(session->Start(config).ok());
+  session->SendBatch({Pair("a", "b")});
+  session->SendBatch({Pair("c", "d")});
+  ASSERT_TRUE(session->Read(&progress));
+  EXPECT_EQ(progress.step(), 1);
+  EXPECT_FALSE(session->Read(&progress));
+  absl::Status status = session->Finish();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(status.message(), "job job-7 stopped at batch 2: text too long");
+  EXPECT_FALSE(IsUnreachable(status));
+  trainer_->FailAtBatch(0);
+
+  // Cancel() from another thread ends a stream that waits for a slow step.
+  trainer_->SetStepDelay(std::chrono::milliseconds(2000));
+  session = client.FineTune();
+  ASSERT_TRUE(session->Start(config).ok());
+  ASSERT_TRUE(session->SendBatch({Pair("a", "b")}));
+  std::thread canceller([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    session->Cancel();
+  });
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_FALSE(session->Read(&progress));
+  canceller.join();
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(1500));
+  EXPECT_EQ(session->Finish().code(), absl::StatusCode::kCancelled);
+  EXPECT_TRUE(trainer_->WaitForJobEnd(std::chrono::milliseconds(5000)));
+
+  // Dropping a running session cancels it: the server's job ends.
+  trainer_->SetStepDelay(std::chrono::milliseconds(0));
+  session = client.FineTune();
+  ASSERT_TRUE(session->Start(config).ok());
+  ASSERT_TRUE(session->SendBatch({Pair("a", "b")}));
+  ASSERT_TRUE(session->Read(&progress));
+  session.reset();
+  EXPECT_TRUE(trainer_->WaitForJobEnd(std::chrono::milliseconds(5000)));
+  EXPECT_FALSE(trainer_->jobs().back().status.ok());
+}
+
+TEST_F(ClientTest, TrainerTokenMetadata) {
+  v1::FineTuneConfig config;
+  config.set_objective(v1::CONTRASTIVE);
+  v1::FineTuneProgress progress;
+  struct Case {
+    std::string token;
+    absl::StatusCode code;
+  };
+  for (const Case& c : {Case{"", absl::StatusCode::kUnauthenticated},
+                        Case{"wrong", absl::StatusCode::kPermissionDenied}}) {
+    TrainerClient client(Target(), WithToken(c.token));
+    auto versions = client.ListVersions();
+    EXPECT_EQ(versions.status().code(), c.code) << c.token;
+    EXPECT_EQ(client.Rollback().status().code(), c.code);
+    EXPECT_EQ(client.SetServingVersion("base").status().code(), c.code);
+    auto session = client.FineTune();
+    absl::Status status = session->Start(config);
+    if (status.ok()) {  // the config may be sent before the server's answer arrives
+      EXPECT_FALSE(session->Read(&progress));
+      status = session->Finish();
+    }
+    EXPECT_EQ(status.code(), c.code) << status;
+  }
+  EXPECT_EQ(trainer_->jobs().back().authorization, "Bearer wrong");
+  // The Encoder ignores the token; EncoderClient sends it too when set.
+  EncoderClient encoder(Target(), WithToken(kToken));
+  EXPECT_TRUE(encoder.Encode(OneText("a")).ok());
+}
+
+TEST_F(ClientTest, TrainerVersionCalls) {
+  TrainerClient client(Target(), WithToken(kToken));
+  auto rolled = client.Rollback();
+  ASSERT_TRUE(rolled.ok()) << rolled.status();
+  EXPECT_EQ(rolled->serving_version(), "ft-000001-20261122T041000Z");
+  EXPECT_TRUE(rolled->versions(1).serving());
+  auto set = client.SetServingVersion("ft-000002-20261122T041900Z");
+  ASSERT_TRUE(set.ok()) << set.status();
+  EXPECT_EQ(set->serving_version(), "ft-000002-20261122T041900Z");
+  auto pinned = client.Rollback("base");
+  ASSERT_TRUE(pinned.ok());
+  EXPECT_EQ(pinned->serving_version(), "base");
+  EXPECT_EQ(client.Rollback().status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(client.SetServingVersion("nope").status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(ClientTest, TrainerUnreachable) {
+  ClientOptions options = WithToken(kToken);
+  options.timeout = std::chrono::milliseconds(5000);
+  TrainerClient client("127.0.0.1:1", options);
+  auto versions = client.ListVersions();
+  EXPECT_TRUE(IsUnreachable(versions.status())) << versions.status();
+  auto session = client.FineTune();
+  v1::FineTuneConfig config;
+  absl::Status status = session->Start(config);
+  if (status.ok()) status = session->Finish();
+  EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable);
+  EXPECT_TRUE(IsUnreachable(status)) << status;
+
+  // wait_for_ready: the connection wait is bounded by the timeout.
+  options.timeout = std::chrono::milliseconds(300);
+  options.wait_for_ready = true;
+  TrainerClient waiting("127.0.0.1:1", options);
+  session = waiting.FineTune();
+  status = session->Start(config);
+  EXPECT_EQ(status.code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_TRUE(IsUnreachable(status));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Training data files
+
+absl::StatusOr<TrainingData> Parse(const std::string& text, v1::Objective objective,
+                                   DataLimits limits = {}) {
+  return ParseTrainingData(text, objective, "d.jsonl", limits);
+}
+
+TEST(TrainingData, ContrastiveLinesBlankLinesCrLfAndBom) {
+  auto data = Parse(
+      "\xEF\xBB\xBF{\"anchor\": \"a\", \"positive\": \"b\", \"id\": 1}\r\n\n   \n"
+      "{\"anchor\": \"caf\xC3\xA9\", \"positive\": \"d\"}",
+      v1::CONTRASTIVE);
+  ASSERT_TRUE(data.ok()) << data.status();
+  ASSERT_EQ(data->examples.size(), 2u);
+  EXPECT_EQ(data->examples[1].anchor(), "caf\xC3\xA9");
+  EXPECT_FALSE(data->has_negatives);
+  data = Parse(
+      "{\"anchor\": \"a\", \"positive\": \"b\", \"negative\": \"n\"}\n"
+      "{\"anchor\": \"c\", \"positive\": \"d\", \"negative\": \"m\"}\n",
+      v1::CONTRASTIVE);
+  ASSERT_TRUE(data.ok()) << data.status();
+  EXPECT_TRUE(data->has_negatives);
+  EXPECT_EQ(data->examples[1].negative(), "m");
+}
+
+TEST(TrainingData, ErrorsNameTheLine) {
+  auto data = Parse(
+      "{\"anchor\": \"a\", \"positive\": \"b\"}\n"
+      "\n"
+      "{\"anchor\": \"a\", \"positive\": 3}\n"
+      "{\"anchor\": \"a\"\n"
+      "{\"anchor\": \"a\", \"positive\": \"b\", \"negative\": \"c\"}\n"
+      "[1, 2]\n"
+      "{\"positive\": \"b\"}\n"
+      "{\"anchor\": \" \", \"positive\": \"b\", \"negative\": null}\n"
+      "{\"anchor\": \"bad \xFF utf8\", \"positive\": \"b\"}\n",
+      v1::CONTRASTIVE);
+  ASSERT_EQ(data.status().code(), absl::StatusCode::kInvalidArgument);
+  const std::vector<std::string> lines = absl::StrSplit(data.status().message(), '\n');
+  ASSERT_EQ(lines.size(), 7u) << data.status().message();
+  EXPECT_EQ(lines[0], "d.jsonl:3: \"positive\" must be a string, not a number");
+  EXPECT_TRUE(absl::StartsWith(lines[1], "d.jsonl:4: bad JSON at column 15: ")) << lines[1];
+  EXPECT_EQ(lines[2],
+            "d.jsonl:5: has a \"negative\" but line 1 does not: give a negative on every line or "
+            "on none");
+  EXPECT_TRUE(absl::StartsWith(lines[3], "d.jsonl:6: expected a JSON object like {\"anchor\""))
+      << lines[3];
+  EXPECT_EQ(lines[4], "d.jsonl:7: missing field \"anchor\"");
+  EXPECT_EQ(lines[5], "d.jsonl:8: \"anchor\" is empty");
+  EXPECT_TRUE(absl::StartsWith(lines[6], "d.jsonl:9: bad JSON")) << lines[6];
+
+  // At most max_errors, then a count.
+  std::string many;
+  for (int i = 0; i < 25; ++i) many += "{}\n";
+  DataLimits limits;
+  limits.max_errors = 3;
+  data = Parse(many, v1::CONTRASTIVE, limits);
+  const std::vector<std::string> capped = absl::StrSplit(data.status().message(), '\n');
+  ASSERT_EQ(capped.size(), 4u);
+  EXPECT_EQ(capped[0], "d.jsonl:1: missing field \"anchor\"; missing field \"positive\"");
+  EXPECT_EQ(capped[3], "d.jsonl: ... and 22 more problems");
+
+  data = Parse("\n\n", v1::CONTRASTIVE);
+  EXPECT_EQ(data.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StartsWith(data.status().message(), "d.jsonl: no examples")) << data.status();
+}
+
+TEST(TrainingData, CosineScores) {
+  auto data = Parse(
+      "{\"first\": \"a\", \"second\": \"b\", \"score\": 0.8}\n"
+      "{\"first\": \"a\", \"second\": \"b\", \"score\": -1}\n",
+      v1::COSINE_SIMILARITY);
+  ASSERT_TRUE(data.ok()) << data.status();
+  EXPECT_FLOAT_EQ(data->examples[0].score(), 0.8f);
+  EXPECT_FLOAT_EQ(data->examples[1].score(), -1.0f);
+  data = Parse(
+      "{\"first\": \"a\", \"second\": \"b\", \"score\": NaN}\n"
+      "{\"first\": \"a\", \"second\": \"b\", \"score\": -Infinity}\n"
+      "{\"first\": \"a\", \"second\": \"b\", \"score\": \"0.5\"}\n"
+      "{\"first\": \"a\", \"second\": \"b\", \"score\": 4}\n"
+      "{\"first\": \"a\", \"second\": \"b\"}\n"
+      "{\"first\": \"NaN\", \"second\": \"b\", \"score\": 0.5}\n",
+      v1::COSINE_SIMILARITY);
+  const std::vector<std::string> lines = absl::StrSplit(data.status().message(), '\n');
+  ASSERT_EQ(lines.size(), 5u) << data.status().message();
+  EXPECT_EQ(lines[0], "d.jsonl:1: \"score\" is NaN, not a finite number (JSON has no NaN)");
+  EXPECT_EQ(lines[1],
+            "d.jsonl:2: \"score\" is -Infinity, not a finite number (JSON has no -Infinity)");
+  EXPECT_EQ(lines[2], "d.jsonl:3: \"score\" must be a number, not a string");
+  EXPECT_TRUE(absl::StartsWith(lines[3], "d.jsonl:4: \"score\" 4 is outside [-1, 1]")) << lines[3];
+  EXPECT_EQ(lines[4], "d.jsonl:5: missing field \"score\"");
+}
+
+TEST(TrainingData, ClassificationLabels) {
+  auto data = Parse("{\"text\": \"a\", \"label\": 0}\n{\"text\": \"b\", \"label\": 3}\n",
+                    v1::CLASSIFICATION);
+  ASSERT_TRUE(data.ok()) << data.status();
+  EXPECT_EQ(data->max_label, 3);
+  EXPECT_EQ(data->examples[1].label(), 3);
+  DataLimits limits;
+  limits.num_labels = 3;
+  data = Parse(
+      "{\"text\": \"a\", \"label\": -1}\n"
+      "{\"text\": \"a\", \"label\": 1.5}\n"
+      "{\"text\": \"a\", \"label\": \"2\"}\n"
+      "{\"text\": \"a\", \"label\": 3}\n"
+      "{\"text\": \"a\", \"label\": 2}\n"
+      "{\"label\": 1}\n",
+      v1::CLASSIFICATION, limits);
+  const std::vector<std::string> lines = absl::StrSplit(data.status().message(), '\n');
+  ASSERT_EQ(lines.size(), 5u) << data.status().message();
+  EXPECT_EQ(lines[0], "d.jsonl:1: \"label\" is negative (-1)");
+  EXPECT_EQ(lines[1], "d.jsonl:2: \"label\" must be an integer class index, not a fraction");
+  EXPECT_EQ(lines[2], "d.jsonl:3: \"label\" must be an integer class index, not a string");
+  EXPECT_EQ(lines[3], "d.jsonl:4: \"label\" 3 is not below --num-labels 3");
+  EXPECT_EQ(lines[4], "d.jsonl:6: missing field \"text\"");
+}
+
+TEST(TrainingData, EpochOrderAndSteps) {
+  EXPECT_EQ(StepsPerEpoch(10, 4), 3);
+  EXPECT_EQ(StepsPerEpoch(8, 4), 2);
+  EXPECT_EQ(StepsPerEpoch(3, 16), 1);
+  const std::vector<size_t> a = EpochOrder(100, 7, 0);
+  std::vector<size_t> sorted = a;
+  std::sort(sorted.begin(), sorted.end());
+  for (size_t i = 0; i < sorted.size(); ++i) ASSERT_EQ(sorted[i], i);
+  EXPECT_EQ(a, EpochOrder(100, 7, 0));  // reproducible
+  EXPECT_NE(a, EpochOrder(100, 7, 1));  // a new order every epoch
+  EXPECT_NE(a, EpochOrder(100, 8, 0));  // and per seed
+  EXPECT_TRUE(EpochOrder(0, 1, 0).empty());
+  EXPECT_EQ(EpochOrder(1, 1, 3), std::vector<size_t>{0});
+}
+
+// ---------------------------------------------------------------------------------------------
+// attnctl: Trainer commands
+
+std::string WriteTemp(const std::string& name, const std::string& content) {
+  const std::string path = TempPath(name);
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out << content;
+  return path;
+}
+
+// n contrastive examples "a<i>" -> "p<i>".
+std::string PairsJsonl(int n) {
+  std::string text;
+  for (int i = 0; i < n; ++i) {
+    absl::StrAppend(&text, "{\"anchor\": \"a", i, "\", \"positive\": \"p", i, "\"}\n");
+  }
+  return text;
+}
+
+// The anchors of each batch, e.g. {{"a3", "a0"}, {"a1", "a2"}}.
+std::vector<std::vector<std::string>> Anchors(const FakeTrainer::Job& job) {
+  std::vector<std::vector<std::string>> out;
+  for (const v1::TrainingBatch& batch : job.batches) {
+    out.emplace_back();
+    for (const v1::TrainingExample& e : batch.examples()) out.back().push_back(e.anchor());
+  }
+  return out;
+}
+
+class TrainerCliTest : public ClientTest {
+ protected:
+  void SetUp() override {
+    token_file_ = WriteTemp("token", absl::StrCat("  ", kToken, "\n"));
+    data_ = WriteTemp("pairs.jsonl", PairsJsonl(10));
+  }
+  void TearDown() override {
+    std::remove(token_file_.c_str());
+    std::remove(data_.c_str());
+    ClientTest::TearDown();
+  }
+  std::vector<std::string> FineTuneArgs(std::vector<std::string> extra) {
+    std::vector<std::string> args = {"finetune",     "--server",    Target(),
+                                     "--token-file", token_file_,   "--data",
+                                     data_,          "--objective", "contrastive"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    return args;
+  }
+
+  std::string token_file_;
+  std::string data_;
+};
+
+TEST_F(TrainerCliTest, BatchesEpochsAndConfig) {
+  CliResult r =
+      RunCli(FineTuneArgs({"--epochs", "3", "--batch-size", "4", "--lr", "3e-5", "--warmup-steps",
+                           "2", "--seed", "7", "--no-dropout", "--parameters", "attention",
+                           "--base-version", "base", "--max-length", "64", "--log-every", "4"}));
+  EXPECT_EXIT_CODE(r, 0);
+  auto jobs = trainer_->jobs();
+  ASSERT_EQ(jobs.size(), 1u);
+  const FakeTrainer::Job& job = jobs[0];
+  EXPECT_EQ(job.authorization, "Bearer s3cret-token");  // whitespace around the file's token
+  EXPECT_EQ(job.config.objective(), v1::CONTRASTIVE);
+  EXPECT_DOUBLE_EQ(job.config.learning_rate(), 3e-5);
+  EXPECT_EQ(job.config.warmup_steps(), 2);
+  EXPECT_EQ(job.config.total_steps(), 9);  // ceil(10 / 4) x 3
+  EXPECT_EQ(job.config.parameters(), v1::PARAMETERS_ATTENTION_ONLY);
+  EXPECT_EQ(job.config.seed(), 7u);
+  EXPECT_TRUE(job.config.disable_dropout());
+  EXPECT_EQ(job.config.base_version(), "base");
+  EXPECT_EQ(job.config.tokenization().max_length(), 64);
+  EXPECT_EQ(job.config.num_labels(), 0);
+
+  // 3 epochs of batches 4, 4, 2; every epoch visits every example once, in a new order.
+  const auto anchors = Anchors(job);
+  ASSERT_EQ(anchors.size(), 9u);
+  std::vector<std::vector<std::string>> epochs(3);
+  for (size_t b = 0; b < anchors.size(); ++b) {
+    EXPECT_EQ(anchors[b].size(), b % 3 == 2 ? 2u : 4u) << b;
+    epochs[b / 3].insert(epochs[b / 3].end(), anchors[b].begin(), anchors[b].end());
+  }
+  for (const auto& epoch : epochs) {
+    EXPECT_EQ(std::set<std::string>(epoch.begin(), epoch.end()).size(), 10u);
+  }
+  EXPECT_NE(epochs[0], epochs[1]);
+  EXPECT_NE(epochs[1], epochs[2]);
+  EXPECT_EQ(job.batches[0].examples(0).positive(),
+            absl::StrCat("p", job.batches[0].examples(0).anchor().substr(1)));
+  EXPECT_TRUE(job.aborted);  // no --commit: the job is discarded
+  EXPECT_FALSE(job.committed);
+
+  // stderr: the plan, then (no terminal) progress lines at steps 1, 4, 8 and the last.
+  EXPECT_TRUE(absl::StrContains(
+      r.err,
+      "plan: 3 epochs x 3 steps = 9 steps, batches of 4 (the last of each epoch: 2); lr "
+      "3e-05, warm-up 2 steps, linear decay to 0; seed 7\n"))
+      << r.err;
+  EXPECT_TRUE(absl::StrContains(r.err, "10 contrastive examples")) << r.err;
+  std::vector<std::string> progress_lines;
+  for (absl::string_view line : absl::StrSplit(r.err, '\n')) {
+    if (absl::StartsWith(line, "step ")) progress_lines.emplace_back(line);
+  }
+  ASSERT_EQ(progress_lines.size(), 4u) << r.err;
+  EXPECT_TRUE(absl::StartsWith(progress_lines[0],
+                               "step 1/9  epoch 1/3  loss 2.0000  lr 2.67e-05  100.0 ex/s  "))
+      << progress_lines[0];
+  EXPECT_TRUE(absl::StartsWith(progress_lines[1], "step 4/9  epoch 2/3  loss 0.5000"))
+      << progress_lines[1];
+  EXPECT_TRUE(absl::StartsWith(progress_lines[3], "step 9/9  epoch 3/3  loss 0.2222"))
+      << progress_lines[3];
+  EXPECT_TRUE(absl::EndsWith(progress_lines[3], "ETA 0:00")) << progress_lines[3];
+
+  // stdout: the summary.
+  const std::vector<std::string> out = absl::StrSplit(r.out, '\n');
+  ASSERT_EQ(out.size(), 3u) << r.out;
+  EXPECT_TRUE(absl::StartsWith(out[0], "job job-7: 9/9 steps in 0:0")) << out[0];
+  EXPECT_TRUE(absl::EndsWith(out[0], ", loss 2.0000 \u2192 0.2222 (from base)")) << out[0];
+  EXPECT_EQ(out[1], "not committed (pass --commit to publish)");
+
+  // The same seed gives the same batches; another seed others.
+  trainer_->Reset();
+  r = RunCli(FineTuneArgs({"--epochs", "3", "--batch-size", "4", "--seed", "7"}));
+  EXPECT_EXIT_CODE(r, 0);
+  EXPECT_EQ(Anchors(trainer_->jobs()[0]), anchors);
+  trainer_->Reset();
+  r = RunCli(FineTuneArgs({"--epochs", "3", "--batch-size", "4", "--seed", "8"}));
+  EXPECT_EXIT_CODE(r, 0);
+  EXPECT_NE(Anchors(trainer_->jobs()[0]), anchors);
+}
+
+TEST_F(TrainerCliTest, CommitAndJson) {
+  CliResult r = RunCli(FineTuneArgs(
+      {"--batch-size", "5", "--commit", "--description", "faq pairs v2", "--log-every", "100"}));
+  EXPECT_EXIT_CODE(r, 0);
+  auto job = trainer_->jobs().at(0);
+  EXPECT_TRUE(job.committed);
+  EXPECT_FALSE(job.aborted);
+  EXPECT_EQ(job.commit.description(), "faq pairs v2");
+  EXPECT_FALSE(job.commit.do_not_serve());
+  EXPECT_EQ(job.batches.size(), 2u);
+  EXPECT_TRUE(absl::StrContains(r.out,
+                                "\ncommitted version ft-000003-20261122T050000Z (now served by "
+                                "default; 'attnctl rollback' undoes)\n"))
+      << r.out;
+
+  // --json: one JSON line per message on stdout (2 steps + the final one); the rest on stderr.
+  trainer_->Reset();
+  r = RunCli(FineTuneArgs({"--batch-size", "5", "--json", "--commit"}));
+  EXPECT_EXIT_CODE(r, 0);
+  const std::vector<std::string> lines = absl::StrSplit(r.out, '\n', absl::SkipEmpty());
+  ASSERT_EQ(lines.size(), 3u) << r.out;
+  EXPECT_TRUE(absl::StartsWith(lines[0], "{\"job_id\":\"job-7\",\"step\":\"1\",\"loss\":2,"))
+      << lines[0];
+  EXPECT_TRUE(absl::StrContains(lines[0], "\"base_version\":\"base\"")) << lines[0];
+  EXPECT_TRUE(absl::StrContains(lines[2], "\"committed_version\":\"ft-000003-20261122T050000Z\""))
+      << lines[2];
+  EXPECT_TRUE(absl::StrContains(r.err, "committed version ft-000003")) << r.err;
+  EXPECT_FALSE(absl::StrContains(r.err, "step 1/2")) << r.err;
+}
+
+TEST_F(TrainerCliTest, TokenSources) {
+  // $ATTNSERVE_TOKEN when there is no --token-file.
+  CliResult r =
+      RunCli({"finetune", "--server", Target(), "--data", data_, "--objective", "contrastive"}, "",
+             absl::StrCat("ATTNSERVE_TOKEN=", kToken));
+  EXPECT_EXIT_CODE(r, 0);
+  EXPECT_EQ(trainer_->jobs().back().authorization, "Bearer s3cret-token");
+
+  r = RunCli({"finetune", "--server", Target(), "--data", data_, "--objective", "contrastive"});
+  EXPECT_EXIT_CODE(r, 1);
+  EXPECT_TRUE(absl::StrContains(
+      r.err, "attnctl: UNAUTHENTICATED: missing metadata 'authorization: Bearer <token>'\n"))
+      << r.err;
+  EXPECT_TRUE(absl::StrContains(r.err, "hint: the Trainer needs its token: pass --token-file"))
+      << r.err;
+
+  const std::string wrong = WriteTemp("wrong-token", "nope\n");
+  r = RunCli({"versions", "--server", Target(), "--token-file", wrong});
+  EXPECT_EXIT_CODE(r, 1);
+  EXPECT_TRUE(absl::StartsWith(r.err, "attnctl: PERMISSION_DENIED: wrong trainer token\n"))
+      << r.err;
+  EXPECT_TRUE(absl::StrContains(r.err, "hint: wrong token")) << r.err;
+  std::remove(wrong.c_str());
+
+  r = RunCli({"versions", "--server", Target(), "--token-file", "/nonexistent/token"});
+  EXPECT_EXIT_CODE(r, 1);
+  EXPECT_TRUE(absl::StartsWith(r.err, "attnctl: cannot read token file /nonexistent/token: "))
+      << r.err;
+  const std::string empty = WriteTemp("empty-token", "\n");
+  r = RunCli({"versions", "--server", Target(), "--token-file", empty});
+  EXPECT_EXIT_CODE(r, 1);
+  EXPECT_TRUE(absl::StrContains(r.err, "is empty")) << r.err;
+  std::remove(empty.c_str());
+}
+
+TEST_F(TrainerCliTest, DataErrorsBeforeConnecting) {
+  const std::string bad = WriteTemp("bad.jsonl",
+                                    "{\"anchor\": \"a\", \"positive\": \"b\"}\n"
+                                    "{\"anchor\": \"a\", \"positive\": 3}\n"
+                                    "not json\n");
+  CliResult r = RunCli({"finetune", "--server", Target(), "--token-file", token_file_, "--data",
+                        bad, "--objective", "contrastive"});
+  EXPECT_EXIT_CODE(r, 2);
+  EXPECT_TRUE(absl::StrContains(
+      r.err, absl::StrCat("attnctl: ", bad, ":2: \"positive\" must be a string, not a number\n")))
+      << r.err;
+  EXPECT_TRUE(absl::StrContains(
+      r.err, absl::StrCat("attnctl: ", bad, ":3: bad JSON at column 2: syntax error")))
+      << r.err;
+  EXPECT_TRUE(absl::StrContains(r.err, "Run 'attnctl finetune --help' for the data format."));
+  EXPECT_TRUE(r.out.empty()) << r.out;
+  EXPECT_TRUE(trainer_->jobs().empty());  // never connected
+
+  // The objective decides which fields are needed.
+  r = RunCli({"finetune", "--server", Target(), "--data", data_, "--objective", "cosine"});
+  EXPECT_EXIT_CODE(r, 2);
+  EXPECT_TRUE(absl::StrContains(r.err,
+                                ":1: missing field \"first\"; missing field \"second\"; "
+                                "missing field \"score\"\n"))
+      << r.err;
+
+  r = RunCli({"finetune", "--server", Target(), "--data", "/nonexistent/d.jsonl", "--objective",
+              "contrastive"});
+  EXPECT_EXIT_CODE(r, 1);
+  EXPECT_EQ(r.err, "attnctl: cannot read /nonexistent/d.jsonl: No such file or directory\n");
+
+  // Classification: --num-labels bounds the labels; without it, the largest label + 1.
+  const std::string labels = WriteTemp("labels.jsonl",
+                                       "{\"text\": \"x\", \"label\": 0}\n"
+                                       "{\"text\": \"y\", \"label\": 4}\n");
+  r = RunCli({"finetune", "--server", Target(), "--data", labels, "--objective", "classification",
+              "--num-labels", "3"});
+  EXPECT_EXIT_CODE(r, 2);
+  EXPECT_TRUE(absl::StrContains(r.err, ":2: \"label\" 4 is not below --num-labels 3")) << r.err;
+  r = RunCli({"finetune", "--server", Target(), "--token-file", token_file_, "--data", labels,
+              "--objective", "classification", "--parameters", "head"});
+  EXPECT_EXIT_CODE(r, 0);
+  EXPECT_EQ(trainer_->jobs().back().config.num_labels(), 5);
+  EXPECT_EQ(trainer_->jobs().back().config.objective(), v1::CLASSIFICATION);
+  EXPECT_EQ(trainer_->jobs().back().config.parameters(), v1::PARAMETERS_HEAD_ONLY);
+  EXPECT_EQ(trainer_->jobs().back().batches.at(0).examples_size(), 2);
+  std::remove(labels.c_str());
+
+  // --dry-run: the plan, no connection.
+  trainer_->Reset();
+  r = RunCli({"finetune", "--data", data_, "--objective", "contrastive", "--dry-run", "--epochs",
+              "2", "--batch-size", "5", "--server", "127.0.0.1:1"});
+  EXPECT_EXIT_CODE(r, 0);
+  EXPECT_TRUE(absl::StrContains(
+      r.out,
+      "plan: 2 epochs x 2 steps = 4 steps, batches of 5; lr 2e-05, linear decay to 0; "
+      "seed 0\ndry run: data OK, nothing sent\n"))
+      << r.out;
+  EXPECT_TRUE(trainer_->jobs().empty());
+  std::remove(bad.c_str());
+}
+
+TEST_F(TrainerCliTest, ServerStopsTheJob) {
+  trainer_->FailAtBatch(2);
+  CliResult r = RunCli(FineTuneArgs({"--batch-size", "2", "--commit"}));
+  EXPECT_EXIT_CODE(r, 1);
+  EXPECT_TRUE(absl::StrContains(
+      r.err, "attnctl: INVALID_ARGUMENT: job job-7 stopped at batch 2: text too long\n"))
+      << r.err;
+  EXPECT_TRUE(absl::StrContains(r.err, "the job stopped after step 1 of 5; nothing committed"))
+      << r.err;
+  EXPECT_TRUE(absl::StartsWith(r.out, "job job-7: 1/5 steps")) << r.out;
+  EXPECT_FALSE(trainer_->jobs().at(0).committed);
+  // At most two batches ahead of the server's answers.
+  EXPECT_LE(trainer_->jobs().at(0).batches.size(), 3u);
+}
+
+TEST_F(TrainerCliTest, SilentServerTimesOut) {
+  trainer_->SetStepDelay(std::chrono::milliseconds(1500));
+  CliResult r = RunCli(FineTuneArgs({"--timeout-ms", "300"}));
+  EXPECT_EXIT_CODE(r, 1);
+  EXPECT_TRUE(absl::StrContains(r.err, "no answer from the server for 300 ms: cancelled the job"))
+      << r.err;
+  EXPECT_TRUE(trainer_->WaitForJobEnd(std::chrono::milliseconds(5000)));
+}
+
+// Runs attnctl in the background (stdout/stderr to files); the caller waits for it.
+pid_t SpawnCli(const std::vector<std::string>& args, const std::string& out_path,
+               const std::string& err_path) {
+  std::vector<std::string> strings = {ATTNCTL_BINARY};
+  strings.insert(strings.end(), args.begin(), args.end());
+  std::vector<char*> argv;
+  for (std::string& s : strings) argv.push_back(s.data());
+  argv.push_back(nullptr);
+  std::vector<std::string> env_strings;
+  for (char** e = environ; *e != nullptr; ++e) {
+    if (!absl::StartsWith(*e, "ATTNSERVE_")) env_strings.emplace_back(*e);
+  }
+  std::vector<char*> envp;
+  for (std::string& s : env_strings) envp.push_back(s.data());
+  envp.push_back(nullptr);
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
+  posix_spawn_file_actions_addopen(&actions, 1, out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC,
+                                   0644);
+  posix_spawn_file_actions_addopen(&actions, 2, err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC,
+                                   0644);
+  pid_t pid = -1;
+  const int error = posix_spawn(&pid, ATTNCTL_BINARY, &actions, nullptr, argv.data(), envp.data());
+  posix_spawn_file_actions_destroy(&actions);
+  return error == 0 ? pid : -1;
+}
+
+TEST_F(TrainerCliTest, CtrlCAbortsTheJob) {
+  trainer_->SetStepDelay(std::chrono::milliseconds(100));
+  const std::string out_path = TempPath("ctrlc.out");
+  const std::string err_path = TempPath("ctrlc.err");
+  const pid_t pid = SpawnCli(FineTuneArgs({"--batch-size", "1", "--epochs", "10", "--commit"}),
+                             out_path, err_path);
+  ASSERT_GT(pid, 0);
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (trainer_->batches_received() < 3 && std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_GE(trainer_->batches_received(), 3u);
+  kill(pid, SIGINT);
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  const std::string out = ReadFile(out_path);
+  const std::string err = ReadFile(err_path);
+  std::remove(out_path.c_str());
+  std::remove(err_path.c_str());
+  ASSERT_TRUE(WIFEXITED(status)) << err;
+  EXPECT_EQ(WEXITSTATUS(status), 130) << err;
+  EXPECT_TRUE(absl::StrContains(err, "interrupted: aborting the job after the current step"))
+      << err;
+  EXPECT_TRUE(absl::StrContains(out, "aborted: nothing committed, serving unchanged")) << out;
+  const auto job = trainer_->jobs().at(0);
+  EXPECT_TRUE(job.aborted);  // told the server, rather than just hanging up
+  EXPECT_FALSE(job.committed);
+  EXPECT_LT(job.batches.size(), 20u);
+  EXPECT_TRUE(job.status.ok()) << job.status.error_message();
+}
+
+TEST_F(TrainerCliTest, VersionsTable) {
+  CliResult r = RunCli({"versions", "--server", Target(), "--token-file", token_file_});
+  EXPECT_EXIT_CODE(r, 0);
+  const std::string expected =
+      "  version                     created               origin                               "
+      "                                  description\n"
+      "  base                        2026-11-22T04:00:00Z  loaded from /models/all-MiniLM-L6-v2\n"
+      "  ft-000001-20261122T041000Z  2026-11-22T04:10:00Z  fine-tuned from base (contrastive, 12 "
+      "steps)\n"
+      "* ft-000002-20261122T041900Z  2026-11-22T04:19:00Z  fine-tuned from "
+      "ft-000001-20261122T041000Z (classification, 40 steps)  support intents\n";
+  EXPECT_EQ(r.out, expected);
+
+  r = RunCli({"versions", "--server", Target(), "--token-file", token_file_, "--json"});
+  EXPECT_EXIT_CODE(r, 0);
+  EXPECT_TRUE(absl::StartsWith(r.out, "{\"versions\":[{\"version\":\"base\"")) << r.out;
+  EXPECT_TRUE(absl::EndsWith(r.out, "\"serving_version\":\"ft-000002-20261122T041900Z\"}\n"))
+      << r.out;
+}
+
+TEST_F(TrainerCliTest, RollbackAndServeVersion) {
+  CliResult r = RunCli({"rollback", "--server", Target(), "--token-file", token_file_});
+  EXPECT_EXIT_CODE(r, 0);
+  EXPECT_TRUE(absl::StartsWith(r.out, "rolled back: now serving ft-000001-20261122T041000Z\n\n"))
+      << r.out;
+  EXPECT_TRUE(absl::StrContains(r.out, "\n* ft-000001-20261122T041000Z  ")) << r.out;
+
+  // --version here is the model version, not the program's.
+  r = RunCli({"rollback", "--version", "base", "--server", Target(), "--token-file", token_file_});
+  EXPECT_EXIT_CODE(r, 0);
+  EXPECT_TRUE(absl::StartsWith(r.out, "rolled back: now serving base\n")) << r.out;
+
+  r = RunCli({"serve-version", "--server", Target(), "--token-file", token_file_,
+              "--version=ft-000002-20261122T041900Z", "--json"});
+  EXPECT_EXIT_CODE(r, 0);
+  EXPECT_TRUE(absl::EndsWith(r.out, "\"serving_version\":\"ft-000002-20261122T041900Z\"}\n"))
+      << r.out;
+
+  r = RunCli(
+      {"serve-version", "--server", Target(), "--token-file", token_file_, "--version", "nope"});
+  EXPECT_EXIT_CODE(r, 1);
+  EXPECT_EQ(r.err, "attnctl: NOT_FOUND: unknown model version 'nope'\n");
+  r = RunCli({"versions", "--server", Target(), "--token-file", token_file_});
+  EXPECT_TRUE(absl::StrContains(r.out, "\n* ft-000002-20261122T041900Z  ")) << r.out;
+
+  // Elsewhere --version is still attnctl's own.
+  r = RunCli({"versions", "--version"});
+  EXPECT_EXIT_CODE(r, 0);
+  EXPECT_EQ(r.out, "attnctl 0.1.0\n");
+}
+
+TEST(AttnctlUsage, TrainerUsageErrors) {
+  const std::string data = WriteTemp("usage.jsonl", PairsJsonl(3));
+  CliResult r = RunCli({"finetune", "--help"});
+  EXPECT_EXIT_CODE(r, 0);
+  EXPECT_TRUE(absl::StrContains(r.out, "{\"anchor\": \"...\", \"positive\": \"...\""));
+  EXPECT_TRUE(absl::StrContains(r.out, "--token-file PATH"));
+  r = RunCli({"--help"});
+  for (const char* cmd : {"finetune", "versions", "rollback", "serve-version"}) {
+    EXPECT_TRUE(absl::StrContains(r.out, cmd)) << cmd;
+  }
+  r = RunCli({"help", "serve-version"});
+  EXPECT_EXIT_CODE(r, 0);
+  EXPECT_TRUE(absl::StrContains(r.out, "--version V"));
+
+  struct Case {
+    std::vector<std::string> args;
+    const char* message;
+  };
+  const std::vector<Case> cases = {
+      {{"finetune", "--objective", "contrastive"}, "finetune needs --data FILE"},
+      {{"finetune", "--data", data}, "finetune needs --objective"},
+      {{"finetune", "--data", data, "--objective", "triplet"}, "--objective must be contrastive"},
+      {{"finetune", "--data", data, "--objective", "contrastive", "--epochs", "0"},
+       "--epochs must be >= 1"},
+      {{"finetune", "--data", data, "--objective", "contrastive", "--batch-size", "0"},
+       "--batch-size must be >= 1"},
+      {{"finetune", "--data", data, "--objective", "contrastive", "--lr", "-1"},
+       "--lr must be a positive number"},
+      {{"finetune", "--data", data, "--objective", "contrastive", "--lr", "fast"},
+       "invalid value 'fast' for --lr"},
+      {{"finetune", "--data", data, "--objective", "contrastive", "--warmup-steps", "-1"},
+       "--warmup-steps must be >= 0"},
+      {{"finetune", "--data", data, "--objective", "contrastive", "--warmup-steps", "5"},
+       "--warmup-steps 5 exceeds the job's 1 steps"},
+      {{"finetune", "--data", data, "--objective", "contrastive", "--num-labels", "3"},
+       "--num-labels applies to --objective classification only"},
+      {{"finetune", "--data", data, "--objective", "classification", "--num-labels", "1"},
+       "--num-labels must be >= 2"},
+      {{"finetune", "--data", data, "--objective", "contrastive", "--parameters", "some"},
+       "--parameters must be all, attention, all-but-embeddings or head"},
+      {{"finetune", "--data", data, "--objective", "contrastive", "--parameters", "head"},
+       "--parameters head needs --objective classification"},
+      {{"finetune", "--data", data, "--objective", "contrastive", "--description", "x"},
+       "add --commit"},
+      {{"finetune", "--data", data, "--objective", "contrastive", "--truncation", "mid"},
+       "--truncation must be"},
+      {{"finetune", "--data", data, "--objective", "contrastive", "extra"},
+       "unexpected argument 'extra'; 'finetune' takes flags only"},
+      {{"finetune", "--text", "a"}, "--text does not apply to 'finetune'"},
+      {{"versions", "--data", data}, "--data does not apply to 'versions'"},
+      {{"encode", "--token-file", "t", "--text", "a"}, "--token_file does not apply to 'encode'"},
+      {{"serve-version"}, "serve-version needs --version V"},
+      {{"rollback", "--version"}, "--version needs a value"},
+      {{"versions", "--commit"}, "--commit does not apply to 'versions'"},
+  };
+  for (const Case& c : cases) {
+    r = RunCli(c.args);
+    EXPECT_EXIT_CODE(r, 2) << absl::StrJoin(c.args, " ");
+    EXPECT_TRUE(absl::StrContains(r.err, c.message))
+        << absl::StrJoin(c.args, " ") << " -> " << r.err;
+    EXPECT_TRUE(r.out.empty()) << r.out;
+  }
+  std::remove(data.c_str());
+}
+
+TEST(AttnctlUsage, TrainerUnreachable) {
+  const std::string data = WriteTemp("unreachable.jsonl", PairsJsonl(3));
+  for (std::vector<std::string> args :
+       {std::vector<std::string>{"versions"}, std::vector<std::string>{"rollback"},
+        std::vector<std::string>{"finetune", "--data", data, "--objective", "contrastive"}}) {
+    args.insert(args.end(), {"--server", "localhost:1", "--timeout-ms", "5000"});
+    CliResult r = RunCli(args);
+    EXPECT_EXIT_CODE(r, 1);
+    EXPECT_TRUE(absl::StrContains(r.err, "attnctl: cannot reach localhost:1 (UNAVAILABLE): "))
+        << r.err;
+  }
+  std::remove(data.c_str());
 }
 
 }  // namespace

@@ -1,0 +1,347 @@
+#include "client/training_data.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <limits>
+#include <optional>
+#include <sstream>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "nlohmann/json.hpp"
+
+namespace attn::client {
+namespace {
+
+namespace v1 = ::attnserve::v1;
+using Json = nlohmann::json;
+
+// If `line` holds a bare NaN / Infinity / -Infinity (Python's json.dumps writes them; JSON has
+// no such numbers), the key it belongs to ("" if none) and the literal.
+std::optional<std::pair<std::string, std::string>> FindNonFiniteLiteral(absl::string_view line) {
+  std::string last_string, key;
+  bool in_string = false, escaped = false;
+  std::string current;
+  for (size_t i = 0; i < line.size(); ++i) {
+    const char c = line[i];
+    if (in_string) {
+      if (escaped) {
+        escaped = false;
+      } else if (c == '\\') {
+        escaped = true;
+      } else if (c == '"') {
+        in_string = false;
+        last_string = current;
+      } else {
+        current.push_back(c);
+      }
+      continue;
+    }
+    if (c == '"') {
+      in_string = true;
+      current.clear();
+    } else if (c == ':') {
+      key = last_string;
+    } else {
+      for (const char* literal : {"NaN", "Infinity", "-Infinity"}) {
+        if (absl::StartsWith(line.substr(i), literal)) return std::make_pair(key, literal);
+      }
+    }
+  }
+  return std::nullopt;
+}
+
+// "[json.exception.parse_error.101] parse error at line 1, column 5: syntax error ..." ->
+// "syntax error ...".
+std::string ShortParseError(const std::string& what) {
+  const size_t column = what.find("column ");
+  if (column != std::string::npos) {
+    const size_t colon = what.find(": ", column);
+    if (colon != std::string::npos) return what.substr(colon + 2);
+  }
+  const size_t bracket = what.find("] ");
+  return bracket == std::string::npos ? what : what.substr(bracket + 2);
+}
+
+const char* TypeName(const Json& value) {
+  if (value.is_null()) return "null";
+  if (value.is_boolean()) return "a boolean";
+  if (value.is_number()) return "a number";
+  if (value.is_string()) return "a string";
+  if (value.is_array()) return "an array";
+  return "an object";
+}
+
+const char* ObjectiveFields(v1::Objective objective) {
+  switch (objective) {
+    case v1::CONTRASTIVE:
+      return R"({"anchor": "...", "positive": "...", "negative": "..." (optional)})";
+    case v1::COSINE_SIMILARITY:
+      return R"({"first": "...", "second": "...", "score": 0.8})";
+    case v1::CLASSIFICATION:
+      return R"({"text": "...", "label": 2})";
+    default:
+      return "";
+  }
+}
+
+class LineChecker {
+ public:
+  LineChecker(const Json& object, std::vector<std::string>* problems)
+      : object_(object), problems_(problems) {}
+
+  // A required (or, with `optional`, possibly absent or null) non-empty string field.
+  std::optional<std::string> String(const char* field, bool optional = false) {
+    const auto it = object_.find(field);
+    if (it == object_.end() || (optional && it->is_null())) {
+      if (!optional) problems_->push_back(absl::StrFormat("missing field \"%s\"", field));
+      return std::nullopt;
+    }
+    if (!it->is_string()) {
+      problems_->push_back(
+          absl::StrFormat("\"%s\" must be a string, not %s", field, TypeName(*it)));
+      return std::nullopt;
+    }
+    std::string value = it->get<std::string>();
+    if (absl::StripAsciiWhitespace(value).empty()) {
+      problems_->push_back(absl::StrFormat("\"%s\" is empty", field));
+      return std::nullopt;
+    }
+    return value;
+  }
+
+  const Json* Field(const char* field) {
+    const auto it = object_.find(field);
+    if (it == object_.end()) {
+      problems_->push_back(absl::StrFormat("missing field \"%s\"", field));
+      return nullptr;
+    }
+    return &*it;
+  }
+
+ private:
+  const Json& object_;
+  std::vector<std::string>* problems_;
+};
+
+// Checks one parsed line; appends its problems (without the "file:line: " prefix).
+void CheckExample(const Json& json, v1::Objective objective, const DataLimits& limits,
+                  v1::TrainingExample* example, bool* has_negative,
+                  std::vector<std::string>* problems) {
+  if (!json.is_object()) {
+    problems->push_back(absl::StrFormat("expected a JSON object like %s, got %s",
+                                        ObjectiveFields(objective), TypeName(json)));
+    return;
+  }
+  LineChecker check(json, problems);
+  switch (objective) {
+    case v1::CONTRASTIVE: {
+      auto anchor = check.String("anchor");
+      auto positive = check.String("positive");
+      auto negative = check.String("negative", /*optional=*/true);
+      if (anchor) example->set_anchor(*anchor);
+      if (positive) example->set_positive(*positive);
+      if (negative) example->set_negative(*negative);
+      *has_negative = negative.has_value();
+      break;
+    }
+    case v1::COSINE_SIMILARITY: {
+      auto first = check.String("first");
+      auto second = check.String("second");
+      if (first) example->set_first(*first);
+      if (second) example->set_second(*second);
+      if (const Json* score = check.Field("score"); score != nullptr) {
+        if (!score->is_number()) {
+          problems->push_back(
+              absl::StrFormat("\"score\" must be a number, not %s", TypeName(*score)));
+        } else {
+          const double value = score->get<double>();
+          if (!std::isfinite(value)) {
+            problems->push_back("\"score\" is not a finite number");
+          } else if (value < -1.0 || value > 1.0) {
+            problems->push_back(absl::StrFormat(
+                "\"score\" %g is outside [-1, 1] (it is compared with a cosine similarity; "
+                "rescale e.g. 0-5 STS scores to [0, 1])",
+                value));
+          } else {
+            example->set_score(static_cast<float>(value));
+          }
+        }
+      }
+      break;
+    }
+    case v1::CLASSIFICATION: {
+      auto text = check.String("text");
+      if (text) example->set_text(*text);
+      if (const Json* label = check.Field("label"); label != nullptr) {
+        if (label->is_number_float() || !label->is_number()) {
+          problems->push_back(
+              absl::StrFormat("\"label\" must be an integer class index, not %s",
+                              label->is_number_float() ? "a fraction" : TypeName(*label)));
+        } else if (label->is_number_integer() && !label->is_number_unsigned() &&
+                   label->get<int64_t>() < 0) {
+          problems->push_back(absl::StrFormat("\"label\" is negative (%d)", label->get<int64_t>()));
+        } else {
+          const uint64_t value = label->get<uint64_t>();
+          if (limits.num_labels > 0 && value >= static_cast<uint64_t>(limits.num_labels)) {
+            problems->push_back(absl::StrFormat("\"label\" %d is not below --num-labels %d", value,
+                                                limits.num_labels));
+          } else if (value > static_cast<uint64_t>(std::numeric_limits<int32_t>::max())) {
+            problems->push_back(absl::StrFormat("\"label\" %d is too large", value));
+          } else {
+            example->set_label(static_cast<int32_t>(value));
+          }
+        }
+      }
+      break;
+    }
+    default:
+      problems->push_back("no objective chosen");
+  }
+}
+
+}  // namespace
+
+absl::StatusOr<TrainingData> ParseTrainingData(absl::string_view text, v1::Objective objective,
+                                               absl::string_view name, const DataLimits& limits) {
+  TrainingData data;
+  data.objective = objective;
+  std::vector<std::string> errors;
+  int total_errors = 0;
+  auto report = [&](int line, const std::string& message) {
+    ++total_errors;
+    if (static_cast<int>(errors.size()) < limits.max_errors) {
+      errors.push_back(absl::StrFormat("%s:%d: %s", name, line, message));
+    }
+  };
+  // Contrastive negatives: all or none. The first example decides; later ones must agree.
+  int negatives_decided_by = 0;
+  int line_number = 0;
+  size_t pos = 0;
+  while (pos < text.size()) {
+    size_t end = text.find('\n', pos);
+    if (end == absl::string_view::npos) end = text.size();
+    absl::string_view line = text.substr(pos, end - pos);
+    pos = end + 1;
+    ++line_number;
+    if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
+    if (line_number == 1 && line.substr(0, 3) == "\xEF\xBB\xBF") line.remove_prefix(3);  // BOM
+    if (absl::StripAsciiWhitespace(line).empty()) continue;
+
+    Json json;
+    try {
+      json = Json::parse(line.begin(), line.end());
+    } catch (const Json::parse_error& e) {
+      if (auto literal = FindNonFiniteLiteral(line)) {
+        const std::string what = literal->first.empty() ? std::string("a value")
+                                                        : absl::StrCat("\"", literal->first, "\"");
+        report(line_number, absl::StrFormat("%s is %s, not a finite number (JSON has no %s)", what,
+                                            literal->second, literal->second));
+      } else {
+        report(line_number,
+               absl::StrFormat("bad JSON at column %d: %s", e.byte, ShortParseError(e.what())));
+      }
+      continue;
+    } catch (const Json::exception& e) {
+      report(line_number, absl::StrCat("bad JSON: ", ShortParseError(e.what())));
+      continue;
+    }
+    v1::TrainingExample example;
+    bool has_negative = false;
+    std::vector<std::string> problems;
+    CheckExample(json, objective, limits, &example, &has_negative, &problems);
+    if (problems.empty() && objective == v1::CONTRASTIVE) {
+      if (negatives_decided_by == 0) {
+        negatives_decided_by = line_number;
+        data.has_negatives = has_negative;
+      } else if (has_negative != data.has_negatives) {
+        problems.push_back(absl::StrFormat(
+            "%s \"negative\" but line %d %s: give a negative on every line or on none",
+            has_negative ? "has a" : "has no", negatives_decided_by,
+            data.has_negatives ? "has one" : "does not"));
+      }
+    }
+    if (!problems.empty()) {
+      report(line_number, absl::StrJoin(problems, "; "));
+      continue;
+    }
+    if (objective == v1::CLASSIFICATION) data.max_label = std::max(data.max_label, example.label());
+    data.examples.push_back(std::move(example));
+  }
+  if (total_errors > static_cast<int>(errors.size())) {
+    errors.push_back(absl::StrFormat("%s: ... and %d more problems", name,
+                                     total_errors - static_cast<int>(errors.size())));
+  }
+  if (!errors.empty()) return absl::InvalidArgumentError(absl::StrJoin(errors, "\n"));
+  if (data.examples.empty()) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s: no examples (one JSON object per line, like %s)", name, ObjectiveFields(objective)));
+  }
+  return data;
+}
+
+absl::StatusOr<TrainingData> ReadTrainingData(const std::string& path, v1::Objective objective,
+                                              const DataLimits& limits) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    const int error = errno;
+    return absl::ErrnoToStatus(error, absl::StrCat("cannot read ", path));
+  }
+  std::stringstream buffer;
+  buffer << in.rdbuf();
+  if (in.bad()) {
+    const int error = errno;
+    return absl::ErrnoToStatus(error, absl::StrCat("cannot read ", path));
+  }
+  return ParseTrainingData(buffer.str(), objective, path, limits);
+}
+
+int64_t StepsPerEpoch(size_t examples, int batch_size) {
+  if (batch_size <= 0) return 0;
+  return static_cast<int64_t>((examples + batch_size - 1) / batch_size);
+}
+
+namespace {
+
+// SplitMix64: seeds the shuffle generator from (seed, epoch) and is the generator.
+uint64_t SplitMix64(uint64_t* state) {
+  uint64_t z = (*state += 0x9E3779B97F4A7C15ULL);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+  return z ^ (z >> 31);
+}
+
+// Uniform in [0, bound) without modulo bias (rejection sampling).
+uint64_t Below(uint64_t bound, uint64_t* state) {
+  const uint64_t limit =
+      std::numeric_limits<uint64_t>::max() - std::numeric_limits<uint64_t>::max() % bound;
+  uint64_t r;
+  do {
+    r = SplitMix64(state);
+  } while (r >= limit);
+  return r % bound;
+}
+
+}  // namespace
+
+std::vector<size_t> EpochOrder(size_t n, uint64_t seed, int epoch) {
+  std::vector<size_t> order(n);
+  for (size_t i = 0; i < n; ++i) order[i] = i;
+  uint64_t state = seed;
+  state = SplitMix64(&state) ^ (static_cast<uint64_t>(epoch) * 0xD1B54A32D192ED03ULL);
+  for (size_t i = n; i > 1; --i) {
+    const size_t j = static_cast<size_t>(Below(i, &state));
+    std::swap(order[i - 1], order[j]);
+  }
+  return order;
+}
+
+}  // namespace attn::client

@@ -1,0 +1,59 @@
+// Fine-tuning data for attnserve.v1.Trainer: JSON Lines files checked line by line before any
+// connection is made, and the per-epoch shuffled batch order.
+//
+// One JSON object per line; blank lines are skipped and fields other than these are ignored:
+//   CONTRASTIVE        {"anchor": "...", "positive": "...", "negative": "..."}  (negative
+//                      optional, but on every line or on none: a batch has all or none)
+//   COSINE_SIMILARITY  {"first": "...", "second": "...", "score": 0.8}  (finite, in [-1, 1])
+//   CLASSIFICATION     {"text": "...", "label": 2}  (an integer >= 0, < num_labels if given)
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "attnserve/v1/trainer.pb.h"
+
+namespace attn::client {
+
+struct TrainingData {
+  attnserve::v1::Objective objective = attnserve::v1::OBJECTIVE_UNSPECIFIED;
+  std::vector<attnserve::v1::TrainingExample> examples;
+  // CONTRASTIVE: every example has a hard negative.
+  bool has_negatives = false;
+  // CLASSIFICATION: the largest label seen (-1 for no examples).
+  int32_t max_label = -1;
+};
+
+struct DataLimits {
+  // CLASSIFICATION: labels must be < num_labels; 0 = no upper bound.
+  int32_t num_labels = 0;
+  // Problems reported before giving up (the message then says how many more there were).
+  int max_errors = 10;
+};
+
+// Parses and checks JSON Lines `text` for `objective`. Every problem is reported as
+// "<name>:<line>: <what>" (1-based lines), one per line of the InvalidArgument message, up to
+// limits.max_errors. A file without examples is InvalidArgument too.
+absl::StatusOr<TrainingData> ParseTrainingData(absl::string_view text,
+                                               attnserve::v1::Objective objective,
+                                               absl::string_view name, const DataLimits& limits);
+
+// Reads `path` and parses it as above. An unreadable file keeps its errno's code (NotFound,
+// PermissionDenied, ...) with a message naming the path.
+absl::StatusOr<TrainingData> ReadTrainingData(const std::string& path,
+                                              attnserve::v1::Objective objective,
+                                              const DataLimits& limits);
+
+// Optimisation steps per epoch: ceil(examples / batch_size); the last batch may be smaller.
+int64_t StepsPerEpoch(size_t examples, int batch_size);
+
+// The order examples are visited in epoch `epoch` (0-based): a permutation of [0, n) from a
+// Fisher-Yates shuffle with a generator seeded by (seed, epoch) only, so a run is reproducible
+// and independent of the standard library.
+std::vector<size_t> EpochOrder(size_t n, uint64_t seed, int epoch);
+
+}  // namespace attn::client
