@@ -1,5 +1,9 @@
 #include "engine/dnnl_context.h"
 
+#include <omp.h>
+
+#include "absl/strings/str_cat.h"
+
 namespace attn {
 
 DnnlRuntime& DnnlRuntime::Get() {
@@ -9,8 +13,11 @@ DnnlRuntime& DnnlRuntime::Get() {
 
 DnnlRuntime::DnnlRuntime() : engine_(dnnl::engine::kind::cpu, 0) {}
 
-CachedPrimitive DnnlRuntime::GetOrCreate(const std::string& key,
+CachedPrimitive DnnlRuntime::GetOrCreate(const std::string& shape_key,
                                          const std::function<CachedPrimitive()>& make) {
+  // oneDNN fixes a primitive's thread count (and its scratchpad size) when it is built, and the
+  // batcher and the training thread run with different OpenMP thread counts.
+  const std::string key = absl::StrCat(shape_key, "@t", omp_get_max_threads());
   {
     absl::MutexLock lock(&mutex_);
     auto it = cache_.find(key);

@@ -28,7 +28,8 @@ class DnnlRuntime {
 
   // Returns the primitive cached under `key`, building it with `make` on first use. `make`
   // must build the primitive descriptor with scratchpad_mode::user.
-  CachedPrimitive GetOrCreate(const std::string& key, const std::function<CachedPrimitive()>& make);
+  CachedPrimitive GetOrCreate(const std::string& shape_key,
+                              const std::function<CachedPrimitive()>& make);
 
   int64_t cache_hits() const;
   int64_t cache_misses() const;

@@ -1,5 +1,7 @@
 #include "server/batcher.h"
 
+#include <omp.h>
+
 #include <algorithm>
 #include <set>
 
@@ -103,6 +105,9 @@ bool Batcher::StillWanted(const std::shared_ptr<JobState>& job) {
 }
 
 void Batcher::Loop() {
+  // OpenMP's thread count is per thread (a new thread starts from the default, not from what
+  // main() set), so the engine thread sets its own.
+  if (options_.threads > 0) omp_set_num_threads(options_.threads);
   while (true) {
     std::vector<Chunk> batch;
     {

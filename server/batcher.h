@@ -61,6 +61,7 @@ struct Job {
 struct BatcherOptions {
   int64_t max_batch_tokens = 8192;
   int max_concurrent_requests = 256;
+  int threads = 0;  // OpenMP threads of the batcher thread; 0 = the OpenMP default (all cores)
 };
 
 class Batcher {

@@ -1,8 +1,10 @@
-// attnserve: serves a BERT-family encoder over gRPC (attnserve.v1.Encoder), with the standard
-// health service, server reflection and Prometheus metrics. Run with --help for the flags.
+// attnserve: serves a BERT-family encoder over gRPC (attnserve.v1.Encoder) and, when a token is
+// configured, fine-tunes it (attnserve.v1.Trainer), with the standard health service, server
+// reflection and Prometheus metrics. Run with --help for the flags.
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
+#include <grpcpp/security/server_credentials.h>
 #include <omp.h>
 #include <prometheus/exposer.h>
 #include <signal.h>
@@ -13,6 +15,8 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <optional>
+#include <sstream>
 #include <thread>
 
 #include "absl/flags/flag.h"
@@ -22,11 +26,14 @@
 #include "engine/cli_util.h"
 #include "engine/log.h"
 #include "engine/model.h"
+#include "engine/model_store.h"
+#include "server/auth.h"
 #include "server/batcher.h"
 #include "server/encoder_service.h"
 #include "server/metrics.h"
 #include "server/model_registry.h"
 #include "server/options.h"
+#include "server/trainer_service.h"
 
 namespace {
 const attn::server::ServerOptions kDefaults;
@@ -55,6 +62,25 @@ ABSL_FLAG(int, threads, kDefaults.threads, "Engine (OpenMP) threads; 0 = all cor
 ABSL_FLAG(double, drain_timeout_s, kDefaults.drain_timeout_s,
           "On SIGTERM/SIGINT: seconds to let in-flight requests finish before exiting.");
 ABSL_FLAG(std::string, log_level, "info", "debug, info, warning or error.");
+ABSL_FLAG(std::string, trainer_token_file, "",
+          "Enables the Trainer service (FineTune, ListVersions, Rollback, SetServingVersion): "
+          "a file holding the bearer token clients must send as 'authorization: Bearer <token>' "
+          "(surrounding whitespace is ignored; an empty file is an error). Without it the "
+          "Trainer answers UNIMPLEMENTED. The Encoder service needs no token.");
+ABSL_FLAG(std::string, model_store, "",
+          "Directory of committed fine-tuned versions (created if missing). At start every "
+          "version in it is loaded and the latest one is served by default; commits write new "
+          "versions here. Empty: fine-tuning runs but commits fail with FAILED_PRECONDITION.");
+ABSL_FLAG(int, trainer_threads, kDefaults.trainer_threads,
+          "OpenMP threads of the training thread (0 = all cores). Few threads keep Encode "
+          "latency low while a job runs.");
+ABSL_FLAG(int, trainer_nice, kDefaults.trainer_nice,
+          "Niceness (0-19) added to the training thread's: under CPU contention the kernel "
+          "prefers the threads serving Encode/AttentionMap, so their latency stays near idle "
+          "while a job runs; an idle server still gives training every spare cycle.");
+ABSL_FLAG(std::string, tls_cert, "",
+          "PEM certificate chain: serve every service over TLS (give --tls-key too).");
+ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls-cert.");
 
 namespace attn::server {
 namespace {
@@ -81,7 +107,81 @@ absl::Status WriteReadyFile(const std::string& path, int grpc_port, int metrics_
   return absl::OkStatus();
 }
 
-int Run(const ServerOptions& options) {
+absl::StatusOr<std::string> ReadFile(const std::string& path, const char* what) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::FailedPreconditionError(absl::StrCat("cannot read ", what, " ", path));
+  std::ostringstream contents;
+  contents << in.rdbuf();
+  if (contents.str().empty()) {
+    return absl::FailedPreconditionError(absl::StrCat(what, " ", path, " is empty"));
+  }
+  return contents.str();
+}
+
+absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeCredentials(
+    const ServerOptions& options) {
+  if (options.tls_cert.empty()) return grpc::InsecureServerCredentials();
+  absl::StatusOr<std::string> cert = ReadFile(options.tls_cert, "--tls-cert");
+  if (!cert.ok()) return cert.status();
+  absl::StatusOr<std::string> key = ReadFile(options.tls_key, "--tls-key");
+  if (!key.ok()) return key.status();
+  grpc::SslServerCredentialsOptions ssl;
+  ssl.pem_key_cert_pairs.push_back({*key, *cert});
+  return grpc::SslServerCredentials(ssl);
+}
+
+// Loads every committed version of the model store into the registry, oldest first, so the
+// latest one ends up served. Returns the next commit's sequence number. Versions that cannot
+// be loaded are skipped with a warning (the server still serves the others).
+absl::StatusOr<int64_t> LoadModelStore(const std::string& store, ModelRegistry* registry) {
+  std::error_code error;
+  std::filesystem::create_directories(store, error);
+  if (error || !std::filesystem::is_directory(store)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("--model-store ", store, " is not a usable directory",
+                     error ? absl::StrCat(": ", error.message()) : std::string()));
+  }
+  absl::StatusOr<int> removed = RemoveStaleTempDirs(store);
+  if (!removed.ok()) return removed.status();
+  if (*removed > 0) {
+    Log(LogLevel::kWarning, "model store %s: removed %d unfinished checkpoint(s) left by a crash",
+        store, *removed);
+  }
+  std::vector<std::string> skipped;
+  absl::StatusOr<std::vector<StoredVersion>> versions = ListStore(store, &skipped);
+  if (!versions.ok()) return versions.status();
+  for (const std::string& reason : skipped) {
+    Log(LogLevel::kWarning, "model store %s: skipped %s", store, reason);
+  }
+  int64_t next_sequence = 1;
+  for (const StoredVersion& stored : *versions) {
+    next_sequence = std::max(next_sequence, stored.sequence + 1);
+    const auto start = std::chrono::steady_clock::now();
+    absl::StatusOr<LoadedVersion> loaded = LoadStoredVersion(stored);
+    if (!loaded.ok()) {
+      Log(LogLevel::kWarning, "model store %s: cannot load version %s, skipped: %s", store,
+          stored.version, loaded.status().message());
+      continue;
+    }
+    ModelVersion version;
+    version.version = stored.version;
+    version.origin = absl::StrCat("fine-tuned from ", stored.base_version, " (", stored.objective,
+                                  ", ", stored.steps, stored.steps == 1 ? " step)" : " steps)");
+    version.model = loaded->model;
+    version.sequence = stored.sequence;
+    version.created_utc = stored.created_utc;
+    if (absl::Status published = registry->Publish(std::move(version), /*serve=*/true);
+        !published.ok()) {
+      Log(LogLevel::kWarning, "model store %s: %s", store, published.message());
+      continue;
+    }
+    Log(LogLevel::kInfo, "loaded version %s from the model store in %.2f s", stored.version,
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  }
+  return next_sequence;
+}
+
+int Run(const ServerOptions& options, std::optional<std::string> trainer_token) {
   // Signals are taken by a dedicated thread with sigwait, so block them before any thread starts.
   sigset_t signals;
   sigemptyset(&signals);
@@ -106,17 +206,30 @@ int Run(const ServerOptions& options) {
     metrics_port = exposer->GetListeningPorts().front();
   }
 
+  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials = MakeCredentials(options);
+  if (!credentials.ok()) return Fail(std::string(credentials.status().message()));
+
   ModelRegistry registry;
-  Batcher batcher({options.max_batch_tokens, options.max_concurrent_requests}, &metrics);
+  // Every change of the default version (start-up, commit, Rollback, SetServingVersion) shows
+  // in the metrics.
+  registry.SetServingListener([&metrics](const ModelVersion& served) {
+    const BertConfig& c = served.model->config();
+    metrics.SetModelInfo(served.version, "bert", "float32", c.num_hidden_layers, c.hidden_size,
+                         c.num_attention_heads);
+    metrics.SetServingVersion(served.version);
+  });
+  Batcher batcher({options.max_batch_tokens, options.max_concurrent_requests, options.threads},
+                  &metrics);
   EncoderService encoder(options, &registry, &batcher, &metrics);
+  TrainerService trainer(options, std::move(trainer_token), &registry, &metrics);
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   int grpc_port = 0;
-  builder.AddListeningPort(absl::StrCat(options.host, ":", options.port),
-                           grpc::InsecureServerCredentials(), &grpc_port);
+  builder.AddListeningPort(absl::StrCat(options.host, ":", options.port), *credentials, &grpc_port);
   builder.RegisterService(&encoder);
+  builder.RegisterService(&trainer);
   // gRPC's own limits sit above ours so oversized requests reach our handler and get a message
   // that says which flag to raise; gRPC's hard cap still bounds memory.
   const int64_t hard_limit =
@@ -143,13 +256,27 @@ int Run(const ServerOptions& options) {
                              " (run scripts/setup.sh for the default model, or pass --model-dir)"));
   }
   const BertConfig& config = (*model)->config();
-  registry.Add({"base", absl::StrCat("loaded from ", options.model_dir), *model});
-  metrics.SetModelInfo("base", "bert", "float32", config.num_hidden_layers, config.hidden_size,
-                       config.num_attention_heads);
+  ModelVersion base;
+  base.version = "base";
+  base.origin = absl::StrCat("loaded from ", options.model_dir);
+  base.model = *model;
+  registry.Add(std::move(base));
+  if (!options.model_store.empty()) {
+    absl::StatusOr<int64_t> next_sequence = LoadModelStore(options.model_store, &registry);
+    if (!next_sequence.ok()) {
+      server->Shutdown();
+      return Fail(absl::StrCat("cannot use the model store: ", next_sequence.status().message()));
+    }
+    trainer.SetNextSequence(*next_sequence);
+  }
+  absl::StatusOr<ModelVersion> served = registry.Get("");
   health->SetServingStatus(true);
   health->SetServingStatus(kEncoderServiceName, true);
-  Log(LogLevel::kInfo, "SERVING model version base (%d layers, hidden %d, %d heads)",
-      config.num_hidden_layers, config.hidden_size, config.num_attention_heads);
+  Log(LogLevel::kInfo, "SERVING model version %s (%d layers, hidden %d, %d heads)%s%s",
+      served.ok() ? served->version : "?", config.num_hidden_layers, config.hidden_size,
+      config.num_attention_heads, options.tls_cert.empty() ? "" : " over TLS",
+      options.trainer_token_file.empty() ? "; fine-tuning disabled (no --trainer-token-file)"
+                                         : "; fine-tuning enabled");
   if (!options.ready_file.empty()) {
     if (absl::Status written = WriteReadyFile(options.ready_file, grpc_port, metrics_port);
         !written.ok()) {
@@ -177,8 +304,9 @@ int Run(const ServerOptions& options) {
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "serves a BERT-family encoder over gRPC (attnserve.v1.Encoder: Encode, "
-      "AttentionMap, Tokenize, GetModelInfo) with grpc.health.v1 health checks, server "
-      "reflection and Prometheus metrics.\n"
+      "AttentionMap, Tokenize, GetModelInfo; attnserve.v1.Trainer: FineTune, ListVersions, "
+      "Rollback, SetServingVersion, enabled by --trainer-token-file) with grpc.health.v1 "
+      "health checks, server reflection and Prometheus metrics.\n"
       "Flags take dashes or underscores (--model-dir or --model_dir).\n"
       "Example: attnserve --port 50051 --metrics-port 9464");
   attn::ShowProjectFlagsInHelp("attnserve 0.1.0");
@@ -204,6 +332,12 @@ int main(int argc, char** argv) {
   options.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
   options.threads = absl::GetFlag(FLAGS_threads);
   options.drain_timeout_s = absl::GetFlag(FLAGS_drain_timeout_s);
+  options.trainer_token_file = absl::GetFlag(FLAGS_trainer_token_file);
+  options.model_store = absl::GetFlag(FLAGS_model_store);
+  options.trainer_threads = absl::GetFlag(FLAGS_trainer_threads);
+  options.trainer_nice = absl::GetFlag(FLAGS_trainer_nice);
+  options.tls_cert = absl::GetFlag(FLAGS_tls_cert);
+  options.tls_key = absl::GetFlag(FLAGS_tls_key);
 
   auto usage_error = [](const std::string& message) {
     std::fprintf(stderr, "attnserve: %s (see --help)\n", message.c_str());
@@ -221,5 +355,18 @@ int main(int argc, char** argv) {
   if (options.max_message_bytes < 1024) return usage_error("--max-message-bytes must be >= 1024");
   if (options.threads < 0) return usage_error("--threads must be >= 0");
   if (options.drain_timeout_s < 0) return usage_error("--drain-timeout-s must be >= 0");
-  return attn::server::Run(options);
+  if (options.trainer_threads < 0) return usage_error("--trainer-threads must be >= 0");
+  if (options.trainer_nice < 0 || options.trainer_nice > 19) {
+    return usage_error("--trainer-nice must be in [0, 19]");
+  }
+  if (options.tls_cert.empty() != options.tls_key.empty()) {
+    return usage_error("--tls-cert and --tls-key go together: give both or neither");
+  }
+  std::optional<std::string> trainer_token;
+  if (!options.trainer_token_file.empty()) {
+    absl::StatusOr<std::string> token = attn::server::ReadTokenFile(options.trainer_token_file);
+    if (!token.ok()) return usage_error(std::string(token.status().message()));
+    trainer_token = std::move(*token);
+  }
+  return attn::server::Run(options, std::move(trainer_token));
 }

@@ -74,9 +74,41 @@ Metrics::Metrics()
       model_info_(prometheus::BuildGauge()
                       .Name("attnserve_model_info")
                       .Help("The served model version and its shape; value is always 1.")
-                      .Register(*registry_)) {
+                      .Register(*registry_)),
+      finetune_steps_(prometheus::BuildCounter()
+                          .Name("attnserve_finetune_steps_total")
+                          .Help("Completed fine-tuning optimisation steps.")
+                          .Register(*registry_)
+                          .Add({})),
+      finetune_loss_(prometheus::BuildGauge()
+                         .Name("attnserve_finetune_loss")
+                         .Help("Loss of the last completed fine-tuning step.")
+                         .Register(*registry_)
+                         .Add({})),
+      finetune_examples_(prometheus::BuildCounter()
+                             .Name("attnserve_finetune_examples_total")
+                             .Help("Training examples consumed by completed fine-tuning steps.")
+                             .Register(*registry_)
+                             .Add({})),
+      finetune_jobs_(prometheus::BuildCounter()
+                         .Name("attnserve_finetune_jobs_total")
+                         .Help("Finished fine-tuning jobs by outcome (committed, aborted, "
+                               "failed, cancelled).")
+                         .Register(*registry_)),
+      versions_published_(prometheus::BuildCounter()
+                              .Name("attnserve_model_versions_published_total")
+                              .Help("Model versions committed by fine-tuning since start.")
+                              .Register(*registry_)
+                              .Add({})),
+      serving_version_info_(prometheus::BuildGauge()
+                                .Name("attnserve_serving_version_info")
+                                .Help("The model version served by default; value is always 1.")
+                                .Register(*registry_)) {
   // Pre-create the common series so dashboards and rate() see zeros before the first event.
   for (const char* reason : {"cancelled", "deadline"}) dropped_.Add({{"reason", reason}});
+  for (const char* outcome : {"committed", "aborted", "failed", "cancelled"}) {
+    finetune_jobs_.Add({{"outcome", outcome}});
+  }
 }
 
 void Metrics::RecordRequest(std::string_view method, grpc::StatusCode code, double seconds) {
@@ -112,6 +144,25 @@ void Metrics::SetModelInfo(const std::string& version, const std::string& archit
                                           {"hidden_size", std::to_string(hidden)},
                                           {"heads", std::to_string(heads)}});
   current_model_info_->Set(1);
+}
+
+void Metrics::RecordFineTuneStep(int64_t examples, double loss) {
+  finetune_steps_.Increment();
+  finetune_examples_.Increment(static_cast<double>(examples));
+  finetune_loss_.Set(loss);
+}
+
+void Metrics::RecordFineTuneJob(std::string_view outcome) {
+  finetune_jobs_.Add({{"outcome", std::string(outcome)}}).Increment();
+}
+
+void Metrics::RecordVersionPublished() { versions_published_.Increment(); }
+
+void Metrics::SetServingVersion(const std::string& version) {
+  std::lock_guard<std::mutex> lock(g_model_info_mutex);
+  if (current_serving_version_ != nullptr) serving_version_info_.Remove(current_serving_version_);
+  current_serving_version_ = &serving_version_info_.Add({{"version", version}});
+  current_serving_version_->Set(1);
 }
 
 }  // namespace attn::server

@@ -38,6 +38,15 @@ class Metrics {
   void SetModelInfo(const std::string& version, const std::string& architecture,
                     const std::string& precision, int layers, int hidden, int heads);
 
+  // Fine-tuning: one completed optimisation step over `examples` examples with loss `loss`.
+  void RecordFineTuneStep(int64_t examples, double loss);
+  // A finished fine-tuning job: outcome "committed", "aborted", "failed" or "cancelled".
+  void RecordFineTuneJob(std::string_view outcome);
+  void RecordVersionPublished();
+  // attnserve_serving_version_info{version} 1 for the version served by default (replaces the
+  // previous series).
+  void SetServingVersion(const std::string& version);
+
  private:
   std::shared_ptr<prometheus::Registry> registry_;
   prometheus::Family<prometheus::Counter>& requests_;
@@ -52,6 +61,13 @@ class Metrics {
   prometheus::Family<prometheus::Counter>& dropped_;
   prometheus::Family<prometheus::Gauge>& model_info_;
   prometheus::Gauge* current_model_info_ = nullptr;
+  prometheus::Counter& finetune_steps_;
+  prometheus::Gauge& finetune_loss_;
+  prometheus::Counter& finetune_examples_;
+  prometheus::Family<prometheus::Counter>& finetune_jobs_;
+  prometheus::Counter& versions_published_;
+  prometheus::Family<prometheus::Gauge>& serving_version_info_;
+  prometheus::Gauge* current_serving_version_ = nullptr;
 };
 
 }  // namespace attn::server

@@ -19,6 +19,16 @@ struct ServerOptions {
   int64_t max_message_bytes = 64ll << 20;  // request and response size limit
   int threads = 0;                         // OpenMP threads for the engine; 0 = all cores
   double drain_timeout_s = 30.0;  // SIGTERM: how long in-flight requests may take to finish
+
+  // Fine-tuning. The Trainer service answers UNIMPLEMENTED unless a token is configured.
+  std::string trainer_token_file;  // file holding the bearer token ("" = Trainer disabled)
+  std::string model_store;         // committed versions live here ("" = commits fail)
+  int trainer_threads = 1;         // OpenMP threads of the training thread
+  int trainer_nice = 10;           // niceness added to the training thread (0 = as the server)
+
+  // TLS for every service (both or neither; PEM files).
+  std::string tls_cert;
+  std::string tls_key;
 };
 
 }  // namespace attn::server

@@ -14,30 +14,6 @@ namespace {
 
 absl::Status Invalid(const std::string& message) { return absl::InvalidArgumentError(message); }
 
-absl::StatusOr<TruncationOptions> ResolveTruncation(const Model& model,
-                                                    const v1::TokenizationOptions& options) {
-  if (!v1::Truncation_IsValid(options.truncation())) {
-    return Invalid(absl::StrCat("tokenization.truncation: unknown value ", options.truncation(),
-                                "; use TRUNCATION_RIGHT, TRUNCATION_LEFT or TRUNCATION_NONE"));
-  }
-  TruncationOptions truncation;
-  truncation.enabled = options.truncation() != v1::TRUNCATION_NONE;
-  truncation.side =
-      options.truncation() == v1::TRUNCATION_LEFT ? TruncationSide::kLeft : TruncationSide::kRight;
-  if (options.max_length() < 0) {
-    return Invalid(absl::StrCat("tokenization.max_length is ", options.max_length(),
-                                "; use 0 for the model default (", model.default_max_length(),
-                                ") or a positive length"));
-  }
-  if (options.max_length() > model.max_positions()) {
-    return Invalid(absl::StrCat("tokenization.max_length ", options.max_length(),
-                                " is more than the model's ", model.max_positions(), " positions"));
-  }
-  truncation.max_length =
-      options.max_length() == 0 ? model.default_max_length() : options.max_length();
-  return truncation;
-}
-
 absl::StatusOr<WireDType> ResolveDType(int dtype, const char* field) {
   switch (dtype) {
     case v1::DTYPE_UNSPECIFIED:
@@ -75,6 +51,30 @@ absl::StatusOr<std::vector<int>> ResolveIndices(const google::protobuf::Repeated
 }
 
 }  // namespace
+
+absl::StatusOr<TruncationOptions> ResolveTruncation(const Model& model,
+                                                    const v1::TokenizationOptions& options) {
+  if (!v1::Truncation_IsValid(options.truncation())) {
+    return Invalid(absl::StrCat("tokenization.truncation: unknown value ", options.truncation(),
+                                "; use TRUNCATION_RIGHT, TRUNCATION_LEFT or TRUNCATION_NONE"));
+  }
+  TruncationOptions truncation;
+  truncation.enabled = options.truncation() != v1::TRUNCATION_NONE;
+  truncation.side =
+      options.truncation() == v1::TRUNCATION_LEFT ? TruncationSide::kLeft : TruncationSide::kRight;
+  if (options.max_length() < 0) {
+    return Invalid(absl::StrCat("tokenization.max_length is ", options.max_length(),
+                                "; use 0 for the model default (", model.default_max_length(),
+                                ") or a positive length"));
+  }
+  if (options.max_length() > model.max_positions()) {
+    return Invalid(absl::StrCat("tokenization.max_length ", options.max_length(),
+                                " is more than the model's ", model.max_positions(), " positions"));
+  }
+  truncation.max_length =
+      options.max_length() == 0 ? model.default_max_length() : options.max_length();
+  return truncation;
+}
 
 absl::StatusOr<TokenizedInputs> TokenizeInputs(
     const Model& model, const google::protobuf::RepeatedPtrField<v1::Input>& inputs,

@@ -25,6 +25,11 @@ struct TokenizedInputs {
   int64_t total_tokens = 0;
 };
 
+// TokenizationOptions -> the tokenizer's truncation settings for `model` (0 = the model's default
+// length); INVALID_ARGUMENT naming the field otherwise.
+absl::StatusOr<TruncationOptions> ResolveTruncation(
+    const Model& model, const attnserve::v1::TokenizationOptions& options);
+
 absl::StatusOr<TokenizedInputs> TokenizeInputs(
     const Model& model, const google::protobuf::RepeatedPtrField<attnserve::v1::Input>& inputs,
     const attnserve::v1::TokenizationOptions& tokenization, const RequestLimits& limits);

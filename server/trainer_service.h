@@ -1,0 +1,78 @@
+// attnserve.v1.Trainer over the gRPC callback API: fine-tuning jobs (FineTune, a bidirectional
+// stream) and model versions (ListVersions, Rollback, SetServingVersion).
+//
+// Threads: gRPC threads only validate messages and move them along; every engine step (Trainer
+// creation, tokenization of the batches, Step, checkpoint writing) runs on one dedicated
+// training thread with --trainer-threads OpenMP threads, so training leaves the other cores to
+// the batcher that serves Encode/AttentionMap. One job runs at a time.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <optional>
+#include <string>
+#include <thread>
+
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "attnserve/v1/trainer.grpc.pb.h"
+#include "server/metrics.h"
+#include "server/model_registry.h"
+#include "server/options.h"
+
+namespace attn::server {
+
+class TrainerService final : public attnserve::v1::Trainer::CallbackService {
+ public:
+  // `token` unset = the service is disabled (every call answers UNIMPLEMENTED). Starts the
+  // training thread.
+  TrainerService(const ServerOptions& options, std::optional<std::string> token,
+                 ModelRegistry* registry, Metrics* metrics);
+  // Stops the training thread; call after the gRPC server has shut down.
+  ~TrainerService() override;
+
+  // The sequence number the next commit gets (1 + the highest one in the model store).
+  void SetNextSequence(int64_t sequence);
+
+  grpc::ServerBidiReactor<attnserve::v1::FineTuneRequest, attnserve::v1::FineTuneProgress>*
+  FineTune(grpc::CallbackServerContext* context) override;
+  grpc::ServerUnaryReactor* ListVersions(grpc::CallbackServerContext* context,
+                                         const attnserve::v1::ListVersionsRequest* request,
+                                         attnserve::v1::ListVersionsResponse* response) override;
+  grpc::ServerUnaryReactor* Rollback(grpc::CallbackServerContext* context,
+                                     const attnserve::v1::RollbackRequest* request,
+                                     attnserve::v1::ListVersionsResponse* response) override;
+  grpc::ServerUnaryReactor* SetServingVersion(
+      grpc::CallbackServerContext* context, const attnserve::v1::SetServingVersionRequest* request,
+      attnserve::v1::ListVersionsResponse* response) override;
+
+ private:
+  friend class FineTuneReactor;
+
+  // OK, or UNIMPLEMENTED (no token configured), UNAUTHENTICATED or PERMISSION_DENIED.
+  grpc::Status Authorize(const grpc::CallbackServerContext& context) const;
+  // Claims the single job slot: a new job id, or FAILED_PRECONDITION naming the running job.
+  absl::StatusOr<std::string> StartJob();
+  void EndJob(const std::string& job_id);
+  int64_t TakeSequence();
+  // Runs `task` on the training thread (in order).
+  void Post(std::function<void()> task);
+  void TrainingLoop();
+  void FillVersions(attnserve::v1::ListVersionsResponse* response) const;
+
+  const ServerOptions options_;
+  const std::optional<std::string> token_;
+  ModelRegistry* const registry_;
+  Metrics* const metrics_;
+
+  mutable absl::Mutex mutex_;
+  std::string running_job_ ABSL_GUARDED_BY(mutex_);
+  int64_t jobs_started_ ABSL_GUARDED_BY(mutex_) = 0;
+  int64_t next_sequence_ ABSL_GUARDED_BY(mutex_) = 1;
+  std::deque<std::function<void()>> tasks_ ABSL_GUARDED_BY(mutex_);
+  bool stopping_ ABSL_GUARDED_BY(mutex_) = false;
+  std::thread training_thread_;
+};
+
+}  // namespace attn::server
