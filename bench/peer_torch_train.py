@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Times one fine-tuning step of Hugging Face BertModel (PyTorch eager, fp32) on the shape attn-bench-train uses.
+"""Times one fine-tuning step of HF BertModel (PyTorch eager, fp32), as attn-bench-train does.
 
 The step: forward of --pairs anchors and --pairs positives (one forward over 2 x pairs
 sequences), mean pooling + F.normalize, MultipleNegativesRankingLoss (cross-entropy over
