@@ -44,11 +44,7 @@ Run from the repository root (paths default relative to this file).
 """
 
 import argparse
-import hashlib
-import json
 import os
-import platform
-import subprocess
 import sys
 
 # Never touch the network: the model is a local folder.
@@ -57,12 +53,9 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import numpy as np  # noqa: E402
-import safetensors  # noqa: E402
-import safetensors.numpy  # noqa: E402
-import sentence_transformers  # noqa: E402
-import tokenizers  # noqa: E402
 import torch  # noqa: E402
-import transformers  # noqa: E402
+from golden_common import (library_versions, sha256_file,  # noqa: E402
+                           write_fixture)
 from sentence_transformers import SentenceTransformer  # noqa: E402
 from transformers import AutoModel, AutoTokenizer  # noqa: E402
 
@@ -144,24 +137,6 @@ def pick_rows(seq_len):
             list(range(seq_len - EDGE_ROWS, seq_len)))
     assert rows == sorted(set(rows)), rows
     return rows
-
-
-def sha256_file(path):
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-def debian_torch_version():
-    try:
-        out = subprocess.run(
-            ["dpkg-query", "-W", "-f=${Version}", "python3-torch"],
-            capture_output=True, text=True, check=False)
-        return out.stdout.strip() or None
-    except OSError:
-        return None
 
 
 def mean_pool_normalised(last_hidden):
@@ -307,18 +282,7 @@ def main():
     assert len(names) == len(set(names)) and len(names) >= 12
     _check_expected_shapes(cases_json, tok)
 
-    versions = {
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "sentence_transformers": sentence_transformers.__version__,
-        "tokenizers": tokenizers.__version__,
-        "safetensors": safetensors.__version__,
-        "numpy": np.__version__,
-        "python": platform.python_version(),
-    }
-    deb = debian_torch_version()
-    if deb:
-        versions["torch_debian_package"] = "python3-torch " + deb
+    versions = library_versions()
 
     doc = {
         "model": os.path.basename(model_dir.rstrip("/")),
@@ -330,26 +294,11 @@ def main():
         "sentence_transformers_max_seq_length": st_max,
         "cases": cases_json,
     }
-    os.makedirs(args.out_dir, exist_ok=True)
-    json_path = os.path.join(args.out_dir, "minilm_cases.json")
-    st_path = os.path.join(args.out_dir, "minilm_golden.safetensors")
-    with open(json_path, "w", encoding="utf-8") as f:
-        json.dump(doc, f, ensure_ascii=False, indent=1)
-        f.write("\n")
-    safetensors.numpy.save_file(
-        tensors, st_path,
-        # One key only: the writer serialises metadata from an unordered map,
-        # so several keys would make the file differ byte-wise between runs.
-        metadata={"generator": "tests/golden/make_golden.py (%s; cases in "
-                               "minilm_cases.json)" % doc["model"]})
-
-    # Read back what was written.
-    back = safetensors.numpy.load_file(st_path)
-    assert set(back) == set(tensors)
-    for k, v in tensors.items():
-        assert back[k].dtype == np.float32 and np.array_equal(back[k], v), k
-    print(f"wrote {json_path} ({os.path.getsize(json_path)} bytes), "
-          f"{st_path} ({os.path.getsize(st_path)} bytes)", file=sys.stderr)
+    write_fixture(
+        os.path.join(args.out_dir, "minilm_cases.json"),
+        os.path.join(args.out_dir, "minilm_golden.safetensors"), doc, tensors,
+        "tests/golden/make_golden.py (%s; cases in minilm_cases.json)"
+        % doc["model"])
 
 
 def _check_expected_shapes(cases_json, tok):

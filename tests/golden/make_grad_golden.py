@@ -112,12 +112,8 @@ SELF-CHECKS (each is asserted before anything is written)
 
 import argparse
 import copy
-import hashlib
-import json
 import os
-import platform
 import struct
-import subprocess
 import sys
 import time
 
@@ -129,13 +125,10 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import numpy as np  # noqa: E402
-import safetensors  # noqa: E402
-import safetensors.numpy  # noqa: E402
-import sentence_transformers  # noqa: E402
-import tokenizers  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
-import transformers  # noqa: E402
+from golden_common import (library_versions, sha256_file,  # noqa: E402
+                           write_fixture)
 from sentence_transformers import SentenceTransformer, losses  # noqa: E402
 from transformers import BertModel, BertTokenizerFast  # noqa: E402
 
@@ -380,24 +373,6 @@ def fd_check(model64, case, name, flat_idx, g32, g64):
 
 
 # ----------------------------------------------------------------- helpers --
-
-def sha256_file(path):
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-def debian_torch_version():
-    try:
-        out = subprocess.run(["dpkg-query", "-W", "-f=${Version}",
-                              "python3-torch"], capture_output=True, text=True,
-                             check=False)
-        return out.stdout.strip() or None
-    except OSError:
-        return None
-
 
 def f32_hex(x):
     return struct.pack(">f", float(x)).hex()
@@ -686,18 +661,7 @@ def main():
           f" max |dp| {max_delta:.3g}, fp64-grad sensitivity {sens:.3g}",
           file=sys.stderr)
 
-    versions = {
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "sentence_transformers": sentence_transformers.__version__,
-        "tokenizers": tokenizers.__version__,
-        "safetensors": safetensors.__version__,
-        "numpy": np.__version__,
-        "python": platform.python_version(),
-    }
-    deb = debian_torch_version()
-    if deb:
-        versions["torch_debian_package"] = "python3-torch " + deb
+    versions = library_versions()
     doc = dict(
         generator="tests/golden/make_grad_golden.py",
         model=os.path.basename(model_dir.rstrip("/")),
@@ -719,23 +683,12 @@ def main():
         adamw=adamw_json,
         cases=cases_json,
     )
-    os.makedirs(args.out_dir, exist_ok=True)
-    json_path = os.path.join(args.out_dir, "grad_cases.json")
-    st_path = os.path.join(args.out_dir, "grad_golden.safetensors")
-    with open(json_path, "w", encoding="utf-8") as f:
-        json.dump(doc, f, ensure_ascii=False, indent=1)
-        f.write("\n")
-    safetensors.numpy.save_file(
-        tensors, st_path,
-        metadata={"generator": "tests/golden/make_grad_golden.py (%s; see "
-                               "grad_cases.json)" % doc["model"]})
-    back = safetensors.numpy.load_file(st_path)
-    assert set(back) == set(tensors)
-    for k, v in tensors.items():
-        assert back[k].dtype == v.dtype and np.array_equal(back[k], v), k
-    print(f"wrote {json_path} ({os.path.getsize(json_path)} bytes), {st_path} "
-          f"({os.path.getsize(st_path)} bytes, {len(tensors)} tensors) in "
-          f"{time.time() - t0:.1f} s", file=sys.stderr)
+    write_fixture(
+        os.path.join(args.out_dir, "grad_cases.json"),
+        os.path.join(args.out_dir, "grad_golden.safetensors"), doc, tensors,
+        "tests/golden/make_grad_golden.py (%s; see grad_cases.json)"
+        % doc["model"])
+    print(f"done in {time.time() - t0:.1f} s", file=sys.stderr)
 
 
 if __name__ == "__main__":
