@@ -735,21 +735,30 @@ void PrintMetadata(const std::string& version, const v1::ResponseMetadata& m) {
       m.queue_ms(), m.inference_ms(), m.batch_inputs());
 }
 
+// The fields EncodeRequest and AttentionMapRequest share, from the inputs and flags; returns the
+// inputs (their descriptions label the output).
+template <typename Request>
+absl::StatusOr<std::vector<InputText>> FillSharedRequestFields(Request* request) {
+  auto texts = ReadInputs();
+  if (!texts.ok()) return texts.status();
+  FillInputs(*texts, request->mutable_inputs());
+  auto tokenization = TokenizationFromFlags();
+  if (!tokenization.ok()) return tokenization.status();
+  *request->mutable_tokenization() = *tokenization;
+  auto dtype = DTypeFromFlag();
+  if (!dtype.ok()) return dtype.status();
+  request->set_output_dtype(*dtype);
+  request->set_model_version(absl::GetFlag(FLAGS_model_version));
+  return texts;
+}
+
 // ---------------------------------------------------------------------------------------------
 // encode
 
 int RunEncode(EncoderClient& client, const Command& command) {
   v1::EncodeRequest request;
-  auto texts = ReadInputs();
+  auto texts = FillSharedRequestFields(&request);
   if (!texts.ok()) return UsageError(std::string(texts.status().message()), &command);
-  FillInputs(*texts, request.mutable_inputs());
-  auto tokenization = TokenizationFromFlags();
-  if (!tokenization.ok()) return UsageError(std::string(tokenization.status().message()), &command);
-  *request.mutable_tokenization() = *tokenization;
-  auto dtype = DTypeFromFlag();
-  if (!dtype.ok()) return UsageError(std::string(dtype.status().message()), &command);
-  request.set_output_dtype(*dtype);
-  request.set_model_version(absl::GetFlag(FLAGS_model_version));
 
   const std::string pooling = absl::AsciiStrToLower(absl::GetFlag(FLAGS_pooling));
   if (pooling == "default") {
@@ -1100,16 +1109,8 @@ int RunAttention(EncoderClient& client, const Command& command) {
   }
 
   v1::AttentionMapRequest request;
-  auto texts = ReadInputs();
+  auto texts = FillSharedRequestFields(&request);
   if (!texts.ok()) return UsageError(std::string(texts.status().message()), &command);
-  FillInputs(*texts, request.mutable_inputs());
-  auto tokenization = TokenizationFromFlags();
-  if (!tokenization.ok()) return UsageError(std::string(tokenization.status().message()), &command);
-  *request.mutable_tokenization() = *tokenization;
-  auto dtype = DTypeFromFlag();
-  if (!dtype.ok()) return UsageError(std::string(dtype.status().message()), &command);
-  request.set_output_dtype(*dtype);
-  request.set_model_version(absl::GetFlag(FLAGS_model_version));
   request.add_layers(absl::GetFlag(FLAGS_layer));
   if (head >= 0) request.add_heads(head);
   // Only ask for what is shown: per-head weights are [heads, T, T] per input.
