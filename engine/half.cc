@@ -4,6 +4,7 @@
 #include <cstring>
 
 #if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
 #include <immintrin.h>
 #endif
 
@@ -126,7 +127,13 @@ __attribute__((target("avx,f16c"))) void EncodeHalfF16C(const float* values, int
 }
 
 bool CpuHasF16C() {
-  static const bool has = __builtin_cpu_supports("avx") && __builtin_cpu_supports("f16c");
+  // "avx" also checks that the OS saves the YMM registers. F16C comes from CPUID leaf 1 directly:
+  // clang 14 (which builds the fuzzers) does not know __builtin_cpu_supports("f16c").
+  static const bool has = [] {
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    return __builtin_cpu_supports("avx") && __get_cpuid(1, &eax, &ebx, &ecx, &edx) != 0 &&
+           (ecx & bit_F16C) != 0;
+  }();
   return has;
 }
 #endif

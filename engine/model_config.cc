@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "engine/json_depth.h"
 #include "nlohmann/json.hpp"
 
 // File-local; undefined at the end so it cannot clash with a shared macro.
@@ -72,6 +73,9 @@ absl::Status Invalid(std::string_view source, std::string_view message) {
 }
 
 absl::StatusOr<Json> ParseJsonObject(std::string_view text, std::string_view source) {
+  if (JsonNestsDeeperThan(text)) {
+    return Invalid(source, absl::StrFormat("JSON nests deeper than %d levels", kMaxJsonDepth));
+  }
   Json json;
   try {
     json = Json::parse(text.begin(), text.end());
@@ -337,6 +341,10 @@ absl::StatusOr<SentenceEmbeddingConfig> LoadSentenceEmbeddingConfig(const std::s
   if (!modules_text.ok()) return modules_text.status();
   if (modules_text->has_value()) {
     Json modules;
+    if (JsonNestsDeeperThan(**modules_text)) {
+      return Invalid(modules_path,
+                     absl::StrFormat("JSON nests deeper than %d levels", kMaxJsonDepth));
+    }
     try {
       modules = Json::parse(**modules_text);
     } catch (const Json::exception& e) {

@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "engine/json_depth.h"
 #include "engine/log.h"
 #include "nlohmann/json.hpp"
 
@@ -223,6 +224,9 @@ absl::Status SafetensorsFile::Parse() {
     }
     return true;
   };
+  if (JsonNestsDeeperThan(std::string_view(file_data_ + 8, header_len))) {
+    return fail(absl::StrFormat("header nests deeper than %d levels", kMaxJsonDepth));
+  }
   Json header;
   try {
     header = Json::parse(file_data_ + 8, file_data_ + data_start_, on_event);

@@ -14,6 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "engine/json_depth.h"
 #include "nlohmann/json.hpp"
 
 // File-local; undefined at the end so it cannot clash with a shared macro.
@@ -566,6 +567,9 @@ absl::Status Invalid(std::string_view source, std::string_view message) {
 }
 
 absl::StatusOr<Json> ParseJsonObject(const std::string& text, const std::string& source) {
+  if (JsonNestsDeeperThan(text)) {
+    return Invalid(source, absl::StrFormat("JSON nests deeper than %d levels", kMaxJsonDepth));
+  }
   Json json;
   try {
     json = Json::parse(text);
@@ -901,8 +905,11 @@ absl::StatusOr<WordPieceTokenizer> WordPieceTokenizer::FromModelDir(const std::s
                                      "vocabulary (added tokens beyond the vocab are not supported)",
                                      content, id));
     }
+    // Compared through a plain reference: lambdas capturing structured bindings are C++20
+    // (clang 14, which builds the fuzzers, rejects them).
+    const std::string& wanted = content;
     const bool known = std::any_of(tok->added_tokens_.begin(), tok->added_tokens_.end(),
-                                   [&](const auto& t) { return t.first == content; });
+                                   [&](const auto& t) { return t.first == wanted; });
     if (!known && !content.empty()) tok->added_tokens_.emplace_back(content, id);
   }
   std::stable_sort(tok->added_tokens_.begin(), tok->added_tokens_.end(),
