@@ -2,14 +2,16 @@
 
 #include <algorithm>
 #include <cstring>
+#include <optional>
 #include <set>
 
 #include "absl/strings/str_cat.h"
 #include "engine/ops/attention.h"
+#include "engine/ops/cpu_kernels.h"
 #include "engine/ops/embedding.h"
-#include "engine/ops/layernorm.h"
-#include "engine/ops/linear.h"
+#include "engine/ops/fused_attention.h"
 #include "engine/ops/pooling.h"
+#include "engine/ops/prepared_linear.h"
 
 namespace attn {
 
@@ -92,14 +94,48 @@ bool Contains(const std::vector<int>& values, int value) {
   return std::find(values.begin(), values.end(), value) != values.end();
 }
 
-void KeepHiddenState(const ForwardOptions& options, int layer, const Tensor& hidden,
-                     ForwardResult* result) {
-  if (Contains(options.hidden_layers, layer)) result->hidden_states.emplace_back(layer, hidden);
+void KeepHiddenState(const ForwardOptions& options, int layer, const float* hidden, int64_t rows,
+                     int64_t cols, ForwardResult* result) {
+  if (!Contains(options.hidden_layers, layer)) return;
+  Tensor kept({rows, cols});
+  std::memcpy(kept.data(), hidden, sizeof(float) * rows * cols);
+  result->hidden_states.emplace_back(layer, std::move(kept));
 }
 
-ForwardResult RunForward(const BertConfig& config, const BertWeights& weights,
+// Buffers of the inference forward, reused by every forward on the same thread (each thread has
+// its own, so concurrent forwards never share them). They grow to the largest batch seen.
+struct ForwardWorkspace {
+  std::optional<ExecContext> ctx;  // stream + oneDNN scratchpad
+  FloatBuffer embeddings, hidden, qkv, context, linear_out, attn_out, intermediate;
+  // int8 path: quantised matmul inputs with their per-row scales, and the s32 accumulators
+  Int8Buffer hidden_q, context_q, attn_out_q, intermediate_q;
+  FloatBuffer hidden_scales, context_scales, attn_out_scales, intermediate_scales;
+  Int32Buffer accumulators;
+};
+
+ForwardWorkspace& ThreadWorkspace() {
+  thread_local ForwardWorkspace workspace;
+  return workspace;
+}
+
+template <typename Buffer>
+auto* Grow(Buffer& buffer, int64_t size) {
+  if (static_cast<int64_t>(buffer.size()) < size) buffer.resize(size);
+  return buffer.data();
+}
+
+// Rows [rows, padded_rows) of a matmul input must be finite (see MatmulRows).
+template <typename T>
+void ZeroPaddingRows(T* data, int64_t rows, int64_t padded_rows, int64_t cols) {
+  std::fill(data + rows * cols, data + padded_rows * cols, T{0});
+}
+
+ForwardResult RunForward(const BertConfig& config, const InferenceWeights& prepared,
                          const std::vector<SequenceInput>& batch, const ForwardOptions& options) {
-  ExecContext ctx;
+  ForwardWorkspace& ws = ThreadWorkspace();
+  if (!ws.ctx.has_value()) ws.ctx.emplace();
+  ExecContext& ctx = *ws.ctx;
+  const BertWeights& weights = prepared.weights();
   const int64_t H = config.hidden_size, I = config.intermediate_size;
   const int64_t heads = config.num_attention_heads, d = config.head_dim();
   const float eps = config.layer_norm_eps;
@@ -111,6 +147,7 @@ ForwardResult RunForward(const BertConfig& config, const BertWeights& weights,
     result.seq_offsets[b + 1] = result.seq_offsets[b] + batch[b].token_ids.size();
   }
   const int64_t M = result.total_tokens();
+  const int64_t Mp = MatmulRows(M);  // rows every matmul runs on
 
   // Packed token ids, type ids and per-sequence positions: (M)
   std::vector<int32_t> token_ids, type_ids, positions;
@@ -128,66 +165,97 @@ ForwardResult RunForward(const BertConfig& config, const BertWeights& weights,
     for (int32_t p = 0; p < length; ++p) positions.push_back(p);
   }
 
+  float* hidden = Grow(ws.hidden, Mp * H);          // (Mp, H) residual stream
+  float* qkv = Grow(ws.qkv, Mp * 3 * H);            // (Mp, 3H)
+  float* context = Grow(ws.context, Mp * H);        // (Mp, H)
+  float* linear_out = Grow(ws.linear_out, Mp * H);  // (Mp, H) output projections
+  float* attn_out = Grow(ws.attn_out, Mp * H);      // (Mp, H)
+  ZeroPaddingRows(hidden, M, Mp, H);
+  ZeroPaddingRows(context, M, Mp, H);
+  ZeroPaddingRows(attn_out, M, Mp, H);
+
   // Embeddings: static (M, H), then hidden (M, H) = LayerNorm(static)
-  Tensor static_embeddings({M, H});
+  if (options.static_embeddings) result.static_embeddings = Tensor({M, H});
+  float* embeddings =
+      options.static_embeddings ? result.static_embeddings.data() : Grow(ws.embeddings, M * H);
   EmbeddingForward(weights.word_embeddings, weights.position_embeddings,
-                   weights.token_type_embeddings, token_ids, type_ids, positions,
-                   static_embeddings.data());
-  Tensor hidden({M, H});
-  LayerNormForward(ctx, static_embeddings.data(), M, weights.embedding_norm_gamma,
-                   weights.embedding_norm_beta, eps, hidden.data());
-  if (options.static_embeddings) result.static_embeddings = std::move(static_embeddings);
-  KeepHiddenState(options, 0, hidden, &result);
+                   weights.token_type_embeddings, token_ids, type_ids, positions, embeddings);
+  AddLayerNormRows(embeddings, nullptr, M, H, weights.embedding_norm_gamma.data(),
+                   weights.embedding_norm_beta.data(), eps, hidden);
+  KeepHiddenState(options, 0, hidden, M, H, &result);
 
-  Tensor qkv({M, 3 * H});       // (M, 3H)
-  Tensor context({M, H});       // (M, H)
-  Tensor attn_out({M, H});      // (M, H)
-  Tensor intermediate({M, I});  // (M, I)
-  Tensor ffn_out({M, H});       // (M, H)
-  // Per-sequence attention probabilities when nobody asked for them: (heads, T_max, T_max)
-  int64_t max_len = 0;
-  for (const SequenceInput& seq : batch) {
-    max_len = std::max<int64_t>(max_len, seq.token_ids.size());
+  // Quantised matmul inputs (Mp, K) with their per-row scales, and the s32 accumulators, for
+  // the linear layers that run in int8; the fp32 FFN intermediate (Mp, I) for those that don't.
+  const bool any_int8 = prepared.precision() == Precision::kInt8;
+  float* intermediate = Grow(ws.intermediate, Mp * I);
+  int8_t *hidden_q = nullptr, *context_q = nullptr, *attn_out_q = nullptr,
+         *intermediate_q = nullptr;
+  float *hidden_scales = nullptr, *context_scales = nullptr, *attn_out_scales = nullptr,
+        *intermediate_scales = nullptr;
+  int32_t* accumulators = nullptr;  // (Mp, max(3H, I))
+  if (any_int8) {
+    hidden_q = Grow(ws.hidden_q, Mp * H);
+    context_q = Grow(ws.context_q, Mp * H);
+    attn_out_q = Grow(ws.attn_out_q, Mp * H);
+    intermediate_q = Grow(ws.intermediate_q, Mp * I);
+    hidden_scales = Grow(ws.hidden_scales, Mp);
+    context_scales = Grow(ws.context_scales, Mp);
+    attn_out_scales = Grow(ws.attn_out_scales, Mp);
+    intermediate_scales = Grow(ws.intermediate_scales, Mp);
+    accumulators = Grow(ws.accumulators, Mp * std::max(3 * H, I));
+    ZeroPaddingRows(hidden_q, M, Mp, H);
+    ZeroPaddingRows(context_q, M, Mp, H);
+    ZeroPaddingRows(attn_out_q, M, Mp, H);
+    ZeroPaddingRows(intermediate_q, M, Mp, I);
+    if (prepared.layer(0).qkv.precision() == Precision::kInt8) {
+      QuantizeRows(hidden, M, H, hidden_q, hidden_scales);
+    }
   }
-  FloatBuffer probs_scratch(static_cast<size_t>(heads * max_len * max_len));
+  auto is_int8 = [](const PreparedLinear& linear) {
+    return linear.precision() == Precision::kInt8;
+  };
 
+  const PackedAttentionShape attention_shape{heads, d};
   for (int layer_index = 0; layer_index < config.num_hidden_layers; ++layer_index) {
     const LayerWeights& lw = weights.layers[layer_index];
+    const InferenceLayer& layer = prepared.layer(layer_index);
     // qkv (M, 3H) = hidden · W_qkv^T + b_qkv
-    LinearForward(ctx, hidden.data(), M, lw.qkv_weight, lw.qkv_bias, LinearEpilogue::kNone,
-                  qkv.data());
+    if (is_int8(layer.qkv)) {
+      layer.qkv.ForwardInt8(ctx, hidden_q, M, accumulators);
+      DequantizeRows({accumulators, hidden_scales, layer.qkv.weight_scales(), layer.qkv.bias()}, M,
+                     3 * H, qkv);
+    } else {
+      layer.qkv.Forward(ctx, hidden, M, LinearEpilogue::kNone, qkv);
+    }
 
-    const bool keep_attention = Contains(options.attention_layers, layer_index);
+    // context (M, H): per sequence and head, softmax(Q K^T / sqrt(d)) V
+    PackedAttentionOutputs outputs;
     LayerAttention* layer_attention = nullptr;
-    if (keep_attention) {
+    if (Contains(options.attention_layers, layer_index)) {
       result.attentions.push_back(LayerAttention{layer_index, {}});
       layer_attention = &result.attentions.back();
       layer_attention->sequences.resize(batch_size);
-    }
-    for (int64_t b = 0; b < batch_size; ++b) {
-      const int64_t begin = result.seq_offsets[b];
-      AttentionShape shape;
-      shape.tokens = result.seq_offsets[b + 1] - begin;
-      shape.heads = heads;
-      shape.head_dim = d;
-      shape.qkv_stride = 3 * H;
-      shape.context_stride = H;
-      const int64_t T = shape.tokens;
-      const float* seq_qkv = qkv.data() + begin * 3 * H;
-      float* probs = probs_scratch.data();
-      float* scores = nullptr;
-      if (keep_attention) {
+      if (options.attention_probs) outputs.probs.assign(batch_size, nullptr);
+      if (options.attention_scores) outputs.scores.assign(batch_size, nullptr);
+      for (int64_t b = 0; b < batch_size; ++b) {
         SequenceAttention& out = layer_attention->sequences[b];
-        // probs are needed for the context anyway; keep them in the result when asked.
+        const int64_t T = result.seq_offsets[b + 1] - result.seq_offsets[b];
         if (options.attention_probs) {
           out.probs = Tensor({heads, T, T});
-          probs = out.probs.data();
+          outputs.probs[b] = out.probs.data();
         }
         if (options.attention_scores) {
           out.scores = Tensor({heads, T, T});
-          scores = out.scores.data();
+          outputs.scores[b] = out.scores.data();
         }
         if (options.attention_qkv) {
+          AttentionShape shape;
+          shape.tokens = T;
+          shape.heads = heads;
+          shape.head_dim = d;
+          shape.qkv_stride = 3 * H;
+          shape.context_stride = H;
+          const float* seq_qkv = qkv + result.seq_offsets[b] * 3 * H;
           out.query = Tensor({heads, T, d});
           out.key = Tensor({heads, T, d});
           out.value = Tensor({heads, T, d});
@@ -196,30 +264,63 @@ ForwardResult RunForward(const BertConfig& config, const BertWeights& weights,
           ExtractHeads(shape, seq_qkv, 2, out.value.data());
         }
       }
-      AttentionForward(ctx, shape, seq_qkv, scores, probs, context.data() + begin * H);
     }
+    PackedAttentionForward(attention_shape, qkv, result.seq_offsets, context,
+                           layer_attention != nullptr ? &outputs : nullptr);
 
-    // attn_out (M, H) = LayerNorm(hidden + context · W_o^T + b_o)
-    std::memcpy(ffn_out.data(), hidden.data(), sizeof(float) * M * H);
-    LinearForward(ctx, context.data(), M, lw.attn_output_weight, lw.attn_output_bias,
-                  LinearEpilogue::kAccumulate, ffn_out.data());
-    LayerNormForward(ctx, ffn_out.data(), M, lw.attn_norm_gamma, lw.attn_norm_beta, eps,
-                     attn_out.data());
-    // intermediate (M, I) = gelu(attn_out · W_i^T + b_i)
-    LinearForward(ctx, attn_out.data(), M, lw.ffn_in_weight, lw.ffn_in_bias, LinearEpilogue::kGelu,
-                  intermediate.data());
-    // hidden (M, H) = LayerNorm(attn_out + intermediate · W_f^T + b_f)
-    std::memcpy(ffn_out.data(), attn_out.data(), sizeof(float) * M * H);
-    LinearForward(ctx, intermediate.data(), M, lw.ffn_out_weight, lw.ffn_out_bias,
-                  LinearEpilogue::kAccumulate, ffn_out.data());
-    LayerNormForward(ctx, ffn_out.data(), M, lw.ffn_norm_gamma, lw.ffn_norm_beta, eps,
-                     hidden.data());
-    KeepHiddenState(options, layer_index + 1, hidden, &result);
+    // attn_out (M, H) = LayerNorm(hidden + context · W_o^T + b_o), plus its int8 copy when
+    // the FFN input layer runs in int8
+    int8_t* next_q = is_int8(layer.ffn_in) ? attn_out_q : nullptr;
+    if (is_int8(layer.attn_output)) {
+      QuantizeRows(context, M, H, context_q, context_scales);
+      layer.attn_output.ForwardInt8(ctx, context_q, M, accumulators);
+      DequantizeAddLayerNormQuantizeRows(
+          {accumulators, context_scales, layer.attn_output.weight_scales(),
+           layer.attn_output.bias()},
+          hidden, M, H, lw.attn_norm_gamma.data(), lw.attn_norm_beta.data(), eps, attn_out, next_q,
+          attn_out_scales);
+    } else {
+      layer.attn_output.Forward(ctx, context, M, LinearEpilogue::kNone, linear_out);
+      AddLayerNormRows(linear_out, hidden, M, H, lw.attn_norm_gamma.data(),
+                       lw.attn_norm_beta.data(), eps, attn_out);
+      if (next_q != nullptr) QuantizeRows(attn_out, M, H, next_q, attn_out_scales);
+    }
+    // intermediate (M, I) = gelu(attn_out · W_i^T + b_i), straight to int8 when the FFN output
+    // layer runs in int8
+    next_q = is_int8(layer.ffn_out) ? intermediate_q : nullptr;
+    if (is_int8(layer.ffn_in)) {
+      layer.ffn_in.ForwardInt8(ctx, attn_out_q, M, accumulators);
+      DequantizeGeluRows(
+          {accumulators, attn_out_scales, layer.ffn_in.weight_scales(), layer.ffn_in.bias()}, M, I,
+          next_q == nullptr ? intermediate : nullptr, next_q, intermediate_scales);
+    } else {
+      layer.ffn_in.Forward(ctx, attn_out, M, LinearEpilogue::kGelu, intermediate);
+      if (next_q != nullptr) QuantizeRows(intermediate, M, I, next_q, intermediate_scales);
+    }
+    // hidden (M, H) = LayerNorm(attn_out + intermediate · W_f^T + b_f), plus its int8 copy when
+    // the next layer's QKV runs in int8
+    next_q =
+        layer_index + 1 < config.num_hidden_layers && is_int8(prepared.layer(layer_index + 1).qkv)
+            ? hidden_q
+            : nullptr;
+    if (is_int8(layer.ffn_out)) {
+      layer.ffn_out.ForwardInt8(ctx, intermediate_q, M, accumulators);
+      DequantizeAddLayerNormQuantizeRows(
+          {accumulators, intermediate_scales, layer.ffn_out.weight_scales(), layer.ffn_out.bias()},
+          attn_out, M, H, lw.ffn_norm_gamma.data(), lw.ffn_norm_beta.data(), eps, hidden, next_q,
+          hidden_scales);
+    } else {
+      layer.ffn_out.Forward(ctx, intermediate, M, LinearEpilogue::kNone, linear_out);
+      AddLayerNormRows(linear_out, attn_out, M, H, lw.ffn_norm_gamma.data(),
+                       lw.ffn_norm_beta.data(), eps, hidden);
+      if (next_q != nullptr) QuantizeRows(hidden, M, H, next_q, hidden_scales);
+    }
+    KeepHiddenState(options, layer_index + 1, hidden, M, H, &result);
   }
 
   if (options.pool) {
     result.pooled = Tensor({batch_size, H});
-    PoolForward(hidden.data(), H, result.seq_offsets, options.pooling, result.pooled.data());
+    PoolForward(hidden, H, result.seq_offsets, options.pooling, result.pooled.data());
     if (options.normalize) L2NormalizeRows(result.pooled.data(), batch_size, H);
   }
   return result;
@@ -227,11 +328,17 @@ ForwardResult RunForward(const BertConfig& config, const BertWeights& weights,
 
 }  // namespace
 
-absl::StatusOr<ForwardResult> EncoderForward(const BertConfig& config, const BertWeights& weights,
+absl::StatusOr<ForwardResult> EncoderForward(const BertConfig& config,
+                                             const InferenceWeights& weights,
                                              const std::vector<SequenceInput>& batch,
                                              const ForwardOptions& options) {
   if (absl::Status status = ValidateEncoderInput(config, batch, options); !status.ok()) {
     return status;
+  }
+  if (weights.num_layers() != config.num_hidden_layers) {
+    return absl::InvalidArgumentError(absl::StrCat("prepared weights have ", weights.num_layers(),
+                                                   " layers, the config ",
+                                                   config.num_hidden_layers));
   }
   try {
     return RunForward(config, weights, batch, options);
@@ -240,6 +347,16 @@ absl::StatusOr<ForwardResult> EncoderForward(const BertConfig& config, const Ber
   } catch (const std::bad_alloc&) {
     return absl::ResourceExhaustedError("out of memory in the forward pass");
   }
+}
+
+absl::StatusOr<ForwardResult> EncoderForward(const BertConfig& config, const BertWeights& weights,
+                                             const std::vector<SequenceInput>& batch,
+                                             const ForwardOptions& options) {
+  if (weights.layers.size() != static_cast<size_t>(config.num_hidden_layers)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "weights have ", weights.layers.size(), " layers, the config ", config.num_hidden_layers));
+  }
+  return EncoderForward(config, InferenceWeights::View(weights), batch, options);
 }
 
 }  // namespace attn

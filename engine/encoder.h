@@ -1,8 +1,9 @@
 // The BERT encoder forward pass on a packed variable-length batch.
 //
 // All sequences are concatenated into one (M, H) token matrix, M = sum of lengths; every
-// linear layer and LayerNorm runs once on the whole matrix (no padding), only attention works
-// per sequence. Per layer (HF BertLayer):
+// linear layer and LayerNorm runs once on the whole matrix (no padding between sequences), and
+// attention runs per (sequence, head) inside one parallel region (engine/ops/fused_attention.h).
+// Per layer (HF BertLayer):
 //   qkv      (M, 3H) = hidden · W_qkv^T + b_qkv
 //   context  (M, H)  = per sequence, per head: softmax(Q K^T / sqrt(d)) V
 //   attn_out (M, H)  = LayerNorm(hidden + context · W_o^T + b_o)
@@ -16,6 +17,7 @@
 
 #include "absl/status/statusor.h"
 #include "engine/dnnl_context.h"
+#include "engine/inference_weights.h"
 #include "engine/model_config.h"
 #include "engine/tensor.h"
 #include "engine/weights.h"
@@ -77,7 +79,14 @@ absl::Status ValidateEncoderInput(const BertConfig& config, const std::vector<Se
                                   const ForwardOptions& options);
 
 // Validates inputs (ids, type ids, lengths, layer indices) with errors naming the input index
-// and limit, then runs the forward. oneDNN failures come back as InternalError.
+// and limit, then runs the forward on weights prepared once (packed fp32 or int8; see
+// engine/inference_weights.h). oneDNN failures come back as InternalError.
+absl::StatusOr<ForwardResult> EncoderForward(const BertConfig& config,
+                                             const InferenceWeights& weights,
+                                             const std::vector<SequenceInput>& batch,
+                                             const ForwardOptions& options);
+
+// The same on raw weights, read in place as fp32 (nothing packed): for one-off forwards.
 absl::StatusOr<ForwardResult> EncoderForward(const BertConfig& config, const BertWeights& weights,
                                              const std::vector<SequenceInput>& batch,
                                              const ForwardOptions& options);

@@ -1,14 +1,17 @@
 #include "engine/model.h"
 
 #include <algorithm>
+#include <chrono>
 #include <filesystem>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "engine/log.h"
 
 namespace attn {
 
-absl::StatusOr<std::shared_ptr<const Model>> Model::Load(const std::string& model_dir) {
+absl::StatusOr<std::shared_ptr<const Model>> Model::Load(const std::string& model_dir,
+                                                         const ModelOptions& options) {
   namespace fs = std::filesystem;
   std::error_code error;
   if (!fs::is_directory(model_dir, error)) {
@@ -17,6 +20,7 @@ absl::StatusOr<std::shared_ptr<const Model>> Model::Load(const std::string& mode
   }
   auto model = std::shared_ptr<Model>(new Model());
   model->model_dir_ = model_dir;
+  model->options_ = options;
 
   absl::StatusOr<BertConfig> config =
       LoadBertConfig((fs::path(model_dir) / "config.json").string());
@@ -42,11 +46,34 @@ absl::StatusOr<std::shared_ptr<const Model>> Model::Load(const std::string& mode
   absl::StatusOr<BertWeights> weights = LoadBertWeights(**file, model->config_);
   if (!weights.ok()) return weights.status();
   model->weights_ = std::move(*weights);
+  model->Prepare();
 
-  Log(LogLevel::kInfo, "loaded %s: %d layers, hidden %d, %d heads, %d parameters", model_dir,
+  Log(LogLevel::kInfo, "loaded %s: %d layers, hidden %d, %d heads, %d parameters, %s", model_dir,
       model->config_.num_hidden_layers, model->config_.hidden_size,
-      model->config_.num_attention_heads, model->weights_.ParameterCount());
+      model->config_.num_attention_heads, model->weights_.ParameterCount(),
+      PrecisionName(model->options_.precision));
   return std::shared_ptr<const Model>(std::move(model));
+}
+
+void Model::Prepare() {
+  prepared_.emplace(InferenceWeights::Prepare(weights_, options_.precision, options_.int8_linears));
+  if (!options_.warm_up) return;
+  // Builds the primitives of the row counts (MatmulRows) of a short request and of a batch of
+  // typical sentences, and oneDNN's JIT kernels; other batch sizes build theirs on first use.
+  const auto start = std::chrono::steady_clock::now();
+  ForwardOptions options = DefaultForwardOptions();
+  for (const auto& [sequences, length] : {std::pair<int, int>{1, 16}, {4, 32}, {4, 128}}) {
+    const int32_t id = std::min<int32_t>(1000, config_.vocab_size - 1);
+    std::vector<SequenceInput> batch(sequences);
+    for (SequenceInput& seq : batch) seq.token_ids.assign(std::min(length, max_positions()), id);
+    absl::StatusOr<ForwardResult> result = Forward(batch, options);
+    if (!result.ok()) {
+      Log(LogLevel::kWarning, "warm-up forward failed: %s", result.status().ToString());
+      return;
+    }
+  }
+  Log(LogLevel::kDebug, "warm-up took %.1f ms",
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
 }
 
 std::shared_ptr<const Model> Model::WithWeights(const Model& base, BertWeights weights) {
@@ -55,7 +82,10 @@ std::shared_ptr<const Model> Model::WithWeights(const Model& base, BertWeights w
   model->config_ = base.config_;
   model->tokenizer_ = base.tokenizer_;
   model->sentence_config_ = base.sentence_config_;
+  model->options_ = base.options_;
+  model->options_.warm_up = false;  // the base already built the primitives
   model->weights_ = std::move(weights);
+  model->Prepare();
   return model;
 }
 
@@ -76,7 +106,7 @@ ForwardOptions Model::DefaultForwardOptions() const {
 
 absl::StatusOr<ForwardResult> Model::Forward(const std::vector<SequenceInput>& batch,
                                              const ForwardOptions& options) const {
-  return EncoderForward(config_, weights_, batch, options);
+  return EncoderForward(config_, *prepared_, batch, options);
 }
 
 absl::StatusOr<std::vector<EmbeddedText>> EmbedTexts(const Model& model,

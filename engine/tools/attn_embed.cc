@@ -29,6 +29,9 @@ ABSL_FLAG(int, max_length, 0,
           "default (sentence-transformers max_seq_length, else 512).");
 ABSL_FLAG(int, batch_size, 32, "Lines encoded together in one packed forward pass.");
 ABSL_FLAG(int, threads, 0, "OpenMP threads for oneDNN; 0 = all cores.");
+ABSL_FLAG(std::string, precision, "fp32",
+          "fp32, or int8 (linear layers quantised at load: faster, pooled cosine to fp32 "
+          ">= 0.995).");
 ABSL_FLAG(bool, tokens, false, "Also print each line's tokens and ids.");
 ABSL_FLAG(std::string, log_level, "warning", "Log level: debug, info, warning, error.");
 
@@ -59,7 +62,12 @@ int main(int argc, char** argv) {
   const int batch_size = absl::GetFlag(FLAGS_batch_size);
   if (batch_size <= 0) return Fail("--batch_size must be positive");
 
-  auto model = attn::Model::Load(absl::GetFlag(FLAGS_model_dir));
+  attn::ModelOptions model_options;
+  if (!attn::ParsePrecision(absl::GetFlag(FLAGS_precision), &model_options.precision)) {
+    return Fail("--precision must be fp32 or int8");
+  }
+  model_options.warm_up = false;  // one pass over stdin: nothing to gain from warming up
+  auto model = attn::Model::Load(absl::GetFlag(FLAGS_model_dir), model_options);
   if (!model.ok()) {
     return Fail(absl::StrCat("cannot load model: ", model.status().message(),
                              "\n(run scripts/setup.sh to install the default model, or pass "

@@ -1,0 +1,247 @@
+#include "engine/ops/cpu_kernels.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <vector>
+
+#include "engine/ops/avx512_math.h"
+
+namespace attn {
+
+namespace {
+
+bool CpuSupportsAvx512() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
+}
+
+std::atomic<bool>& Avx512Enabled() {
+  static std::atomic<bool> enabled(CpuSupportsAvx512());
+  return enabled;
+}
+
+// Below this many elements a parallel region costs more than it saves.
+constexpr int64_t kParallelElements = 1 << 14;
+
+// ---------------------------------------------------------------------------------------------
+// Portable row kernels: the reference formulas, plain loops.
+
+void AddLayerNormRowPortable(const float* x, const float* residual, int64_t cols,
+                             const float* gamma, const float* beta, float eps, float* y) {
+  float sum = 0.0f;
+  for (int64_t j = 0; j < cols; ++j) {
+    y[j] = residual != nullptr ? x[j] + residual[j] : x[j];
+    sum += y[j];
+  }
+  const float mean = sum / static_cast<float>(cols);
+  float sq = 0.0f;
+  for (int64_t j = 0; j < cols; ++j) sq += (y[j] - mean) * (y[j] - mean);
+  const float rstd = 1.0f / std::sqrt(sq / static_cast<float>(cols) + eps);
+  for (int64_t j = 0; j < cols; ++j) y[j] = (y[j] - mean) * rstd * gamma[j] + beta[j];
+}
+
+void QuantizeRowPortable(const float* x, int64_t cols, int8_t* q, float* scale) {
+  float max_abs = 0.0f;
+  for (int64_t j = 0; j < cols; ++j) max_abs = std::max(max_abs, std::fabs(x[j]));
+  *scale = max_abs / 127.0f;
+  const float inv = max_abs > 0.0f ? 127.0f / max_abs : 0.0f;
+  for (int64_t j = 0; j < cols; ++j) {
+    const float v = std::nearbyint(x[j] * inv);  // round half to even, as cvtps2dq
+    q[j] = static_cast<int8_t>(std::clamp(v, -127.0f, 127.0f));
+  }
+}
+
+float DequantizePortable(const Int8Accumulators& in, int64_t m, int64_t cols, int64_t j) {
+  return static_cast<float>(in.acc[m * cols + j]) * in.row_scales[m] * in.col_scales[j] +
+         in.bias[j];
+}
+
+// ---------------------------------------------------------------------------------------------
+// AVX-512 row kernels: the same formulas, 16 lanes at a time, masked tails.
+
+ATTN_AVX512 float ReduceAdd(__m512 v) { return _mm512_reduce_add_ps(v); }
+
+// Normalises y (cols, already holding x + residual) in place; returns nothing.
+ATTN_AVX512 void LayerNormInPlaceAvx512(float* y, int64_t cols, const float* gamma,
+                                        const float* beta, float eps, __m512 sum_vec) {
+  const float mean = ReduceAdd(sum_vec) / static_cast<float>(cols);
+  const __m512 mean_vec = _mm512_set1_ps(mean);
+  __m512 sq = _mm512_setzero_ps();
+  for (int64_t j = 0; j < cols; j += 16) {
+    const __mmask16 k = avx512::TailMask(cols - j);
+    const __m512 d = _mm512_maskz_sub_ps(k, _mm512_maskz_loadu_ps(k, y + j), mean_vec);
+    sq = _mm512_fmadd_ps(d, d, sq);
+  }
+  const float rstd = 1.0f / std::sqrt(ReduceAdd(sq) / static_cast<float>(cols) + eps);
+  const __m512 rstd_vec = _mm512_set1_ps(rstd);
+  for (int64_t j = 0; j < cols; j += 16) {
+    const __mmask16 k = avx512::TailMask(cols - j);
+    const __m512 d = _mm512_sub_ps(_mm512_maskz_loadu_ps(k, y + j), mean_vec);
+    const __m512 out =
+        _mm512_fmadd_ps(_mm512_mul_ps(d, rstd_vec), _mm512_maskz_loadu_ps(k, gamma + j),
+                        _mm512_maskz_loadu_ps(k, beta + j));
+    _mm512_mask_storeu_ps(y + j, k, out);
+  }
+}
+
+ATTN_AVX512 void AddLayerNormRowAvx512(const float* x, const float* residual, int64_t cols,
+                                       const float* gamma, const float* beta, float eps, float* y) {
+  __m512 sum = _mm512_setzero_ps();
+  for (int64_t j = 0; j < cols; j += 16) {
+    const __mmask16 k = avx512::TailMask(cols - j);
+    __m512 v = _mm512_maskz_loadu_ps(k, x + j);
+    if (residual != nullptr) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(k, residual + j));
+    _mm512_mask_storeu_ps(y + j, k, v);
+    sum = _mm512_add_ps(sum, v);
+  }
+  LayerNormInPlaceAvx512(y, cols, gamma, beta, eps, sum);
+}
+
+ATTN_AVX512 void QuantizeRowAvx512(const float* x, int64_t cols, int8_t* q, float* scale) {
+  __m512 max_abs = _mm512_setzero_ps();
+  for (int64_t j = 0; j < cols; j += 16) {
+    const __mmask16 k = avx512::TailMask(cols - j);
+    max_abs = _mm512_max_ps(max_abs, _mm512_abs_ps(_mm512_maskz_loadu_ps(k, x + j)));
+  }
+  const float m = _mm512_reduce_max_ps(max_abs);
+  *scale = m / 127.0f;
+  const __m512 inv = _mm512_set1_ps(m > 0.0f ? 127.0f / m : 0.0f);
+  for (int64_t j = 0; j < cols; j += 16) {
+    const __mmask16 k = avx512::TailMask(cols - j);
+    // cvtps2dq rounds half to even; the saturating narrow keeps [-127, 127] (|x * inv| <= 127).
+    const __m512i v = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_maskz_loadu_ps(k, x + j), inv));
+    _mm512_mask_cvtsepi32_storeu_epi8(q + j, k, v);
+  }
+}
+
+ATTN_AVX512 __m512 DequantizeAvx512(const Int8Accumulators& in, int64_t m, int64_t cols, int64_t j,
+                                    __mmask16 k) {
+  const __m512 acc = _mm512_cvtepi32_ps(_mm512_maskz_loadu_epi32(k, in.acc + m * cols + j));
+  const __m512 scale =
+      _mm512_mul_ps(_mm512_set1_ps(in.row_scales[m]), _mm512_maskz_loadu_ps(k, in.col_scales + j));
+  return _mm512_fmadd_ps(acc, scale, _mm512_maskz_loadu_ps(k, in.bias + j));
+}
+
+ATTN_AVX512 void DequantizeRowAvx512(const Int8Accumulators& in, int64_t m, int64_t cols,
+                                     float* y) {
+  for (int64_t j = 0; j < cols; j += 16) {
+    const __mmask16 k = avx512::TailMask(cols - j);
+    _mm512_mask_storeu_ps(y + j, k, DequantizeAvx512(in, m, cols, j, k));
+  }
+}
+
+ATTN_AVX512 void DequantizeGeluRowAvx512(const Int8Accumulators& in, int64_t m, int64_t cols,
+                                         float* row) {
+  for (int64_t j = 0; j < cols; j += 16) {
+    const __mmask16 k = avx512::TailMask(cols - j);
+    _mm512_mask_storeu_ps(row + j, k, avx512::GeluErf(DequantizeAvx512(in, m, cols, j, k)));
+  }
+}
+
+ATTN_AVX512 void DequantizeAddLayerNormRowAvx512(const Int8Accumulators& in, int64_t m,
+                                                 const float* residual, int64_t cols,
+                                                 const float* gamma, const float* beta, float eps,
+                                                 float* y) {
+  __m512 sum = _mm512_setzero_ps();
+  for (int64_t j = 0; j < cols; j += 16) {
+    const __mmask16 k = avx512::TailMask(cols - j);
+    const __m512 v =
+        _mm512_add_ps(DequantizeAvx512(in, m, cols, j, k), _mm512_maskz_loadu_ps(k, residual + j));
+    _mm512_mask_storeu_ps(y + j, k, v);
+    sum = _mm512_add_ps(sum, v);
+  }
+  LayerNormInPlaceAvx512(y, cols, gamma, beta, eps, sum);
+}
+
+float GeluErfPortable(float x) { return 0.5f * x * (1.0f + std::erf(x * 0.70710678118654752f)); }
+
+}  // namespace
+
+bool UseAvx512Kernels() { return Avx512Enabled().load(std::memory_order_relaxed); }
+
+void SetAvx512KernelsEnabledForTesting(bool enabled) {
+  Avx512Enabled().store(enabled && CpuSupportsAvx512());
+}
+
+void AddLayerNormRows(const float* x, const float* residual, int64_t rows, int64_t cols,
+                      const float* gamma, const float* beta, float eps, float* y) {
+  const bool avx512 = UseAvx512Kernels();
+#pragma omp parallel for schedule(static) if (rows * cols >= kParallelElements)
+  for (int64_t m = 0; m < rows; ++m) {
+    const float* r = residual != nullptr ? residual + m * cols : nullptr;
+    if (avx512) {
+      AddLayerNormRowAvx512(x + m * cols, r, cols, gamma, beta, eps, y + m * cols);
+    } else {
+      AddLayerNormRowPortable(x + m * cols, r, cols, gamma, beta, eps, y + m * cols);
+    }
+  }
+}
+
+void QuantizeRows(const float* x, int64_t rows, int64_t cols, int8_t* q, float* scales) {
+  const bool avx512 = UseAvx512Kernels();
+#pragma omp parallel for schedule(static) if (rows * cols >= kParallelElements)
+  for (int64_t m = 0; m < rows; ++m) {
+    if (avx512) {
+      QuantizeRowAvx512(x + m * cols, cols, q + m * cols, scales + m);
+    } else {
+      QuantizeRowPortable(x + m * cols, cols, q + m * cols, scales + m);
+    }
+  }
+}
+
+void DequantizeRows(const Int8Accumulators& in, int64_t rows, int64_t cols, float* y) {
+  const bool avx512 = UseAvx512Kernels();
+#pragma omp parallel for schedule(static) if (rows * cols >= kParallelElements)
+  for (int64_t m = 0; m < rows; ++m) {
+    if (avx512) {
+      DequantizeRowAvx512(in, m, cols, y + m * cols);
+    } else {
+      for (int64_t j = 0; j < cols; ++j) y[m * cols + j] = DequantizePortable(in, m, cols, j);
+    }
+  }
+}
+
+void DequantizeGeluRows(const Int8Accumulators& in, int64_t rows, int64_t cols, float* y, int8_t* q,
+                        float* q_scales) {
+  const bool avx512 = UseAvx512Kernels();
+#pragma omp parallel if (rows * cols >= kParallelElements)
+  {
+    std::vector<float> scratch(y == nullptr ? cols : 0);  // a row that never leaves the cache
+#pragma omp for schedule(static)
+    for (int64_t m = 0; m < rows; ++m) {
+      float* row = y != nullptr ? y + m * cols : scratch.data();
+      if (avx512) {
+        DequantizeGeluRowAvx512(in, m, cols, row);
+        if (q != nullptr) QuantizeRowAvx512(row, cols, q + m * cols, q_scales + m);
+      } else {
+        for (int64_t j = 0; j < cols; ++j)
+          row[j] = GeluErfPortable(DequantizePortable(in, m, cols, j));
+        if (q != nullptr) QuantizeRowPortable(row, cols, q + m * cols, q_scales + m);
+      }
+    }
+  }
+}
+
+void DequantizeAddLayerNormQuantizeRows(const Int8Accumulators& in, const float* residual,
+                                        int64_t rows, int64_t cols, const float* gamma,
+                                        const float* beta, float eps, float* y, int8_t* q,
+                                        float* q_scales) {
+  const bool avx512 = UseAvx512Kernels();
+#pragma omp parallel for schedule(static) if (rows * cols >= kParallelElements)
+  for (int64_t m = 0; m < rows; ++m) {
+    float* out = y + m * cols;
+    if (avx512) {
+      DequantizeAddLayerNormRowAvx512(in, m, residual + m * cols, cols, gamma, beta, eps, out);
+      if (q != nullptr) QuantizeRowAvx512(out, cols, q + m * cols, q_scales + m);
+    } else {
+      const float* r = residual + m * cols;  // may alias out: read before each write
+      for (int64_t j = 0; j < cols; ++j) out[j] = DequantizePortable(in, m, cols, j) + r[j];
+      AddLayerNormRowPortable(out, nullptr, cols, gamma, beta, eps, out);
+      if (q != nullptr) QuantizeRowPortable(out, cols, q + m * cols, q_scales + m);
+    }
+  }
+}
+
+}  // namespace attn

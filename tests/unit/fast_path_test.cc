@@ -1,0 +1,344 @@
+// The inference fast path's kernels against naive double-precision loops: packed attention over
+// variable-length sequences (AVX-512 and portable code), LayerNorm with the residual fused,
+// per-token int8 quantisation and the int8 epilogues, and the prepared (packed fp32, int8)
+// linear layers.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+#include <set>
+#include <vector>
+
+#include "engine/dnnl_context.h"
+#include "engine/ops/cpu_kernels.h"
+#include "engine/ops/fused_attention.h"
+#include "engine/ops/prepared_linear.h"
+#include "engine/tensor.h"
+
+namespace attn {
+namespace {
+
+Tensor RandomTensor(std::vector<int64_t> shape, std::mt19937& rng, float scale = 1.0f) {
+  Tensor t(std::move(shape));
+  std::normal_distribution<float> dist(0.0f, scale);
+  for (int64_t i = 0; i < t.numel(); ++i) t.data()[i] = dist(rng);
+  return t;
+}
+
+double MaxAbsDiff(const float* a, const std::vector<double>& b) {
+  double worst = 0;
+  for (size_t i = 0; i < b.size(); ++i) worst = std::max(worst, std::abs(a[i] - b[i]));
+  return worst;
+}
+
+// Runs each test body with the AVX-512 kernels (when the CPU has them) and the portable loops.
+class KernelPathTest : public ::testing::TestWithParam<bool> {
+ protected:
+  void SetUp() override {
+    if (GetParam() && !UseAvx512Kernels()) GTEST_SKIP() << "CPU without AVX-512";
+    SetAvx512KernelsEnabledForTesting(GetParam());
+  }
+  void TearDown() override { SetAvx512KernelsEnabledForTesting(true); }
+};
+
+struct AttentionReference {
+  std::vector<double> scores, probs, context;  // per sequence (heads,T,T); context (M, H)
+};
+
+TEST_P(KernelPathTest, PackedAttentionMatchesNaivePerSequence) {
+  // Lengths straddle the kernels' 8-row and 16/32-column blocks; head_dim 24 and 40 exercise
+  // the masked column tails.
+  for (const int64_t d : {int64_t{32}, int64_t{24}, int64_t{40}}) {
+    const int64_t heads = 3, H = heads * d;
+    const std::vector<int64_t> lengths = {1, 7, 8, 17, 33, 70};
+    std::vector<int64_t> offsets = {0};
+    for (int64_t T : lengths) offsets.push_back(offsets.back() + T);
+    const int64_t M = offsets.back();
+    std::mt19937 rng(static_cast<uint32_t>(d));
+    const Tensor qkv = RandomTensor({M, 3 * H}, rng, 2.0f);
+    Tensor context({M, H});
+    std::vector<Tensor> probs, scores;
+    PackedAttentionOutputs outputs;
+    for (int64_t T : lengths) {
+      probs.emplace_back(std::vector<int64_t>{heads, T, T});
+      scores.emplace_back(std::vector<int64_t>{heads, T, T});
+    }
+    for (size_t b = 0; b < lengths.size(); ++b) {
+      outputs.probs.push_back(probs[b].data());
+      // Scores for every other sequence only: null entries must be skipped.
+      outputs.scores.push_back(b % 2 == 0 ? scores[b].data() : nullptr);
+    }
+    PackedAttentionForward({heads, d}, qkv.data(), offsets, context.data(), &outputs);
+
+    std::vector<double> ref_context(M * H);
+    for (size_t b = 0; b < lengths.size(); ++b) {
+      const int64_t T = lengths[b];
+      const float* seq = qkv.data() + offsets[b] * 3 * H;
+      std::vector<double> ref_scores(heads * T * T), ref_probs(heads * T * T);
+      for (int64_t h = 0; h < heads; ++h) {
+        for (int64_t i = 0; i < T; ++i) {
+          double max = -1e300;
+          for (int64_t j = 0; j < T; ++j) {
+            double dot = 0;
+            for (int64_t k = 0; k < d; ++k) {
+              dot += double{seq[i * 3 * H + h * d + k]} * seq[j * 3 * H + H + h * d + k];
+            }
+            ref_scores[(h * T + i) * T + j] = dot / std::sqrt(double(d));
+            max = std::max(max, ref_scores[(h * T + i) * T + j]);
+          }
+          double sum = 0;
+          for (int64_t j = 0; j < T; ++j) sum += std::exp(ref_scores[(h * T + i) * T + j] - max);
+          for (int64_t j = 0; j < T; ++j) {
+            ref_probs[(h * T + i) * T + j] = std::exp(ref_scores[(h * T + i) * T + j] - max) / sum;
+          }
+          for (int64_t k = 0; k < d; ++k) {
+            double acc = 0;
+            for (int64_t j = 0; j < T; ++j) {
+              acc += ref_probs[(h * T + i) * T + j] * seq[j * 3 * H + 2 * H + h * d + k];
+            }
+            ref_context[(offsets[b] + i) * H + h * d + k] = acc;
+          }
+        }
+      }
+      EXPECT_LT(MaxAbsDiff(probs[b].data(), ref_probs), 2e-6) << "d " << d << " T " << T;
+      if (b % 2 == 0) {
+        EXPECT_LT(MaxAbsDiff(scores[b].data(), ref_scores), 2e-5) << "d " << d << " T " << T;
+      } else {
+        for (int64_t i = 0; i < scores[b].numel(); ++i) ASSERT_EQ(scores[b].data()[i], 0.0f);
+      }
+    }
+    EXPECT_LT(MaxAbsDiff(context.data(), ref_context), 2e-5) << "d " << d;
+
+    // Without outputs the context is the same.
+    Tensor context_only({M, H});
+    PackedAttentionForward({heads, d}, qkv.data(), offsets, context_only.data(), nullptr);
+    EXPECT_LT(MaxAbsDiff(context_only.data(), ref_context), 2e-5);
+  }
+}
+
+TEST_P(KernelPathTest, AddLayerNormMatchesNaive) {
+  for (const int64_t cols : {int64_t{384}, int64_t{37}}) {
+    const int64_t rows = 9;
+    std::mt19937 rng(static_cast<uint32_t>(cols));
+    const Tensor x = RandomTensor({rows, cols}, rng, 3.0f);
+    const Tensor residual = RandomTensor({rows, cols}, rng);
+    const Tensor gamma = RandomTensor({cols}, rng), beta = RandomTensor({cols}, rng);
+    const float eps = 1e-12f;
+    std::vector<double> expected(rows * cols), expected_plain(rows * cols);
+    for (int pass = 0; pass < 2; ++pass) {
+      std::vector<double>& out = pass == 0 ? expected : expected_plain;
+      for (int64_t m = 0; m < rows; ++m) {
+        double mean = 0, var = 0;
+        for (int64_t j = 0; j < cols; ++j) {
+          mean += x.data()[m * cols + j] + (pass == 0 ? residual.data()[m * cols + j] : 0.0);
+        }
+        mean /= cols;
+        for (int64_t j = 0; j < cols; ++j) {
+          const double v =
+              x.data()[m * cols + j] + (pass == 0 ? residual.data()[m * cols + j] : 0.0);
+          var += (v - mean) * (v - mean);
+        }
+        var /= cols;
+        for (int64_t j = 0; j < cols; ++j) {
+          const double v =
+              x.data()[m * cols + j] + (pass == 0 ? residual.data()[m * cols + j] : 0.0);
+          out[m * cols + j] = (v - mean) / std::sqrt(var + eps) * gamma.data()[j] + beta.data()[j];
+        }
+      }
+    }
+    Tensor y({rows, cols});
+    AddLayerNormRows(x.data(), residual.data(), rows, cols, gamma.data(), beta.data(), eps,
+                     y.data());
+    EXPECT_LT(MaxAbsDiff(y.data(), expected), 2e-5);
+    // In place over the residual, as the encoder's int8 path uses it.
+    Tensor in_place = residual;
+    AddLayerNormRows(x.data(), in_place.data(), rows, cols, gamma.data(), beta.data(), eps,
+                     in_place.data());
+    EXPECT_LT(MaxAbsDiff(in_place.data(), expected), 2e-5);
+    AddLayerNormRows(x.data(), nullptr, rows, cols, gamma.data(), beta.data(), eps, y.data());
+    EXPECT_LT(MaxAbsDiff(y.data(), expected_plain), 2e-5);
+  }
+}
+
+TEST_P(KernelPathTest, QuantizeRowsRoundsToNearestAndKeepsTheRowMaximum) {
+  const int64_t rows = 4, cols = 45;
+  std::mt19937 rng(5);
+  Tensor x = RandomTensor({rows, cols}, rng);
+  std::fill_n(x.data() + 2 * cols, cols, 0.0f);  // an all-zero row
+  std::vector<int8_t> q(rows * cols);
+  std::vector<float> scales(rows);
+  QuantizeRows(x.data(), rows, cols, q.data(), scales.data());
+  for (int64_t m = 0; m < rows; ++m) {
+    double max_abs = 0;
+    for (int64_t j = 0; j < cols; ++j)
+      max_abs = std::max(max_abs, double{std::fabs(x.data()[m * cols + j])});
+    EXPECT_NEAR(scales[m], max_abs / 127.0, 1e-7);
+    int peak = 0;
+    for (int64_t j = 0; j < cols; ++j) {
+      const int8_t v = q[m * cols + j];
+      peak = std::max(peak, std::abs(int{v}));
+      if (max_abs == 0) {
+        ASSERT_EQ(v, 0);
+        continue;
+      }
+      // Within half a step of x / scale (plus float rounding of the product).
+      ASSERT_LE(std::abs(v - x.data()[m * cols + j] * 127.0 / max_abs), 0.5 + 1e-4);
+    }
+    EXPECT_EQ(peak, max_abs == 0 ? 0 : 127);
+  }
+}
+
+TEST_P(KernelPathTest, Int8EpiloguesMatchNaive) {
+  const int64_t rows = 5, cols = 40;
+  std::mt19937 rng(9);
+  std::vector<int32_t> acc(rows * cols);
+  std::uniform_int_distribution<int32_t> acc_dist(-200000, 200000);
+  for (int32_t& a : acc) a = acc_dist(rng);
+  const Tensor row_scales = RandomTensor({rows}, rng, 1e-3f),
+               col_scales = RandomTensor({cols}, rng, 1e-2f);
+  const Tensor bias = RandomTensor({cols}, rng), residual = RandomTensor({rows, cols}, rng);
+  const Tensor gamma = RandomTensor({cols}, rng), beta = RandomTensor({cols}, rng);
+  const Int8Accumulators in{acc.data(), row_scales.data(), col_scales.data(), bias.data()};
+  auto value = [&](int64_t m, int64_t j) {
+    return static_cast<double>(acc[m * cols + j]) * row_scales.data()[m] * col_scales.data()[j] +
+           bias.data()[j];
+  };
+
+  // Dequantise + bias.
+  std::vector<double> expected(rows * cols);
+  for (int64_t m = 0; m < rows; ++m) {
+    for (int64_t j = 0; j < cols; ++j) expected[m * cols + j] = value(m, j);
+  }
+  Tensor y({rows, cols});
+  DequantizeRows(in, rows, cols, y.data());
+  EXPECT_LT(MaxAbsDiff(y.data(), expected), 1e-3);
+
+  // + GELU, then quantised: dequantising q must give gelu(v) within half a step.
+  std::vector<int8_t> q(rows * cols);
+  std::vector<float> q_scales(rows);
+  Tensor gelu_out({rows, cols});
+  DequantizeGeluRows(in, rows, cols, gelu_out.data(), q.data(), q_scales.data());
+  for (int64_t m = 0; m < rows; ++m) {
+    for (int64_t j = 0; j < cols; ++j) {
+      const double v = value(m, j);
+      const double gelu = 0.5 * v * (1.0 + std::erf(v / std::sqrt(2.0)));
+      ASSERT_NEAR(gelu_out.data()[m * cols + j], gelu, 1e-5 * (1 + std::abs(gelu)))
+          << m << "," << j;
+      ASSERT_NEAR(q[m * cols + j] * double{q_scales[m]}, gelu,
+                  0.5 * q_scales[m] + 1e-4 * std::abs(gelu) + 1e-5)
+          << m << "," << j;
+    }
+  }
+
+  // + residual + LayerNorm (in place over the residual), then quantised.
+  Tensor out = residual;
+  DequantizeAddLayerNormQuantizeRows(in, out.data(), rows, cols, gamma.data(), beta.data(), 1e-12f,
+                                     out.data(), q.data(), q_scales.data());
+  for (int64_t m = 0; m < rows; ++m) {
+    double mean = 0, var = 0;
+    for (int64_t j = 0; j < cols; ++j) mean += value(m, j) + residual.data()[m * cols + j];
+    mean /= cols;
+    for (int64_t j = 0; j < cols; ++j) {
+      const double v = value(m, j) + residual.data()[m * cols + j];
+      var += (v - mean) * (v - mean);
+    }
+    var /= cols;
+    for (int64_t j = 0; j < cols; ++j) {
+      const double v = value(m, j) + residual.data()[m * cols + j];
+      const double ln = (v - mean) / std::sqrt(var + 1e-12) * gamma.data()[j] + beta.data()[j];
+      ASSERT_NEAR(out.data()[m * cols + j], ln, 1e-4 * (1 + std::abs(ln)));
+      ASSERT_NEAR(q[m * cols + j] * double{q_scales[m]}, ln,
+                  0.5 * q_scales[m] + 1e-4 * (1 + std::abs(ln)));
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Paths, KernelPathTest, ::testing::Values(true, false),
+                         [](const ::testing::TestParamInfo<bool>& info) {
+                           return info.param ? "Avx512" : "Portable";
+                         });
+
+TEST(MatmulRowsTest, PadsAtMostAnEighthWithFewShapes) {
+  std::set<int64_t> shapes;
+  for (int64_t rows = 1; rows <= 16384; ++rows) {
+    const int64_t padded = MatmulRows(rows);
+    ASSERT_GE(padded, rows);
+    if (rows > 64) {
+      ASSERT_LE(padded - rows, rows / 8) << rows;
+    }
+    ASSERT_EQ(MatmulRows(padded), padded) << rows;  // idempotent: padded sizes are buckets
+    shapes.insert(padded);
+  }
+  EXPECT_LE(shapes.size(), 100u);
+  EXPECT_EQ(MatmulRows(16), 16);
+  EXPECT_EQ(MatmulRows(4096), 4096);
+}
+
+// The prepared linear layers against a double-precision x · W^T + b on the rows that matter.
+TEST(PreparedLinearTest, PackedFp32AndInt8MatchNaive) {
+  const int64_t K = 96, N = 80;
+  std::mt19937 rng(11);
+  const Tensor weight = RandomTensor({N, K}, rng, 0.1f), bias = RandomTensor({N}, rng);
+  ExecContext ctx;
+  for (const int64_t rows : {int64_t{1}, int64_t{13}, int64_t{100}}) {
+    const int64_t mrows = MatmulRows(rows);
+    Tensor x = RandomTensor({mrows, K}, rng);
+    std::fill(x.data() + rows * K, x.data() + mrows * K, 0.0f);
+    std::vector<double> expected(rows * N);
+    for (int64_t m = 0; m < rows; ++m) {
+      for (int64_t n = 0; n < N; ++n) {
+        double acc = bias.data()[n];
+        for (int64_t k = 0; k < K; ++k)
+          acc += double{x.data()[m * K + k]} * weight.data()[n * K + k];
+        expected[m * N + n] = acc;
+      }
+    }
+    for (const bool packed : {false, true}) {
+      const PreparedLinear linear = packed ? PreparedLinear::Fp32Packed(weight, bias)
+                                           : PreparedLinear::Fp32View(weight, bias);
+      Tensor y({mrows, N});
+      linear.Forward(ctx, x.data(), rows, LinearEpilogue::kNone, y.data());
+      EXPECT_LT(MaxAbsDiff(y.data(), expected), 1e-4) << "rows " << rows << " packed " << packed;
+    }
+
+    // int8: the s32 accumulators are exact integer dot products of the quantised operands,
+    // and dequantising them approximates the fp32 layer to quantisation precision.
+    const PreparedLinear linear = PreparedLinear::Int8(weight, bias);
+    std::vector<int8_t> xq(mrows * K);
+    std::vector<float> x_scales(mrows);
+    QuantizeRows(x.data(), mrows, K, xq.data(), x_scales.data());
+    std::vector<int32_t> acc(mrows * N);
+    linear.ForwardInt8(ctx, xq.data(), rows, acc.data());
+    for (int64_t m = 0; m < rows; ++m) {
+      for (int64_t n = 0; n < N; ++n) {
+        int64_t exact = 0;
+        for (int64_t k = 0; k < K; ++k) {
+          const int w = linear.quantized_weights()[n * K + k];
+          ASSERT_LE(std::abs(w), 127);
+          exact += int64_t{xq[m * K + k]} * w;
+        }
+        ASSERT_EQ(acc[m * N + n], exact) << m << "," << n;
+      }
+    }
+    // Each operand is off by at most half its step (x: x_scale, W: weight scale), so
+    // |y - y_ref| <= sum_k |x| ws/2 + |W| xs/2 + xs ws/4, plus float rounding.
+    Tensor y({rows, N});
+    DequantizeRows({acc.data(), x_scales.data(), linear.weight_scales(), linear.bias()}, rows, N,
+                   y.data());
+    for (int64_t m = 0; m < rows; ++m) {
+      for (int64_t n = 0; n < N; ++n) {
+        const double xs = x_scales[m], ws = linear.weight_scales()[n];
+        double bound = 1e-4;
+        for (int64_t k = 0; k < K; ++k) {
+          bound += std::fabs(x.data()[m * K + k]) * ws / 2 +
+                   std::fabs(weight.data()[n * K + k]) * xs / 2 + xs * ws / 4;
+        }
+        ASSERT_LE(std::abs(y.data()[m * N + n] - expected[m * N + n]), bound) << m << "," << n;
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace attn
