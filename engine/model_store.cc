@@ -297,6 +297,7 @@ absl::Status WriteCheckpointFiles(const Model& base, const std::vector<OutputTen
       {"final_loss", std::isfinite(info.final_loss) ? Json(info.final_loss) : Json(nullptr)},
       {"sequence", info.sequence},
       {"num_labels", head != nullptr ? head->num_labels() : 0},
+      {"description", info.description},
   };
   // Replace invalid UTF-8 (caller-supplied strings) instead of throwing.
   const std::string text = json.dump(2, ' ', false, Json::error_handler_t::replace) + "\n";
@@ -366,6 +367,17 @@ absl::StatusOr<StoredVersion> InspectVersionDir(const std::string& store_dir,
   if (!S_ISDIR(st.st_mode)) {
     return absl::FailedPreconditionError(absl::StrCat(dir, " is not a directory"));
   }
+  // The loaders open more files than the ones checked below (vocab.txt, tokenizer.json,
+  // 1_Pooling/, ...): none of them may lead out of the store either. The iterator does not
+  // follow directory symlinks, so it sees every entry as it is.
+  std::error_code ec;
+  for (fs::recursive_directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    if (it->is_symlink(ec)) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          it->path().string(), " is a symlink; symlinks are not followed out of the store"));
+    }
+  }
+  if (ec) return ErrnoError(dir, "list", ec.value());
   const std::string info_path = Join(dir, kVersionInfoFile);
   absl::StatusOr<std::string> text = ReadSmallFileNoFollow(info_path, kMaxInfoBytes);
   if (!text.ok()) {
@@ -411,6 +423,10 @@ absl::StatusOr<StoredVersion> InspectVersionDir(const std::string& store_dir,
   }
   if (!GetInt(json, "num_labels", false, &v.num_labels)) {
     return malformed("num_labels", "a non-negative integer");
+  }
+  // Optional: checkpoints written before the field existed have none.
+  if (!GetString(json, "description", false, &v.description)) {
+    return malformed("description", "a string");
   }
   if (auto it = json.find("final_loss"); it != json.end()) {
     if (it->is_null()) {
@@ -500,6 +516,10 @@ absl::Status WriteCheckpoint(const Model& base, const BertWeights& weights,
                              const ClassificationHead* head, const CheckpointInfo& info,
                              const std::string& store_dir, const std::string& version) {
   if (absl::Status status = ValidateVersionName(version); !status.ok()) return status;
+  if (info.description.size() > kMaxDescriptionBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("description is ", info.description.size(),
+                                                   " bytes, more than ", kMaxDescriptionBytes));
+  }
   if (head != nullptr) {
     if (absl::Status status = ValidateHead(*head, base.config().hidden_size); !status.ok()) {
       return status;
@@ -640,7 +660,8 @@ absl::StatusOr<int> RemoveStaleTempDirs(const std::string& store_dir) {
   return removed;
 }
 
-absl::StatusOr<LoadedVersion> LoadStoredVersion(const StoredVersion& version) {
+absl::StatusOr<LoadedVersion> LoadStoredVersion(const StoredVersion& version,
+                                                const ModelOptions& model_options) {
   const std::string prefix = absl::StrCat("version '", version.version, "': ");
   // The caller's StoredVersion may be stale; re-check that the directory is still a real
   // directory inside the store before reading from it.
@@ -650,7 +671,7 @@ absl::StatusOr<LoadedVersion> LoadStoredVersion(const StoredVersion& version) {
     return absl::FailedPreconditionError(
         absl::StrCat(prefix, version.dir, " is not a directory (symlinks are not followed)"));
   }
-  absl::StatusOr<std::shared_ptr<const Model>> model = Model::Load(version.dir);
+  absl::StatusOr<std::shared_ptr<const Model>> model = Model::Load(version.dir, model_options);
   if (!model.ok()) return WithPrefix(model.status(), prefix);
 
   LoadedVersion loaded;

@@ -9,7 +9,7 @@
 //                                              (classification fine-tunes only)
 //                    attnserve_version.json    {version, base_version, parent_dir, created_utc,
 //                                               objective, steps, final_loss, sequence,
-//                                               num_labels, format_version}
+//                                               num_labels, description, format_version}
 //   <store>/.tmp-<version>-<pid>/              a checkpoint being written (or a crash leftover)
 //
 // A version directory appears in one rename() of a complete, fsynced temp directory, so a
@@ -39,6 +39,9 @@ inline constexpr char kVersionInfoFile[] = "attnserve_version.json";
 inline constexpr char kHeadFile[] = "head.safetensors";
 inline constexpr char kTempDirPrefix[] = ".tmp-";
 inline constexpr size_t kMaxVersionNameLength = 64;
+// attnserve_version.json must stay far below the reader's 1 MiB cap, or a committed version
+// would be skipped at the next start.
+inline constexpr size_t kMaxDescriptionBytes = 4096;
 
 // 1-64 chars of [A-Za-z0-9._-], not starting with '.' or '-' (so never ".", "..", a hidden or
 // temp dir, or something that reads as a flag). With no '/' a name cannot leave the store.
@@ -55,8 +58,9 @@ struct CheckpointInfo {
   std::string base_version;  // the version that was fine-tuned ("" for the embedded default)
   std::string objective;     // e.g. "contrastive", "cosine_similarity", "classification"
   int64_t steps = 0;
-  double final_loss = 0;  // non-finite values are recorded as null
-  int64_t sequence = 0;   // commit counter; ListStore orders by it
+  double final_loss = 0;    // non-finite values are recorded as null
+  int64_t sequence = 0;     // commit counter; ListStore orders by it
+  std::string description;  // the committer's free text (CommitRequest.description)
 };
 
 // Writes `weights` (+ `head`, may be null) as the new version `version` in `store_dir`,
@@ -64,9 +68,10 @@ struct CheckpointInfo {
 // fsynced, then the temp dir is renamed to <store>/<version> and the store dir fsynced. The
 // store dir is created if missing. Config and tokenizer files are copied from
 // base.model_dir(); `weights` must have the base config's shapes.
-// Errors: InvalidArgument (bad name, wrong shapes), AlreadyExists (version exists), or the
-// errno's code with a message naming the file and strerror (disk full, permissions). On any
-// error the temp dir is removed and the store is as before.
+// Errors: InvalidArgument (bad name, wrong shapes, description over kMaxDescriptionBytes),
+// AlreadyExists (version exists), or the errno's code with a message naming the file and
+// strerror (disk full, permissions). On any error the temp dir is removed and the store is as
+// before.
 absl::Status WriteCheckpoint(const Model& base, const BertWeights& weights,
                              const ClassificationHead* head, const CheckpointInfo& info,
                              const std::string& store_dir, const std::string& version);
@@ -81,8 +86,9 @@ struct StoredVersion {
   std::string parent_dir;  // model_dir() of the model that was fine-tuned
   std::string objective;
   int64_t steps = 0;
-  double final_loss = 0;   // NaN if recorded as null
-  int64_t num_labels = 0;  // > 0: the version has a classification head
+  double final_loss = 0;    // NaN if recorded as null
+  int64_t num_labels = 0;   // > 0: the version has a classification head
+  std::string description;  // "" if none was given (or the file predates the field)
 };
 
 // Committed versions in `store_dir`, sorted by sequence (then name). `.tmp-*` entries are
@@ -110,9 +116,10 @@ struct LoadedVersion {
   StoredVersion info;
 };
 
-// Model::Load(version.dir) plus head.safetensors when the version has a head. Any loader error
-// (truncated or corrupted file, wrong shapes) is returned with its code and message, prefixed
-// with the version name; nothing half-loaded is ever returned.
-absl::StatusOr<LoadedVersion> LoadStoredVersion(const StoredVersion& version);
+// Model::Load(version.dir, model_options) plus head.safetensors when the version has a head.
+// Any loader error (truncated or corrupted file, wrong shapes) is returned with its code and
+// message, prefixed with the version name; nothing half-loaded is ever returned.
+absl::StatusOr<LoadedVersion> LoadStoredVersion(const StoredVersion& version,
+                                                const ModelOptions& model_options = {});
 
 }  // namespace attn

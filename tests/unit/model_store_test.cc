@@ -327,6 +327,60 @@ TEST_F(ModelStoreTest, ListStoreOrdersBySequenceIgnoresTempAndSkipsWithReasons) 
             absl::StatusCode::kInvalidArgument);
 }
 
+// CommitRequest.description survives a restart: written to attnserve_version.json and read
+// back by ListStore/ReadStoredVersion; optional for older checkpoints; bounded in size.
+TEST_F(ModelStoreTest, DescriptionIsPersistedAndReadBack) {
+  CheckpointInfo info = Info(1);
+  info.description = "support FAQ pairs, \"quoted\", caf\xc3\xa9\nsecond line";
+  ASSERT_TRUE(WriteCheckpoint(base(), base().weights(), nullptr, info, store_, kVersion1).ok());
+  const std::string info_path = store_ + "/" + kVersion1 + "/attnserve_version.json";
+  // The file itself carries it (any tool reading the checkpoint sees it), as a JSON string.
+  const auto json = nlohmann::json::parse(ReadText(info_path));
+  ASSERT_TRUE(json.contains("description")) << json.dump();
+  EXPECT_EQ(json["description"].get<std::string>(), info.description);
+
+  auto read = ReadStoredVersion(store_, kVersion1);
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_EQ(read->description, info.description);
+  auto listed = ListStore(store_, nullptr);
+  ASSERT_TRUE(listed.ok()) << listed.status();
+  ASSERT_EQ(listed->size(), 1u);
+  EXPECT_EQ((*listed)[0].description, info.description);
+
+  // A checkpoint written before the field existed (no key) reads as no description.
+  FakeVersion(store_ + "/old", "old", 2);
+  auto old = ReadStoredVersion(store_, "old");
+  ASSERT_TRUE(old.ok()) << old.status();
+  EXPECT_EQ(old->description, "");
+
+  // A non-string description is malformed metadata: the entry is skipped with the reason.
+  FakeVersion(store_ + "/bad-description", "bad-description", 3);
+  nlohmann::json bad =
+      nlohmann::json::parse(ReadText(store_ + "/bad-description/" + std::string(kVersionInfoFile)));
+  bad["description"] = 42;
+  WriteText(store_ + "/bad-description/" + std::string(kVersionInfoFile), bad.dump());
+  std::vector<std::string> skipped;
+  listed = ListStore(store_, &skipped);
+  ASSERT_TRUE(listed.ok());
+  EXPECT_EQ(listed->size(), 2u);
+  ASSERT_EQ(skipped.size(), 1u);
+  EXPECT_NE(skipped[0].find("'description'"), std::string::npos) << skipped[0];
+
+  // Too long to keep attnserve_version.json small: refused before anything is written.
+  const std::vector<std::string> before = Entries(store_);
+  info.description = std::string(kMaxDescriptionBytes + 1, 'x');
+  const absl::Status too_long =
+      WriteCheckpoint(base(), base().weights(), nullptr, info, store_, "ft-000004");
+  EXPECT_EQ(too_long.code(), absl::StatusCode::kInvalidArgument) << too_long;
+  EXPECT_NE(too_long.message().find("description"), std::string::npos) << too_long;
+  EXPECT_EQ(Entries(store_), before);
+  info.description = std::string(kMaxDescriptionBytes, 'y');
+  ASSERT_TRUE(WriteCheckpoint(base(), base().weights(), nullptr, info, store_, "ft-000004").ok());
+  read = ReadStoredVersion(store_, "ft-000004");
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_EQ(read->description, info.description);
+}
+
 TEST(ModelStoreNameTest, ValidateVersionName) {
   for (const std::string& bad : std::vector<std::string>{
            "../x", "/abs", "a/b", "", ".", "..", ".hidden", ".tmp-x", "-flag", "a b", "a\\b",
