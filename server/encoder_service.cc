@@ -95,18 +95,23 @@ grpc::Status CheckResponseSize(const google::protobuf::Message& response, int64_
                                    "receive size"));
 }
 
-// Shared shape of Encode and AttentionMap: check the request size and version, prepare, submit
-// to the batcher, and finish through `build` when the batch is done.
+// One call's bookkeeping: finishes it (writing the response bytes first when it succeeded) and
+// records it in the metrics.
 class CallTracker {
  public:
-  CallTracker(const char* method, Metrics* metrics, grpc::CallbackServerContext* context)
-      : method_(method), metrics_(metrics), reactor_(context->DefaultReactor()) {}
+  CallTracker(const char* method, Metrics* metrics, grpc::CallbackServerContext* context,
+              std::function<grpc::Status()> serialize)
+      : method_(method),
+        metrics_(metrics),
+        reactor_(context->DefaultReactor()),
+        serialize_(std::move(serialize)) {}
 
   grpc::ServerUnaryReactor* reactor() const { return reactor_; }
   Clock::time_point received() const { return received_; }
 
   // Finishes the call and records it. Call exactly once.
-  void Finish(const grpc::Status& status) {
+  void Finish(grpc::Status status) {
+    if (status.ok() && serialize_) status = serialize_();
     metrics_->RecordRequest(method_, status.error_code(),
                             std::chrono::duration<double>(Clock::now() - received_).count());
     if (!status.ok() && status.error_code() != grpc::StatusCode::INVALID_ARGUMENT &&
@@ -121,12 +126,12 @@ class CallTracker {
   const char* method_;
   Metrics* metrics_;
   grpc::ServerUnaryReactor* reactor_;
+  std::function<grpc::Status()> serialize_;
   Clock::time_point received_ = Clock::now();
 };
 
-grpc::Status CheckRequestSize(const google::protobuf::Message& request, int64_t limit) {
-  const size_t bytes = request.ByteSizeLong();
-  if (static_cast<int64_t>(bytes) <= limit) return grpc::Status::OK;
+grpc::Status CheckRequestSize(int64_t bytes, int64_t limit) {
+  if (bytes <= limit) return grpc::Status::OK;
   return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
                       absl::StrCat("the request is ", bytes, " bytes, more than the ", limit,
                                    "-byte limit (--max-message-bytes); split it into several "
@@ -192,7 +197,6 @@ void BuildAttentionResults(const Model& model, const AttentionPlan& p, const Job
   const int num_layers = model.config().num_hidden_layers;
   for (size_t i = 0; i < output.sequences.size(); ++i) {
     const SequenceView& view = output.sequences[i];
-    const int64_t T = view.length();
     v1::AttentionResult* result = response->add_results();
     FillInputResult(model, p.inputs.encodings[i], result);
     for (int layer : p.layers) {
@@ -238,20 +242,60 @@ void BuildAttentionResults(const Model& model, const AttentionPlan& p, const Job
 
 EncoderService::EncoderService(const ServerOptions& options, ModelRegistry* registry,
                                Batcher* batcher, Metrics* metrics)
-    : options_(options), registry_(registry), batcher_(batcher), metrics_(metrics) {}
+    : options_(options), registry_(registry), batcher_(batcher), metrics_(metrics) {
+  ServeParsed<v1::EncodeRequest, v1::EncodeResponse>("Encode", &EncoderService::HandleEncode);
+  ServeParsed<v1::AttentionMapRequest, v1::AttentionMapResponse>(
+      "AttentionMap", &EncoderService::HandleAttentionMap);
+  ServeParsed<v1::TokenizeRequest, v1::TokenizeResponse>("Tokenize",
+                                                         &EncoderService::HandleTokenize);
+  ServeParsed<v1::GetModelInfoRequest, v1::ModelInfo>("GetModelInfo",
+                                                      &EncoderService::HandleGetModelInfo);
+}
+
+template <typename Request, typename Response>
+void EncoderService::ServeParsed(const char* method, Handler<Request, Response> handler) {
+  // The generated service registers its methods in the .proto's order.
+  const google::protobuf::MethodDescriptor* descriptor =
+      v1::EncodeRequest::descriptor()->file()->FindServiceByName("Encoder")->FindMethodByName(
+          method);
+  auto serve = [this, method, handler](grpc::CallbackServerContext* context,
+                                       const grpc::ByteBuffer* request_bytes,
+                                       grpc::ByteBuffer* response_bytes) {
+    // The typed messages live as long as the call's tracker: the batcher thread fills the
+    // response, and it is serialized into `response_bytes` when the call finishes.
+    auto messages = std::make_shared<std::pair<Request, Response>>();
+    auto serialize = [messages, response_bytes] {
+      bool own_buffer = false;
+      return grpc::SerializationTraits<Response>::Serialize(messages->second, response_bytes,
+                                                            &own_buffer);
+    };
+    grpc::Status rejected =
+        CheckRequestSize(static_cast<int64_t>(request_bytes->Length()), options_.max_message_bytes);
+    if (rejected.ok()) rejected = ToGrpcStatus(ParseRequestBytes(*request_bytes, &messages->first));
+    if (!rejected.ok()) {
+      if (rejected.error_code() == grpc::StatusCode::INVALID_ARGUMENT) {
+        Log(LogLevel::kDebug, "%s: %s", method, rejected.error_message());
+      }
+      CallTracker call(method, metrics_, context, nullptr);
+      call.Finish(rejected);
+      return call.reactor();
+    }
+    return (this->*handler)(context, &messages->first, &messages->second, serialize);
+  };
+  MarkMethodRawCallback(
+      descriptor->index(),
+      new grpc::internal::CallbackUnaryHandler<grpc::ByteBuffer, grpc::ByteBuffer>(serve));
+}
 
 template <typename Request, typename Response, typename Plan>
 grpc::ServerUnaryReactor* EncoderService::RunEngineCall(const char* method,
                                                         grpc::CallbackServerContext* context,
                                                         const Request* request, Response* response,
+                                                        SerializeFn serialize,
                                                         PrepareFn<Request, Plan> prepare,
                                                         BuildFn<Plan, Response> build) {
-  auto call = std::make_shared<CallTracker>(method, metrics_, context);
+  auto call = std::make_shared<CallTracker>(method, metrics_, context, std::move(serialize));
   grpc::ServerUnaryReactor* reactor = call->reactor();
-  if (grpc::Status size = CheckRequestSize(*request, options_.max_message_bytes); !size.ok()) {
-    call->Finish(size);
-    return reactor;
-  }
   absl::StatusOr<ModelVersion> version = registry_->Get(request->model_version());
   if (!version.ok()) {
     call->Finish(ToGrpcStatus(version.status()));
@@ -300,28 +344,29 @@ grpc::ServerUnaryReactor* EncoderService::RunEngineCall(const char* method,
   return reactor;
 }
 
-grpc::ServerUnaryReactor* EncoderService::Encode(grpc::CallbackServerContext* context,
-                                                 const v1::EncodeRequest* request,
-                                                 v1::EncodeResponse* response) {
+grpc::ServerUnaryReactor* EncoderService::HandleEncode(grpc::CallbackServerContext* context,
+                                                       const v1::EncodeRequest* request,
+                                                       v1::EncodeResponse* response,
+                                                       SerializeFn serialize) {
   return RunEngineCall<v1::EncodeRequest, v1::EncodeResponse, EncodePlan>(
-      "Encode", context, request, response, PrepareEncode, BuildEncodeResults);
+      "Encode", context, request, response, std::move(serialize), PrepareEncode,
+      BuildEncodeResults);
 }
 
-grpc::ServerUnaryReactor* EncoderService::AttentionMap(grpc::CallbackServerContext* context,
-                                                       const v1::AttentionMapRequest* request,
-                                                       v1::AttentionMapResponse* response) {
+grpc::ServerUnaryReactor* EncoderService::HandleAttentionMap(grpc::CallbackServerContext* context,
+                                                             const v1::AttentionMapRequest* request,
+                                                             v1::AttentionMapResponse* response,
+                                                             SerializeFn serialize) {
   return RunEngineCall<v1::AttentionMapRequest, v1::AttentionMapResponse, AttentionPlan>(
-      "AttentionMap", context, request, response, PrepareAttention, BuildAttentionResults);
+      "AttentionMap", context, request, response, std::move(serialize), PrepareAttention,
+      BuildAttentionResults);
 }
 
-grpc::ServerUnaryReactor* EncoderService::Tokenize(grpc::CallbackServerContext* context,
-                                                   const v1::TokenizeRequest* request,
-                                                   v1::TokenizeResponse* response) {
-  CallTracker call("Tokenize", metrics_, context);
-  if (grpc::Status size = CheckRequestSize(*request, options_.max_message_bytes); !size.ok()) {
-    call.Finish(size);
-    return call.reactor();
-  }
+grpc::ServerUnaryReactor* EncoderService::HandleTokenize(grpc::CallbackServerContext* context,
+                                                         const v1::TokenizeRequest* request,
+                                                         v1::TokenizeResponse* response,
+                                                         SerializeFn serialize) {
+  CallTracker call("Tokenize", metrics_, context, std::move(serialize));
   absl::StatusOr<ModelVersion> version = registry_->Get(request->model_version());
   if (!version.ok()) {
     call.Finish(ToGrpcStatus(version.status()));
@@ -349,10 +394,11 @@ grpc::ServerUnaryReactor* EncoderService::Tokenize(grpc::CallbackServerContext* 
   return call.reactor();
 }
 
-grpc::ServerUnaryReactor* EncoderService::GetModelInfo(grpc::CallbackServerContext* context,
-                                                       const v1::GetModelInfoRequest* request,
-                                                       v1::ModelInfo* response) {
-  CallTracker call("GetModelInfo", metrics_, context);
+grpc::ServerUnaryReactor* EncoderService::HandleGetModelInfo(grpc::CallbackServerContext* context,
+                                                             const v1::GetModelInfoRequest* request,
+                                                             v1::ModelInfo* response,
+                                                             SerializeFn serialize) {
+  CallTracker call("GetModelInfo", metrics_, context, std::move(serialize));
   absl::StatusOr<ModelVersion> version = registry_->Get(request->model_version());
   if (!version.ok()) {
     call.Finish(ToGrpcStatus(version.status()));
@@ -374,7 +420,7 @@ grpc::ServerUnaryReactor* EncoderService::GetModelInfo(grpc::CallbackServerConte
   response->set_default_pooling(std::string(PoolingModeName(model.sentence_config().pooling)));
   response->set_default_normalize(model.sentence_config().normalize);
   response->set_parameter_count(model.weights().ParameterCount());
-  response->set_precision("float32");
+  response->set_precision(PrecisionName(model.precision()));
   response->set_version(version->version);
   response->set_version_origin(version->origin);
   for (const std::string& name : registry_->Versions()) response->add_available_versions(name);

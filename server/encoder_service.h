@@ -3,6 +3,7 @@
 #pragma once
 
 #include <atomic>
+#include <functional>
 #include <memory>
 
 #include "attnserve/v1/encoder.grpc.pb.h"
@@ -16,34 +17,52 @@ namespace attn::server {
 
 class EncoderService final : public attnserve::v1::Encoder::CallbackService {
  public:
+  // Registers every method as a raw-bytes handler (see ServeParsed).
   EncoderService(const ServerOptions& options, ModelRegistry* registry, Batcher* batcher,
                  Metrics* metrics);
 
-  grpc::ServerUnaryReactor* Encode(grpc::CallbackServerContext* context,
-                                   const attnserve::v1::EncodeRequest* request,
-                                   attnserve::v1::EncodeResponse* response) override;
-  grpc::ServerUnaryReactor* AttentionMap(grpc::CallbackServerContext* context,
-                                         const attnserve::v1::AttentionMapRequest* request,
-                                         attnserve::v1::AttentionMapResponse* response) override;
-  grpc::ServerUnaryReactor* Tokenize(grpc::CallbackServerContext* context,
-                                     const attnserve::v1::TokenizeRequest* request,
-                                     attnserve::v1::TokenizeResponse* response) override;
-  grpc::ServerUnaryReactor* GetModelInfo(grpc::CallbackServerContext* context,
-                                         const attnserve::v1::GetModelInfoRequest* request,
-                                         attnserve::v1::ModelInfo* response) override;
-
  private:
+  // Writes the typed response into the bytes gRPC sends; runs just before an OK finish.
+  using SerializeFn = std::function<grpc::Status()>;
+  template <typename Request, typename Response>
+  using Handler = grpc::ServerUnaryReactor* (EncoderService::*)(grpc::CallbackServerContext*,
+                                                                const Request*, Response*,
+                                                                SerializeFn);
   template <typename Request, typename Plan>
   using PrepareFn = absl::StatusOr<Plan> (*)(const Model&, const Request&, const RequestLimits&);
   template <typename Plan, typename Response>
   using BuildFn = void (*)(const Model&, const Plan&, const JobOutput&, Response*);
 
-  // The shared path of Encode and AttentionMap: size and version checks, `prepare` (validate +
+  // Serves the method called `method` from raw bytes: checks the size, parses the request
+  // itself and calls `handler`. gRPC's generated handler answers a request it cannot decode
+  // (invalid UTF-8 in a string, malformed bytes) with a bare UNIMPLEMENTED and no metrics; this
+  // answers INVALID_ARGUMENT naming the field and the problem, and counts the call.
+  template <typename Request, typename Response>
+  void ServeParsed(const char* method, Handler<Request, Response> handler);
+
+  grpc::ServerUnaryReactor* HandleEncode(grpc::CallbackServerContext* context,
+                                         const attnserve::v1::EncodeRequest* request,
+                                         attnserve::v1::EncodeResponse* response,
+                                         SerializeFn serialize);
+  grpc::ServerUnaryReactor* HandleAttentionMap(grpc::CallbackServerContext* context,
+                                               const attnserve::v1::AttentionMapRequest* request,
+                                               attnserve::v1::AttentionMapResponse* response,
+                                               SerializeFn serialize);
+  grpc::ServerUnaryReactor* HandleTokenize(grpc::CallbackServerContext* context,
+                                           const attnserve::v1::TokenizeRequest* request,
+                                           attnserve::v1::TokenizeResponse* response,
+                                           SerializeFn serialize);
+  grpc::ServerUnaryReactor* HandleGetModelInfo(grpc::CallbackServerContext* context,
+                                               const attnserve::v1::GetModelInfoRequest* request,
+                                               attnserve::v1::ModelInfo* response,
+                                               SerializeFn serialize);
+
+  // The shared path of Encode and AttentionMap: version check, `prepare` (validate +
   // tokenize), submit to the batcher, then `build` the results when the batch is done.
   template <typename Request, typename Response, typename Plan>
   grpc::ServerUnaryReactor* RunEngineCall(const char* method, grpc::CallbackServerContext* context,
                                           const Request* request, Response* response,
-                                          PrepareFn<Request, Plan> prepare,
+                                          SerializeFn serialize, PrepareFn<Request, Plan> prepare,
                                           BuildFn<Plan, Response> build);
 
   const ServerOptions options_;

@@ -16,6 +16,7 @@
 #include <fstream>
 #include <memory>
 #include <optional>
+#include <set>
 #include <sstream>
 #include <thread>
 
@@ -23,6 +24,9 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "engine/cli_util.h"
 #include "engine/log.h"
 #include "engine/model.h"
@@ -59,6 +63,11 @@ ABSL_FLAG(int, max_inputs_per_request, kDefaults.max_inputs_per_request,
 ABSL_FLAG(int64_t, max_message_bytes, kDefaults.max_message_bytes,
           "Largest request and response in bytes.");
 ABSL_FLAG(int, threads, kDefaults.threads, "Engine (OpenMP) threads; 0 = all cores.");
+ABSL_FLAG(std::string, precision, attn::PrecisionName(kDefaults.precision),
+          "Engine precision: float32 (fp32), or int8 (linear layers quantised per output "
+          "channel at load, activations per token; pooled cosine to fp32 >= 0.995). Applies to "
+          "every served version, fine-tuned ones included; reported by GetModelInfo and the "
+          "attnserve_model_info metric.");
 ABSL_FLAG(double, drain_timeout_s, kDefaults.drain_timeout_s,
           "On SIGTERM/SIGINT: seconds to let in-flight requests finish before exiting.");
 ABSL_FLAG(std::string, log_level, "info", "debug, info, warning or error.");
@@ -78,6 +87,15 @@ ABSL_FLAG(int, trainer_nice, kDefaults.trainer_nice,
           "Niceness (0-19) added to the training thread's: under CPU contention the kernel "
           "prefers the threads serving Encode/AttentionMap, so their latency stays near idle "
           "while a job runs; an idle server still gives training every spare cycle.");
+ABSL_FLAG(double, watch_store, kDefaults.watch_store_s,
+          "Seconds between polls of --model-store for versions committed by another process "
+          "(a trainer replica sharing the store); 0 = off. New complete versions are "
+          "registered and the newest is served, unless an operator pinned an older one here "
+          "with Rollback/SetServingVersion. Watching servers leave the store's temp dirs alone.");
+ABSL_FLAG(int, max_loaded_versions, kDefaults.max_loaded_versions,
+          "Model versions kept in memory (each ~90 MB for the default model). The served "
+          "version and the most recently used ones stay; others are unloaded and loaded again "
+          "from the model store when a request pins them.");
 ABSL_FLAG(std::string, tls_cert, "",
           "PEM certificate chain: serve every service over TLS (give --tls-key too).");
 ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls-cert.");
@@ -130,10 +148,55 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeCredentials(
   return grpc::SslServerCredentials(ssl);
 }
 
-// Loads every committed version of the model store into the registry, oldest first, so the
-// latest one ends up served. Returns the next commit's sequence number. Versions that cannot
-// be loaded are skipped with a warning (the server still serves the others).
-absl::StatusOr<int64_t> LoadModelStore(const std::string& store, ModelRegistry* registry) {
+// A stored version's registry entry, not loaded yet (the registry loads it when it is served
+// or pinned).
+ModelVersion UnloadedVersion(const StoredVersion& stored) {
+  ModelVersion version;
+  version.version = stored.version;
+  version.origin = absl::StrCat("fine-tuned from ", stored.base_version, " (", stored.objective,
+                                ", ", stored.steps, stored.steps == 1 ? " step)" : " steps)");
+  version.sequence = stored.sequence;
+  version.created_utc = stored.created_utc;
+  version.description = stored.description;
+  return version;
+}
+
+// Loads a version's model from disk: "base" from --model-dir, the others from the store.
+absl::StatusOr<std::shared_ptr<const Model>> LoadVersion(const ServerOptions& options,
+                                                         const ModelVersion& version) {
+  const auto start = std::chrono::steady_clock::now();
+  absl::StatusOr<std::shared_ptr<const Model>> model;
+  if (version.version == "base") {
+    model = Model::Load(options.model_dir, ModelOptions{options.precision});
+  } else if (options.model_store.empty()) {
+    model = absl::FailedPreconditionError("the server has no --model-store to load it from");
+  } else {
+    absl::StatusOr<StoredVersion> stored = ReadStoredVersion(options.model_store, version.version);
+    absl::StatusOr<LoadedVersion> loaded =
+        stored.ok() ? LoadStoredVersion(*stored, ModelOptions{options.precision})
+                    : absl::StatusOr<LoadedVersion>(stored.status());
+    if (loaded.ok()) {
+      model = loaded->model;
+    } else {
+      model = loaded.status();
+    }
+  }
+  if (model.ok()) {
+    Log(LogLevel::kInfo, "loaded version %s in %.2f s", version.version,
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  } else {
+    Log(LogLevel::kWarning, "cannot load version %s: %s", version.version,
+        model.status().message());
+  }
+  return model;
+}
+
+// Registers every committed version of the model store, newest first: the newest one that
+// loads is served, the others are listed and load when pinned. Returns the next commit's
+// sequence number. A server that only watches the store leaves temp dirs alone (they may be a
+// commit in progress by the trainer replica).
+absl::StatusOr<int64_t> LoadModelStore(const std::string& store, bool clean_temp_dirs,
+                                       ModelRegistry* registry) {
   std::error_code error;
   std::filesystem::create_directories(store, error);
   if (error || !std::filesystem::is_directory(store)) {
@@ -141,11 +204,13 @@ absl::StatusOr<int64_t> LoadModelStore(const std::string& store, ModelRegistry* 
         absl::StrCat("--model-store ", store, " is not a usable directory",
                      error ? absl::StrCat(": ", error.message()) : std::string()));
   }
-  absl::StatusOr<int> removed = RemoveStaleTempDirs(store);
-  if (!removed.ok()) return removed.status();
-  if (*removed > 0) {
-    Log(LogLevel::kWarning, "model store %s: removed %d unfinished checkpoint(s) left by a crash",
-        store, *removed);
+  if (clean_temp_dirs) {
+    absl::StatusOr<int> removed = RemoveStaleTempDirs(store);
+    if (!removed.ok()) return removed.status();
+    if (*removed > 0) {
+      Log(LogLevel::kWarning, "model store %s: removed %d unfinished checkpoint(s) left by a crash",
+          store, *removed);
+    }
   }
   std::vector<std::string> skipped;
   absl::StatusOr<std::vector<StoredVersion>> versions = ListStore(store, &skipped);
@@ -154,32 +219,92 @@ absl::StatusOr<int64_t> LoadModelStore(const std::string& store, ModelRegistry* 
     Log(LogLevel::kWarning, "model store %s: skipped %s", store, reason);
   }
   int64_t next_sequence = 1;
-  for (const StoredVersion& stored : *versions) {
-    next_sequence = std::max(next_sequence, stored.sequence + 1);
-    const auto start = std::chrono::steady_clock::now();
-    absl::StatusOr<LoadedVersion> loaded = LoadStoredVersion(stored);
-    if (!loaded.ok()) {
-      Log(LogLevel::kWarning, "model store %s: cannot load version %s, skipped: %s", store,
-          stored.version, loaded.status().message());
-      continue;
+  for (auto stored = versions->rbegin(); stored != versions->rend(); ++stored) {
+    next_sequence = std::max(next_sequence, stored->sequence + 1);
+    absl::StatusOr<bool> served = registry->Discover(UnloadedVersion(*stored));
+    if (!served.ok()) {
+      Log(LogLevel::kWarning, "model store %s: version %s: %s", store, stored->version,
+          served.status().message());
     }
-    ModelVersion version;
-    version.version = stored.version;
-    version.origin = absl::StrCat("fine-tuned from ", stored.base_version, " (", stored.objective,
-                                  ", ", stored.steps, stored.steps == 1 ? " step)" : " steps)");
-    version.model = loaded->model;
-    version.sequence = stored.sequence;
-    version.created_utc = stored.created_utc;
-    if (absl::Status published = registry->Publish(std::move(version), /*serve=*/true);
-        !published.ok()) {
-      Log(LogLevel::kWarning, "model store %s: %s", store, published.message());
-      continue;
-    }
-    Log(LogLevel::kInfo, "loaded version %s from the model store in %.2f s", stored.version,
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  }
+  if (!versions->empty()) {
+    Log(LogLevel::kInfo, "model store %s: %d version(s) listed, loaded: %s", store,
+        static_cast<int>(versions->size()), absl::StrJoin(registry->LoadedVersions(), ", "));
   }
   return next_sequence;
 }
+
+// Polls the model store for versions another process committed and registers them (the
+// registry serves the newest unless an operator pinned an older one). Commits appear in the
+// store with one rename of a complete directory, and ListStore ignores temp dirs, so a poll
+// never sees half a version.
+class StoreWatcher {
+ public:
+  StoreWatcher(std::string store, double interval_s, ModelRegistry* registry)
+      : store_(std::move(store)), interval_s_(interval_s), registry_(registry) {
+    thread_ = std::thread([this] { Loop(); });
+  }
+  ~StoreWatcher() { Stop(); }
+
+  void Stop() {
+    {
+      absl::MutexLock lock(&mutex_);
+      stopping_ = true;
+    }
+    if (thread_.joinable()) thread_.join();
+  }
+
+ private:
+  void Loop() {
+    while (true) {
+      {
+        absl::MutexLock lock(&mutex_);
+        mutex_.AwaitWithTimeout(absl::Condition(&stopping_), absl::Seconds(interval_s_));
+        if (stopping_) return;
+      }
+      Poll();
+    }
+  }
+
+  void Poll() {
+    std::vector<std::string> skipped;
+    absl::StatusOr<std::vector<StoredVersion>> versions = ListStore(store_, &skipped);
+    if (!versions.ok()) {
+      Warn(absl::StrCat("cannot list: ", versions.status().message()));
+      return;
+    }
+    for (const std::string& reason : skipped) Warn(absl::StrCat("skipped ", reason));
+    for (const StoredVersion& stored : *versions) {
+      if (registry_->Contains(stored.version)) continue;
+      absl::StatusOr<bool> served = registry_->Discover(UnloadedVersion(stored));
+      if (!served.ok()) {
+        if (served.status().code() != absl::StatusCode::kAlreadyExists) {
+          Warn(absl::StrCat("version ", stored.version, ": ", served.status().message()));
+        }
+        continue;
+      }
+      Log(LogLevel::kInfo, "model store %s: found new version %s%s", store_, stored.version,
+          *served
+              ? "; now served by default"
+              : (registry_->follows_latest() ? "" : " (not served: an older version is pinned)"));
+    }
+  }
+
+  // Each distinct problem is logged once, not at every poll.
+  void Warn(const std::string& message) {
+    if (warned_.insert(message).second) {
+      Log(LogLevel::kWarning, "model store %s: %s", store_, message);
+    }
+  }
+
+  const std::string store_;
+  const double interval_s_;
+  ModelRegistry* const registry_;
+  std::set<std::string> warned_;  // used by the watcher thread only
+  absl::Mutex mutex_;
+  bool stopping_ ABSL_GUARDED_BY(mutex_) = false;
+  std::thread thread_;
+};
 
 int Run(const ServerOptions& options, std::optional<std::string> trainer_token) {
   // Signals are taken by a dedicated thread with sigwait, so block them before any thread starts.
@@ -209,13 +334,21 @@ int Run(const ServerOptions& options, std::optional<std::string> trainer_token) 
   absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials = MakeCredentials(options);
   if (!credentials.ok()) return Fail(std::string(credentials.status().message()));
 
-  ModelRegistry registry;
+  ModelRegistry registry(options.max_loaded_versions, [&options](const ModelVersion& version) {
+    return LoadVersion(options, version);
+  });
+  registry.SetEvictionListener([](const std::string& version) {
+    Log(LogLevel::kInfo,
+        "unloaded version %s (--max-loaded-versions reached; it loads again "
+        "when a request pins it)",
+        version);
+  });
   // Every change of the default version (start-up, commit, Rollback, SetServingVersion) shows
   // in the metrics.
   registry.SetServingListener([&metrics](const ModelVersion& served) {
     const BertConfig& c = served.model->config();
-    metrics.SetModelInfo(served.version, "bert", "float32", c.num_hidden_layers, c.hidden_size,
-                         c.num_attention_heads);
+    metrics.SetModelInfo(served.version, "bert", PrecisionName(served.model->precision()),
+                         c.num_hidden_layers, c.hidden_size, c.num_attention_heads);
     metrics.SetServingVersion(served.version);
   });
   Batcher batcher({options.max_batch_tokens, options.max_concurrent_requests, options.threads},
@@ -249,7 +382,9 @@ int Run(const ServerOptions& options, std::optional<std::string> trainer_token) 
   Log(LogLevel::kInfo, "listening on %s:%d (gRPC), metrics on port %d; loading %s", options.host,
       grpc_port, metrics_port, options.model_dir);
 
-  auto model = Model::Load(options.model_dir);
+  ModelOptions model_options;
+  model_options.precision = options.precision;
+  auto model = Model::Load(options.model_dir, model_options);
   if (!model.ok()) {
     server->Shutdown();
     return Fail(absl::StrCat("cannot load the model: ", model.status().message(),
@@ -262,12 +397,19 @@ int Run(const ServerOptions& options, std::optional<std::string> trainer_token) 
   base.model = *model;
   registry.Add(std::move(base));
   if (!options.model_store.empty()) {
-    absl::StatusOr<int64_t> next_sequence = LoadModelStore(options.model_store, &registry);
+    absl::StatusOr<int64_t> next_sequence =
+        LoadModelStore(options.model_store, options.watch_store_s == 0, &registry);
     if (!next_sequence.ok()) {
       server->Shutdown();
       return Fail(absl::StrCat("cannot use the model store: ", next_sequence.status().message()));
     }
     trainer.SetNextSequence(*next_sequence);
+  }
+  std::unique_ptr<StoreWatcher> watcher;
+  if (options.watch_store_s > 0) {
+    watcher = std::make_unique<StoreWatcher>(options.model_store, options.watch_store_s, &registry);
+    Log(LogLevel::kInfo, "watching model store %s every %g s for new versions", options.model_store,
+        options.watch_store_s);
   }
   absl::StatusOr<ModelVersion> served = registry.Get("");
   health->SetServingStatus(true);
@@ -294,6 +436,7 @@ int Run(const ServerOptions& options, std::optional<std::string> trainer_token) 
   server->Shutdown(std::chrono::system_clock::now() +
                    std::chrono::milliseconds(static_cast<int64_t>(options.drain_timeout_s * 1e3)));
   batcher.Stop();
+  if (watcher != nullptr) watcher->Stop();
   Log(LogLevel::kInfo, "drained; exiting");
   return 0;
 }
@@ -336,6 +479,8 @@ int main(int argc, char** argv) {
   options.model_store = absl::GetFlag(FLAGS_model_store);
   options.trainer_threads = absl::GetFlag(FLAGS_trainer_threads);
   options.trainer_nice = absl::GetFlag(FLAGS_trainer_nice);
+  options.watch_store_s = absl::GetFlag(FLAGS_watch_store);
+  options.max_loaded_versions = absl::GetFlag(FLAGS_max_loaded_versions);
   options.tls_cert = absl::GetFlag(FLAGS_tls_cert);
   options.tls_key = absl::GetFlag(FLAGS_tls_key);
 
@@ -354,11 +499,19 @@ int main(int argc, char** argv) {
     return usage_error("--max-inputs-per-request must be >= 1");
   if (options.max_message_bytes < 1024) return usage_error("--max-message-bytes must be >= 1024");
   if (options.threads < 0) return usage_error("--threads must be >= 0");
+  if (!attn::ParsePrecision(absl::GetFlag(FLAGS_precision), &options.precision)) {
+    return usage_error("--precision must be float32 (or fp32) or int8");
+  }
   if (options.drain_timeout_s < 0) return usage_error("--drain-timeout-s must be >= 0");
   if (options.trainer_threads < 0) return usage_error("--trainer-threads must be >= 0");
   if (options.trainer_nice < 0 || options.trainer_nice > 19) {
     return usage_error("--trainer-nice must be in [0, 19]");
   }
+  if (options.watch_store_s < 0) return usage_error("--watch-store must be >= 0 (0 = off)");
+  if (options.watch_store_s > 0 && options.model_store.empty()) {
+    return usage_error("--watch-store needs --model-store (the directory to watch)");
+  }
+  if (options.max_loaded_versions < 1) return usage_error("--max-loaded-versions must be >= 1");
   if (options.tls_cert.empty() != options.tls_key.empty()) {
     return usage_error("--tls-cert and --tls-key go together: give both or neither");
   }

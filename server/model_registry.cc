@@ -7,96 +7,226 @@
 
 namespace attn::server {
 
+ModelRegistry::ModelRegistry(int max_loaded, Loader loader)
+    : max_loaded_(std::max(1, max_loaded)), loader_(std::move(loader)) {}
+
 void ModelRegistry::SetServingListener(ServingListener listener) {
   absl::MutexLock lock(&mutex_);
   listener_ = std::move(listener);
 }
 
+void ModelRegistry::SetEvictionListener(EvictionListener listener) {
+  absl::MutexLock lock(&mutex_);
+  eviction_listener_ = std::move(listener);
+}
+
 void ModelRegistry::SetServingLocked(const std::string& version) {
   serving_ = version;
-  if (listener_) listener_(versions_.at(version));
+  Entry& entry = versions_.at(version);
+  entry.last_used = ++use_clock_;
+  if (listener_) listener_(entry.version);
+}
+
+bool ModelRegistry::IsNewestLocked(const std::string& version) const {
+  const std::vector<const ModelVersion*> ordered = OrderedLocked();
+  return !ordered.empty() && ordered.back()->version == version;
+}
+
+absl::Status ModelRegistry::NotFoundLocked(const std::string& version) const {
+  std::vector<std::string> names;
+  for (const ModelVersion* v : OrderedLocked()) names.push_back(v->version);
+  return absl::NotFoundError(absl::StrCat("model version '", version,
+                                          "' not found; available: ", absl::StrJoin(names, ", ")));
+}
+
+void ModelRegistry::EvictLocked(std::vector<std::shared_ptr<const Model>>* released) {
+  if (!loader_) return;
+  int loaded = 0;
+  for (const auto& [name, entry] : versions_) loaded += entry.version.model != nullptr;
+  while (loaded > max_loaded_) {
+    Entry* oldest = nullptr;
+    for (auto& [name, entry] : versions_) {
+      if (entry.version.model == nullptr || name == serving_) continue;
+      if (oldest == nullptr || entry.last_used < oldest->last_used) oldest = &entry;
+    }
+    if (oldest == nullptr) return;
+    released->push_back(std::move(oldest->version.model));
+    oldest->version.model = nullptr;
+    --loaded;
+    if (eviction_listener_) eviction_listener_(oldest->version.version);
+  }
+}
+
+absl::StatusOr<ModelVersion> ModelRegistry::EnsureLoaded(const std::string& name) {
+  ModelVersion unloaded;
+  {
+    absl::MutexLock lock(&mutex_);
+    auto it = versions_.find(name);
+    if (it == versions_.end()) return NotFoundLocked(name);
+    it->second.last_used = ++use_clock_;
+    if (it->second.version.model != nullptr) return it->second.version;
+    unloaded = it->second.version;
+  }
+  if (!loader_) {
+    return absl::InternalError(
+        absl::StrCat("model version '", name, "' is not in memory and this server cannot load it"));
+  }
+  // The load (~1 s for MiniLM) runs without the main lock: requests for loaded versions go on.
+  absl::StatusOr<std::shared_ptr<const Model>> model = loader_(unloaded);
+  if (!model.ok()) {
+    return absl::Status(model.status().code(),
+                        absl::StrCat("model version '", name,
+                                     "' is not in memory and loading it from the store failed: ",
+                                     model.status().message()));
+  }
+  std::vector<std::shared_ptr<const Model>> released;
+  ModelVersion loaded;
+  {
+    absl::MutexLock lock(&mutex_);
+    Entry& entry = versions_.at(name);  // entries are never removed
+    entry.version.model = std::move(*model);
+    entry.last_used = ++use_clock_;
+    loaded = entry.version;
+    EvictLocked(&released);
+  }
+  return loaded;
 }
 
 void ModelRegistry::Add(ModelVersion version) {
+  absl::MutexLock load_lock(&load_mutex_);
+  std::vector<std::shared_ptr<const Model>> released;
   absl::MutexLock lock(&mutex_);
   const std::string name = version.version;
-  versions_[name] = std::move(version);
+  Entry& entry = versions_[name];
+  entry.version = std::move(version);
+  entry.discovered = false;
+  entry.last_used = ++use_clock_;
   if (serving_.empty() || serving_ == name) SetServingLocked(name);
+  EvictLocked(&released);
 }
 
 absl::Status ModelRegistry::Publish(ModelVersion version, bool serve) {
+  absl::MutexLock load_lock(&load_mutex_);
+  std::vector<std::shared_ptr<const Model>> released;
   absl::MutexLock lock(&mutex_);
   const std::string name = version.version;
-  if (versions_.count(name)) {
+  auto existing = versions_.find(name);
+  if (existing != versions_.end() && !existing->second.discovered) {
     return absl::AlreadyExistsError(absl::StrCat("model version '", name, "' already exists"));
   }
-  versions_[name] = std::move(version);
-  if (serve || serving_.empty()) SetServingLocked(name);
+  Entry& entry = versions_[name];
+  entry.version = std::move(version);
+  entry.discovered = false;
+  entry.last_used = ++use_clock_;
+  if (serve || serving_.empty()) {
+    SetServingLocked(name);
+    follow_latest_ = IsNewestLocked(name);
+  }
+  EvictLocked(&released);
   return absl::OkStatus();
 }
 
-absl::Status ModelRegistry::SetServing(const std::string& version) {
-  absl::MutexLock lock(&mutex_);
-  if (!versions_.count(version)) {
-    std::vector<std::string> names;
-    for (const ModelVersion* v : OrderedLocked()) names.push_back(v->version);
-    return absl::NotFoundError(absl::StrCat(
-        "model version '", version, "' not found; available: ", absl::StrJoin(names, ", ")));
+absl::StatusOr<bool> ModelRegistry::Discover(ModelVersion version) {
+  absl::MutexLock load_lock(&load_mutex_);
+  const std::string name = version.version;
+  {
+    absl::MutexLock lock(&mutex_);
+    if (versions_.count(name)) {
+      return absl::AlreadyExistsError(absl::StrCat("model version '", name, "' already exists"));
+    }
+    Entry& entry = versions_[name];
+    entry.version = std::move(version);
+    entry.discovered = true;
+    auto served = versions_.find(serving_);
+    const bool newer =
+        served == versions_.end() || entry.version.sequence > served->second.version.sequence;
+    if (!follow_latest_ || !newer) return false;
   }
+  absl::StatusOr<ModelVersion> loaded = EnsureLoaded(name);
+  if (!loaded.ok()) return loaded.status();
+  std::vector<std::shared_ptr<const Model>> released;
+  absl::MutexLock lock(&mutex_);
+  SetServingLocked(name);
+  EvictLocked(&released);
+  return true;
+}
+
+absl::Status ModelRegistry::SetServing(const std::string& version) {
+  absl::MutexLock load_lock(&load_mutex_);
+  absl::StatusOr<ModelVersion> loaded = EnsureLoaded(version);
+  if (!loaded.ok()) return loaded.status();
+  std::vector<std::shared_ptr<const Model>> released;
+  absl::MutexLock lock(&mutex_);
   SetServingLocked(version);
+  follow_latest_ = IsNewestLocked(version);
+  EvictLocked(&released);
   return absl::OkStatus();
 }
 
 absl::StatusOr<ModelVersion> ModelRegistry::Rollback(const std::string& version) {
-  absl::MutexLock lock(&mutex_);
-  const std::vector<const ModelVersion*> ordered = OrderedLocked();
-  auto current = std::find_if(ordered.begin(), ordered.end(),
-                              [&](const ModelVersion* v) { return v->version == serving_; });
-  if (current == ordered.end()) return absl::UnavailableError("no version is served yet");
-  if (version.empty()) {
-    if (current == ordered.begin()) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("nothing to roll back to: '", serving_, "' is the oldest version"));
+  absl::MutexLock load_lock(&load_mutex_);
+  std::string target;
+  {
+    // Every change of the version set holds load_mutex_, so the target stays valid below.
+    absl::MutexLock lock(&mutex_);
+    const std::vector<const ModelVersion*> ordered = OrderedLocked();
+    auto current = std::find_if(ordered.begin(), ordered.end(),
+                                [&](const ModelVersion* v) { return v->version == serving_; });
+    if (current == ordered.end()) return absl::UnavailableError("no version is served yet");
+    if (version.empty()) {
+      if (current == ordered.begin()) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("nothing to roll back to: '", serving_, "' is the oldest version"));
+      }
+      target = (*(current - 1))->version;
+    } else {
+      auto found = versions_.find(version);
+      if (found == versions_.end()) {
+        return absl::NotFoundError(absl::StrCat("model version '", version, "' not found"));
+      }
+      if (version == serving_) {
+        return absl::FailedPreconditionError(absl::StrCat("'", version, "' is already served"));
+      }
+      auto position = std::find(ordered.begin(), ordered.end(), &found->second.version);
+      if (position > current) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("'", version, "' is newer than the served '", serving_,
+                         "'; Rollback only goes back (use SetServingVersion to go forward)"));
+      }
+      target = version;
     }
-    SetServingLocked((*(current - 1))->version);
-    return versions_.at(serving_);
   }
-  auto target = versions_.find(version);
-  if (target == versions_.end()) {
-    return absl::NotFoundError(absl::StrCat("model version '", version, "' not found"));
-  }
-  if (version == serving_) {
-    return absl::FailedPreconditionError(absl::StrCat("'", version, "' is already served"));
-  }
-  auto position = std::find(ordered.begin(), ordered.end(), &target->second);
-  if (position > current) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("'", version, "' is newer than the served '", serving_,
-                     "'; Rollback only goes back (use SetServingVersion to go forward)"));
-  }
-  SetServingLocked(version);
-  return target->second;
+  absl::StatusOr<ModelVersion> loaded = EnsureLoaded(target);
+  if (!loaded.ok()) return loaded.status();
+  std::vector<std::shared_ptr<const Model>> released;
+  absl::MutexLock lock(&mutex_);
+  SetServingLocked(target);
+  follow_latest_ = false;  // an older version than the newest, by construction
+  EvictLocked(&released);
+  return versions_.at(target).version;
 }
 
-absl::StatusOr<ModelVersion> ModelRegistry::Get(const std::string& version) const {
-  absl::MutexLock lock(&mutex_);
-  if (versions_.empty()) {
-    return absl::UnavailableError("the model is still loading; retry shortly");
+absl::StatusOr<ModelVersion> ModelRegistry::Get(const std::string& version) {
+  std::string name;
+  {
+    absl::MutexLock lock(&mutex_);
+    if (serving_.empty()) {
+      return absl::UnavailableError("the model is still loading; retry shortly");
+    }
+    name = version.empty() ? serving_ : version;
+    auto it = versions_.find(name);
+    if (it == versions_.end()) return NotFoundLocked(version);
+    it->second.last_used = ++use_clock_;
+    if (it->second.version.model != nullptr) return it->second.version;
   }
-  const std::string& name = version.empty() ? serving_ : version;
-  auto it = versions_.find(name);
-  if (it == versions_.end()) {
-    std::vector<std::string> names;
-    for (const ModelVersion* v : OrderedLocked()) names.push_back(v->version);
-    return absl::NotFoundError(absl::StrCat(
-        "model version '", version, "' not found; available: ", absl::StrJoin(names, ", ")));
-  }
-  return it->second;
+  // Known but unloaded (never the served version, which always stays loaded).
+  absl::MutexLock load_lock(&load_mutex_);
+  return EnsureLoaded(name);
 }
 
 std::vector<const ModelVersion*> ModelRegistry::OrderedLocked() const {
   std::vector<const ModelVersion*> ordered;
-  for (const auto& [name, version] : versions_) ordered.push_back(&version);
+  for (const auto& [name, entry] : versions_) ordered.push_back(&entry.version);
   std::stable_sort(
       ordered.begin(), ordered.end(),
       [](const ModelVersion* a, const ModelVersion* b) { return a->sequence < b->sequence; });
@@ -116,6 +246,25 @@ std::vector<ModelVersion> ModelRegistry::List(std::string* serving) const {
   for (const ModelVersion* v : OrderedLocked()) out.push_back(*v);
   if (serving != nullptr) *serving = serving_;
   return out;
+}
+
+bool ModelRegistry::Contains(const std::string& version) const {
+  absl::MutexLock lock(&mutex_);
+  return versions_.count(version) > 0;
+}
+
+std::vector<std::string> ModelRegistry::LoadedVersions() const {
+  absl::MutexLock lock(&mutex_);
+  std::vector<std::string> names;
+  for (const ModelVersion* v : OrderedLocked()) {
+    if (v->model != nullptr) names.push_back(v->version);
+  }
+  return names;
+}
+
+bool ModelRegistry::follows_latest() const {
+  absl::MutexLock lock(&mutex_);
+  return follow_latest_;
 }
 
 bool ModelRegistry::empty() const {

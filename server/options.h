@@ -4,6 +4,8 @@
 #include <cstdint>
 #include <string>
 
+#include "engine/precision.h"
+
 namespace attn::server {
 
 struct ServerOptions {
@@ -18,6 +20,7 @@ struct ServerOptions {
   int max_inputs_per_request = 256;
   int64_t max_message_bytes = 64ll << 20;  // request and response size limit
   int threads = 0;                         // OpenMP threads for the engine; 0 = all cores
+  Precision precision = Precision::kFp32;  // fp32, or int8 linear layers quantised at load
   double drain_timeout_s = 30.0;  // SIGTERM: how long in-flight requests may take to finish
 
   // Fine-tuning. The Trainer service answers UNIMPLEMENTED unless a token is configured.
@@ -25,6 +28,10 @@ struct ServerOptions {
   std::string model_store;         // committed versions live here ("" = commits fail)
   int trainer_threads = 1;         // OpenMP threads of the training thread
   int trainer_nice = 10;           // niceness added to the training thread (0 = as the server)
+
+  // Scaling out: several servers share one model store that a single trainer writes.
+  double watch_store_s = 0;     // poll --model-store this often for new versions (0 = off)
+  int max_loaded_versions = 4;  // versions kept in memory (~90 MB each); others load on demand
 
   // TLS for every service (both or neither; PEM files).
   std::string tls_cert;

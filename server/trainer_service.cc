@@ -208,8 +208,11 @@ absl::StatusOr<JobSettings> ResolveConfig(const v1::FineTuneConfig& config, cons
 // thread (or the stream is finished). Each step hands over to the next, so the job's members
 // are only ever touched by one thread at a time and Finish is called exactly once, as the last
 // action of whoever holds the turn; OnCancel only sets a flag that the next step checks.
-class FineTuneReactor final
-    : public grpc::ServerBidiReactor<v1::FineTuneRequest, v1::FineTuneProgress> {
+//
+// Messages travel as raw bytes parsed here (ParseRequestBytes): gRPC's typed reader reports a
+// message it cannot decode exactly like the end of the stream, so a client sending invalid
+// UTF-8 would hear "the stream ended" instead of what is wrong.
+class FineTuneReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
   FineTuneReactor(TrainerService* service, grpc::CallbackServerContext* context)
       : service_(service), context_(context) {
@@ -217,7 +220,7 @@ class FineTuneReactor final
       End(auth, "");
       return;
     }
-    StartRead(&request_);
+    StartRead(&request_bytes_);
   }
 
   void OnReadDone(bool ok) override {
@@ -235,6 +238,11 @@ class FineTuneReactor final
     }
     if (cancelled_.load()) {
       EndCancelled();
+      return;
+    }
+    request_.Clear();
+    if (absl::Status parsed = ParseRequestBytes(request_bytes_, &request_); !parsed.ok()) {
+      End(ToGrpcStatus(parsed), job_id_.empty() ? "" : "failed");
       return;
     }
     switch (request_.message_case()) {
@@ -287,7 +295,7 @@ class FineTuneReactor final
       EndCancelled();
       return;
     }
-    StartRead(&request_);
+    StartRead(&request_bytes_);
   }
 
   void OnCancel() override { cancelled_.store(true); }
@@ -340,7 +348,7 @@ class FineTuneReactor final
         return;
       }
       trainer_ = std::move(*trainer);
-      StartRead(&request_);
+      StartRead(&request_bytes_);
     });
   }
 
@@ -393,7 +401,7 @@ class FineTuneReactor final
         EndCancelled();
         return;
       }
-      StartWrite(&progress_);
+      StartWrite(SerializedProgress());
     });
   }
 
@@ -443,6 +451,7 @@ class FineTuneReactor final
     info.steps = steps_;
     info.final_loss = last_.loss;
     info.sequence = sequence;
+    info.description = commit.description();
     const auto start = Clock::now();
     if (absl::Status written = WriteCheckpoint(trainer_->base(), trainer_->weights(),
                                                trainer_->head(), info, store, version);
@@ -458,7 +467,7 @@ class FineTuneReactor final
     published.sequence = sequence;
     absl::StatusOr<StoredVersion> stored = ReadStoredVersion(store, version);
     published.created_utc = stored.ok() ? stored->created_utc : UtcNow();
-    published.description = commit.description();
+    published.description = stored.ok() ? stored->description : commit.description();
     const bool serve = !commit.do_not_serve();
     if (absl::Status added = service_->registry_->Publish(published, serve); !added.ok()) {
       return added;
@@ -623,15 +632,26 @@ class FineTuneReactor final
   // Ends the stream with the final progress message (already in progress_) and OK.
   void EndWithProgress(const std::string& outcome) {
     Release(grpc::StatusCode::OK, outcome);
-    StartWriteAndFinish(&progress_, grpc::WriteOptions(), grpc::Status::OK);
+    StartWriteAndFinish(SerializedProgress(), grpc::WriteOptions(), grpc::Status::OK);
+  }
+
+  // progress_ as the bytes to send (the previous write, if any, is done with the buffer).
+  const grpc::ByteBuffer* SerializedProgress() {
+    progress_bytes_.Clear();
+    bool own_buffer = false;
+    grpc::SerializationTraits<v1::FineTuneProgress>::Serialize(progress_, &progress_bytes_,
+                                                               &own_buffer);
+    return &progress_bytes_;
   }
 
   TrainerService* const service_;
   grpc::CallbackServerContext* const context_;
   const Clock::time_point received_ = Clock::now();
   std::atomic<bool> cancelled_{false};
+  grpc::ByteBuffer request_bytes_;
   v1::FineTuneRequest request_;
   v1::FineTuneProgress progress_;
+  grpc::ByteBuffer progress_bytes_;
 
   // The job (empty id = no config yet).
   std::string job_id_;
@@ -654,7 +674,18 @@ TrainerService::TrainerService(const ServerOptions& options, std::optional<std::
       token_(std::move(token)),
       registry_(registry),
       metrics_(metrics),
-      training_thread_([this] { TrainingLoop(); }) {}
+      training_thread_([this] { TrainingLoop(); }) {
+  // FineTune takes raw bytes (see FineTuneReactor); the generated service registers its methods
+  // in the .proto's order.
+  MarkMethodRawCallback(
+      v1::FineTuneRequest::descriptor()
+          ->file()
+          ->FindServiceByName("Trainer")
+          ->FindMethodByName("FineTune")
+          ->index(),
+      new grpc::internal::CallbackBidiHandler<grpc::ByteBuffer, grpc::ByteBuffer>(
+          [this](grpc::CallbackServerContext* context) { return NewFineTuneReactor(context); }));
+}
 
 TrainerService::~TrainerService() {
   {
@@ -743,7 +774,7 @@ grpc::Status TrainerService::Authorize(const grpc::CallbackServerContext& contex
   return CheckBearerToken(context, *token_);
 }
 
-grpc::ServerBidiReactor<v1::FineTuneRequest, v1::FineTuneProgress>* TrainerService::FineTune(
+grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* TrainerService::NewFineTuneReactor(
     grpc::CallbackServerContext* context) {
   return new FineTuneReactor(this, context);
 }

@@ -35,8 +35,10 @@ class TrainerService final : public attnserve::v1::Trainer::CallbackService {
   // The sequence number the next commit gets (1 + the highest one in the model store).
   void SetNextSequence(int64_t sequence);
 
-  grpc::ServerBidiReactor<attnserve::v1::FineTuneRequest, attnserve::v1::FineTuneProgress>*
-  FineTune(grpc::CallbackServerContext* context) override;
+  // Serves FineTune from raw bytes (see FineTuneReactor in the .cc); registered by the
+  // constructor in place of the generated typed handler.
+  grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* NewFineTuneReactor(
+      grpc::CallbackServerContext* context);
   grpc::ServerUnaryReactor* ListVersions(grpc::CallbackServerContext* context,
                                          const attnserve::v1::ListVersionsRequest* request,
                                          attnserve::v1::ListVersionsResponse* response) override;
