@@ -1,0 +1,1414 @@
+// The hostile-input catalogue: every kind of malformed, extreme or out-of-range request we know
+// of, sent over gRPC to the real attnserve. One table row per case says how it is sent, the
+// status code it must get and words its message must contain. After every case the server must
+// still be alive, SERVING on the health service and answering Encode, and its log must show no
+// crash; at the end every rejected call must have been counted in attnserve_requests_total.
+//
+// Run one case: reliability_hostile_input_test --gtest_filter='*invalid_utf8*'
+// List them:    reliability_hostile_input_test --gtest_list_tests
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <cstdio>
+#include <functional>
+#include <limits>
+#include <map>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "attnserve/v1/trainer.grpc.pb.h"
+#include "tests/integration/harness.h"
+#include "tests/reliability/reliability_util.h"
+
+namespace attn::integration {
+
+constexpr char kToken[] = "hostile-catalogue-token-7f3a";
+constexpr int kMaxMessageBytes = 4 << 20;  // 4 MiB: a 1 MiB text fits, five of them do not
+constexpr int kMaxInputs = 256;            // the server default, named here for the messages
+
+std::optional<std::vector<std::string>> SharedServerFlags() {
+  // Lives until the process exits, after the shared server has stopped.
+  static reliability::TempDir* dir = new reliability::TempDir("hostile");
+  return std::vector<std::string>{
+      "--max_message_bytes=" + std::to_string(kMaxMessageBytes),
+      "--max_inputs_per_request=" + std::to_string(kMaxInputs),
+      "--trainer_token_file=" + dir->WriteFile("token", std::string(kToken) + "\n"),
+      "--trainer_threads=1"};
+}
+
+namespace {
+
+using reliability::ExpectStatus;
+namespace wire = reliability::wire;
+
+constexpr int kMaxPositions = 512;
+constexpr int kDefaultMaxLength = 256;
+
+// What a case may use to send its request.
+struct Clients {
+  std::shared_ptr<grpc::Channel> channel;
+  std::unique_ptr<pb::Encoder::Stub> encoder;
+  std::unique_ptr<pb::Trainer::Stub> trainer;
+};
+
+struct HostileCase {
+  std::string name;  // [A-Za-z0-9_], the gtest parameter name
+  std::string what;  // one line: what is sent
+  std::function<grpc::Status(Clients&)> send;
+  grpc::StatusCode code;
+  std::vector<std::string> message_parts;
+  // The attnserve_requests_total method label the server must count the call under; empty when
+  // gRPC itself answers before the service sees the call (transport limits, unknown methods).
+  std::string counted_as;
+};
+
+std::ostream& operator<<(std::ostream& out, const HostileCase& c) { return out << c.name; }
+
+// ---------------------------------------------------------------------------------------------
+// Ways to send
+
+std::chrono::system_clock::time_point Deadline(int seconds = 120) {
+  return std::chrono::system_clock::now() + std::chrono::seconds(seconds);
+}
+
+grpc::Status Encode(Clients& c, const pb::EncodeRequest& request,
+                    pb::EncodeResponse* response = nullptr) {
+  pb::EncodeResponse ignored;
+  grpc::ClientContext context;
+  context.set_deadline(Deadline());
+  return c.encoder->Encode(&context, request, response != nullptr ? response : &ignored);
+}
+
+grpc::Status Attention(Clients& c, const pb::AttentionMapRequest& request,
+                       pb::AttentionMapResponse* response = nullptr) {
+  pb::AttentionMapResponse ignored;
+  grpc::ClientContext context;
+  context.set_deadline(Deadline());
+  return c.encoder->AttentionMap(&context, request, response != nullptr ? response : &ignored);
+}
+
+grpc::Status Tokenize(Clients& c, const pb::TokenizeRequest& request,
+                      pb::TokenizeResponse* response = nullptr) {
+  pb::TokenizeResponse ignored;
+  grpc::ClientContext context;
+  context.set_deadline(Deadline());
+  return c.encoder->Tokenize(&context, request, response != nullptr ? response : &ignored);
+}
+
+grpc::Status Raw(Clients& c, const std::string& method, const std::string& bytes) {
+  return reliability::RawUnaryCall(c.channel, method, bytes, nullptr);
+}
+
+const std::vector<std::pair<std::string, std::string>>& Bearer() {
+  static const std::vector<std::pair<std::string, std::string>> metadata = {
+      {"authorization", std::string("Bearer ") + kToken}};
+  return metadata;
+}
+
+// One FineTune stream: writes `requests` in order (the server may end the stream early), then
+// half-closes, drains the answers and returns the final status.
+grpc::Status FineTune(Clients& c, const std::vector<pb::FineTuneRequest>& requests,
+                      const std::string& token = kToken,
+                      std::vector<pb::FineTuneProgress>* answers = nullptr) {
+  grpc::ClientContext context;
+  context.set_deadline(Deadline(300));
+  if (!token.empty()) context.AddMetadata("authorization", "Bearer " + token);
+  auto stream = c.trainer->FineTune(&context);
+  for (const pb::FineTuneRequest& request : requests) {
+    if (!stream->Write(request)) break;
+  }
+  stream->WritesDone();
+  pb::FineTuneProgress progress;
+  while (stream->Read(&progress)) {
+    if (answers != nullptr) answers->push_back(progress);
+  }
+  return stream->Finish();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Requests
+
+pb::EncodeRequest Texts(const std::vector<std::string>& texts) {
+  pb::EncodeRequest request;
+  for (const std::string& text : texts) request.add_inputs()->set_text(text);
+  return request;
+}
+
+pb::EncodeRequest Pair(const std::string& first, const std::string& second) {
+  pb::EncodeRequest request;
+  request.add_inputs()->mutable_pair()->set_first(first);
+  request.mutable_inputs(0)->mutable_pair()->set_second(second);
+  return request;
+}
+
+pb::EncodeRequest Ids(const std::vector<int>& ids, const std::vector<int>& type_ids = {}) {
+  pb::EncodeRequest request;
+  request.add_inputs()->set_text("a valid first input");
+  pb::TokenIds* tokens = request.add_inputs()->mutable_tokens();
+  for (int id : ids) tokens->add_ids(id);
+  for (int type : type_ids) tokens->add_type_ids(type);
+  return request;
+}
+
+pb::AttentionMapRequest AttentionOf(const std::string& text) {
+  pb::AttentionMapRequest request;
+  request.add_inputs()->set_text(text);
+  return request;
+}
+
+pb::FineTuneRequest Config(pb::Objective objective) {
+  pb::FineTuneRequest request;
+  request.mutable_config()->set_objective(objective);
+  request.mutable_config()->set_learning_rate(1e-5);
+  request.mutable_config()->set_disable_dropout(true);
+  if (objective == pb::CLASSIFICATION) request.mutable_config()->set_num_labels(3);
+  return request;
+}
+
+pb::FineTuneRequest Batch(const std::vector<pb::TrainingExample>& examples) {
+  pb::FineTuneRequest request;
+  pb::TrainingBatch* batch = request.mutable_batch();  // set even when empty
+  for (const pb::TrainingExample& example : examples) *batch->add_examples() = example;
+  return request;
+}
+
+pb::TrainingExample Contrastive(const std::string& anchor, const std::string& positive,
+                                const std::string& negative = "") {
+  pb::TrainingExample example;
+  example.set_anchor(anchor);
+  example.set_positive(positive);
+  if (!negative.empty()) example.set_negative(negative);
+  return example;
+}
+
+pb::TrainingExample Scored(const std::string& first, const std::string& second, float score) {
+  pb::TrainingExample example;
+  example.set_first(first);
+  example.set_second(second);
+  example.set_score(score);
+  return example;
+}
+
+pb::TrainingExample Labelled(const std::string& text, int label) {
+  pb::TrainingExample example;
+  example.set_text(text);
+  example.set_label(label);
+  return example;
+}
+
+pb::FineTuneRequest Commit() {
+  pb::FineTuneRequest request;
+  request.mutable_commit();
+  return request;
+}
+
+pb::FineTuneRequest Abort(bool abort = true) {
+  pb::FineTuneRequest request;
+  request.set_abort(abort);
+  return request;
+}
+
+// Hand-made wire bytes of attnserve.v1 messages (field numbers from encoder.proto).
+namespace raw {
+std::string TextInput(std::string_view text) { return wire::Field(1, text); }  // Input.text
+std::string PairInput(std::string_view first, std::string_view second) {
+  return wire::Field(2, wire::Field(1, first) + wire::Field(2, second));  // Input.pair
+}
+// EncodeRequest / AttentionMapRequest / TokenizeRequest: `inputs` is field 1 in all three.
+std::string RequestWithInputs(const std::vector<std::string>& inputs) {
+  std::string out;
+  for (const std::string& input : inputs) out += wire::Field(1, input);
+  return out;
+}
+// A FineTuneRequest carrying one TrainingBatch (field 2) of one example.
+std::string BatchOf(const std::string& example) { return wire::Field(2, wire::Field(1, example)); }
+}  // namespace raw
+
+const std::string kEncode = "/attnserve.v1.Encoder/Encode";
+const std::string kAttention = "/attnserve.v1.Encoder/AttentionMap";
+const std::string kTokenize = "/attnserve.v1.Encoder/Tokenize";
+const std::string kModelInfo = "/attnserve.v1.Encoder/GetModelInfo";
+
+// A megabyte of text in words the vocabulary knows.
+std::string Megabyte(const std::string& unit = "lorem ipsum dolor sit amet ") {
+  std::string text;
+  text.reserve((1 << 20) + unit.size());
+  while (text.size() < (1 << 20)) text += unit;  // whole units: multi-byte ones stay valid
+  return text;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The catalogue
+
+std::vector<HostileCase> Catalogue() {
+  using grpc::StatusCode;
+  std::vector<HostileCase> cases;
+  auto add = [&cases](HostileCase c) { cases.push_back(std::move(c)); };
+  const std::string vocab = std::to_string(kVocabSize);
+
+  // --- Empty and oversized requests -------------------------------------------------------------
+  add({"empty_encode_request",
+       "EncodeRequest with no inputs",
+       [](Clients& c) { return Encode(c, pb::EncodeRequest()); },
+       StatusCode::INVALID_ARGUMENT,
+       {"no inputs", std::to_string(kMaxInputs)},
+       "Encode"});
+  add({"empty_attention_request",
+       "AttentionMapRequest with no inputs",
+       [](Clients& c) { return Attention(c, pb::AttentionMapRequest()); },
+       StatusCode::INVALID_ARGUMENT,
+       {"no inputs"},
+       "AttentionMap"});
+  add({"empty_tokenize_request",
+       "TokenizeRequest with no inputs",
+       [](Clients& c) { return Tokenize(c, pb::TokenizeRequest()); },
+       StatusCode::INVALID_ARGUMENT,
+       {"no inputs"},
+       "Tokenize"});
+  add({"zero_byte_request",
+       "Encode with a zero-length body (a valid, empty EncodeRequest)",
+       [](Clients& c) { return Raw(c, kEncode, ""); },
+       StatusCode::INVALID_ARGUMENT,
+       {"no inputs"},
+       "Encode"});
+  add({"input_kind_not_set",
+       "an Input with neither text, pair nor tokens",
+       [](Clients& c) {
+         pb::EncodeRequest request;
+         request.add_inputs();
+         return Encode(c, request);
+       },
+       StatusCode::INVALID_ARGUMENT,
+       {"inputs[0]", "set text, pair or tokens"},
+       "Encode"});
+  add({"empty_text_at_index_2",
+       "three texts, the third empty",
+       [](Clients& c) {
+         return Encode(c, Texts({"first", "second", ""}));
+       },
+       StatusCode::INVALID_ARGUMENT,
+       {"inputs[2]", "empty"},
+       "Encode"});
+  add({"ten_thousand_inputs",
+       "Encode with 10,000 inputs (limit 256)",
+       [](Clients& c) { return Encode(c, Texts(std::vector<std::string>(10000, "x"))); },
+       StatusCode::INVALID_ARGUMENT,
+       {"10000", std::to_string(kMaxInputs), "max-inputs-per-request"},
+       "Encode"});
+  add({"ten_thousand_tokenize_inputs",
+       "Tokenize with 10,000 inputs",
+       [](Clients& c) {
+         pb::TokenizeRequest request;
+         for (int i = 0; i < 10000; ++i) request.add_inputs()->set_text("x");
+         return Tokenize(c, request);
+       },
+       StatusCode::INVALID_ARGUMENT,
+       {"10000", std::to_string(kMaxInputs)},
+       "Tokenize"});
+  add({"one_megabyte_text",
+       "a 1 MiB text: served, truncated to the default 256 tokens",
+       [](Clients& c) {
+         pb::EncodeResponse response;
+         const grpc::Status status = Encode(c, Texts({Megabyte()}), &response);
+         if (status.ok()) {
+           EXPECT_EQ(response.results(0).tokens_size(), kDefaultMaxLength);
+           EXPECT_TRUE(response.results(0).truncated());
+           EXPECT_GT(response.results(0).untruncated_length(), 100000);
+         }
+         return status;
+       },
+       StatusCode::OK,
+       {},
+       "Encode"});
+  add({"one_megabyte_word",
+       "a 1 MiB text without spaces: one over-long word, [UNK]",
+       [](Clients& c) {
+         pb::EncodeResponse response;
+         const grpc::Status status = Encode(c, Texts({std::string(1 << 20, 'a')}), &response);
+         if (status.ok()) {
+           EXPECT_EQ(response.results(0).tokens_size(), 3);
+           if (response.results(0).tokens_size() == 3) {
+             EXPECT_EQ(response.results(0).tokens(1).text(), "[UNK]");
+           }
+         }
+         return status;
+       },
+       StatusCode::OK,
+       {},
+       "Encode"});
+  add({"one_megabyte_cjk",
+       "1 MiB of CJK characters (one token each) for AttentionMap",
+       [](Clients& c) {
+         pb::AttentionMapRequest request = AttentionOf(Megabyte("\xe4\xb8\xad"));  // U+4E2D
+         request.add_layers(-1);
+         request.add_heads(0);
+         request.set_top_k(4);
+         pb::AttentionMapResponse response;
+         const grpc::Status status = Attention(c, request, &response);
+         if (status.ok()) {
+           EXPECT_EQ(response.results(0).tokens_size(), kDefaultMaxLength);
+           EXPECT_TRUE(response.results(0).truncated());
+         }
+         return status;
+       },
+       StatusCode::OK,
+       {},
+       "AttentionMap"});
+  add({"one_megabyte_combining_marks",
+       "'a' followed by 1 MiB of U+0301 (accent stripping)",
+       [](Clients& c) {
+         std::string text = "a" + Megabyte("\xcc\x81");
+         pb::TokenizeRequest request;
+         request.add_inputs()->set_text(text);
+         pb::TokenizeResponse response;
+         const grpc::Status status = Tokenize(c, request, &response);
+         if (status.ok()) {
+           EXPECT_GE(response.results(0).tokens_size(), 3);
+         }
+         return status;
+       },
+       StatusCode::OK,
+       {},
+       "Tokenize"});
+  add({"one_megabyte_text_truncation_none",
+       "a 1 MiB text with TRUNCATION_NONE",
+       [](Clients& c) {
+         pb::EncodeRequest request = Texts({Megabyte()});
+         request.mutable_tokenization()->set_truncation(pb::TRUNCATION_NONE);
+         return Encode(c, request);
+       },
+       StatusCode::INVALID_ARGUMENT,
+       {"inputs[0]", "TRUNCATION_NONE", std::to_string(kDefaultMaxLength)},
+       "Encode"});
+  add({"request_over_message_limit",
+       "five 1 MiB texts (5 MiB) with --max-message-bytes 4 MiB",
+       [](Clients& c) { return Encode(c, Texts(std::vector<std::string>(5, Megabyte()))); },
+       StatusCode::RESOURCE_EXHAUSTED,
+       {std::to_string(kMaxMessageBytes), "max-message-bytes"},
+       "Encode"});
+  add({"request_over_transport_limit",
+       "a 10 MiB text: beyond gRPC's own receive limit",
+       [](Clients& c) { return Encode(c, Texts({std::string(10 << 20, 'a')})); },
+       StatusCode::RESOURCE_EXHAUSTED,
+       {"larger than max"},
+       ""});
+  add({"response_over_message_limit",
+       "all 6x12 attention maps of 512 tokens (75 MB) at 4 MiB",
+       [](Clients& c) {
+         pb::AttentionMapRequest request = AttentionOf(TextOfTokens(kMaxPositions));
+         request.mutable_tokenization()->set_max_length(kMaxPositions);
+         return Attention(c, request);
+       },
+       StatusCode::RESOURCE_EXHAUSTED,
+       {"response", std::to_string(kMaxMessageBytes), "top_k"},
+       "AttentionMap"});
+
+  // --- Text content: invalid UTF-8 (sent as raw bytes), NUL bytes ------------------------------
+  add({"invalid_utf8_text",
+       "inputs[0].text = 'caf\\xC3' (truncated 2-byte sequence)",
+       [](Clients& c) {
+         return Raw(c, kEncode, raw::RequestWithInputs({raw::TextInput("caf\xc3")}));
+       },
+       StatusCode::INVALID_ARGUMENT,
+       {"inputs[0].text", "UTF-8"},
+       "Encode"});
+  add({"invalid_utf8_lone_continuation",
+       "inputs[1].text has a lone 0x80 byte",
+       [](Clients& c) {
+         return Raw(c, kEncode,
+                    raw::RequestWithInputs({raw::TextInput("fine"), raw::TextInput("a\x80z")}));
+       },
+       StatusCode::INVALID_ARGUMENT,
+       {"inputs[1].text", "UTF-8"},
+       "Encode"});
+  add({"invalid_utf8_surrogate",
+       "a UTF-16 surrogate encoded in UTF-8 (ED A0 80)",
+       [](Clients& c) {
+         return Raw(c, kEncode, raw::RequestWithInputs({raw::TextInput("x\xed\xa0\x80y")}));
+       },
+       StatusCode::INVALID_ARGUMENT,
+       {"inputs[0].text", "UTF-8"},
+       "Encode"});
+  add({"invalid_utf8_overlong",
+       "an overlong encoding of '/' (C0 AF)",
+       [](Clients& c) {
+         return Raw(c, kEncode, raw::RequestWithInputs({raw::TextInput("\xc0\xaf")}));
+       },
+       StatusCode::INVALID_ARGUMENT,
+       {"inputs[0].text", "UTF-8"},
+       "Encode"});
+  add({"invalid_utf8_pair_second",
+       "pair.second = FF FE",
+       [](Clients& c) {
+         return Raw(c, kEncode, raw::RequestWithInputs({raw::PairInput("fine", "\xff\xfe")}));
+       },
+       StatusCode::INVALID_ARGUMENT,
+       {"inputs[0].pair.second", "UTF-8"},
+       "Encode"});
+  add({"invalid_utf8_attention",
+       "AttentionMap with invalid UTF-8 text",
+       [](Clients& c) {
+         return Raw(c, kAttention,
+                    raw::RequestWithInputs({raw::TextInput("\xf8\x88\x80\x80\x80")}));
+       },
+       StatusCode::INVALID_ARGUMENT,
+       {"inputs[0].text", "UTF-8"},
+       "AttentionMap"});
+  add({"invalid_utf8_tokenize",
+       "Tokenize with invalid UTF-8 text",
+       [](Clients& c) {
+         return Raw(c, kTokenize, raw::RequestWithInputs({raw::TextInput("\xe2\x82")}));
+       },
+       StatusCode::INVALID_ARGUMENT,
+       {"inputs[0].text", "UTF-8"},
+       "Tokenize"});
+  add({"invalid_utf8_model_version",
+       "EncodeRequest.model_version = 'v\\xFF'",
+       [](Clients& c) {
+         return Raw(c, kEncode,
+                    raw::RequestWithInputs({raw::TextInput("fine")}) + wire::Field(9, "v\xff"));
+       },
+       StatusCode::INVALID_ARGUMENT,
+       {"model_version", "UTF-8"},
+       "Encode"});
+  add({"invalid_utf8_model_info_version",
+       "GetModelInfoRequest.model_version = FF",
+       [](Clients& c) { return Raw(c, kModelInfo, wire::Field(1, "\xff")); },
+       StatusCode::INVALID_ARGUMENT,
+       {"model_version", "UTF-8"},
+       "GetModelInfo"});
+  add({"nul_bytes_in_text",
+       "'hello\\0world': NUL is dropped as a control character",
+       [](Clients& c) {
+         // Hugging Face's BERT normaliser removes U+0000, so the text reads as "helloworld".
+         pb::TokenizeRequest with_nul, without;
+         with_nul.add_inputs()->set_text(std::string("hello\0world", 11));
+         without.add_inputs()->set_text("helloworld");
+         pb::TokenizeResponse a, b;
+         const grpc::Status status = Tokenize(c, with_nul, &a);
+         EXPECT_TRUE(Tokenize(c, without, &b).ok());
+         if (status.ok()) {
+           std::vector<int> with_ids, without_ids;
+           for (const pb::Token& token : a.results(0).tokens()) with_ids.push_back(token.id());
+           for (const pb::Token& token : b.results(0).tokens()) without_ids.push_back(token.id());
+           EXPECT_EQ(with_ids, without_ids);
+         }
+         return status;
+       },
+       StatusCode::OK,
+       {},
+       "Tokenize"});
+  add({"only_nul_bytes",
+       "a text of 1000 NUL bytes: nothing left but [CLS] [SEP]",
+       [](Clients& c) {
+         pb::EncodeResponse response;
+         const grpc::Status status = Encode(c, Texts({std::string(1000, '\0')}), &response);
+         if (status.ok()) {
+           EXPECT_EQ(response.results(0).tokens_size(), 2);
+         }
+         return status;
+       },
+       StatusCode::OK,
+       {},
+       "Encode"});
+  add({"nul_bytes_in_pair",
+       "a pair whose halves are NUL-laden",
+       [](Clients& c) { return Encode(c, Pair(std::string("a\0b", 3), std::string("\0\0c", 3))); },
+       StatusCode::OK,
+       {},
+       "Encode"});
+  add({"whitespace_only_text",
+       "a text of spaces, tabs and newlines",
+       [](Clients& c) {
+         pb::EncodeResponse response;
+         const grpc::Status status = Encode(c, Texts({" \t\n  \r\n "}), &response);
+         if (status.ok()) {
+           EXPECT_EQ(response.results(0).tokens_size(), 2);
+         }
+         return status;
+       },
+       StatusCode::OK,
+       {},
+       "Encode"});
+
+  // --- Token ids and type ids ------------------------------------------------------------------
+  add({"token_id_negative",
+       "inputs[1].tokens.ids contains -1",
+       [](Clients& c) {
+         return Encode(c, Ids({101, 2023, -1, 102}));
+       },
+       StatusCode::INVALID_ARGUMENT,
+       {"inputs[1]", "-1", vocab},
+       "Encode"});
+  add({"token_id_vocab_size",
+       "a token id equal to the vocabulary size",
+       [](Clients& c) {
+         return Encode(c, Ids({101, kVocabSize, 102}));
+       },
+       StatusCode::INVALID_ARGUMENT,
+       {"inputs[1]", vocab},
+       "Encode"});
+  add({"token_id_int32_max",
+       "a token id of 2^31-1",
+       [](Clients& c) {
+         return Encode(c, Ids({101, std::numeric_limits<int>::max(), 102}));
+       },
+       StatusCode::INVALID_ARGUMENT,
+       {"inputs[1]", "2147483647"},
+       "Encode"});
+  add({"token_id_int32_min_tokenize",
+       "Tokenize with a token id of -2^31",
+       [](Clients& c) {
+         pb::TokenizeRequest request;
+         request.add_inputs()->mutable_tokens()->add_ids(std::numeric_limits<int>::min());
+         return Tokenize(c, request);
+       },
+       StatusCode::INVALID_ARGUMENT,
+       {"inputs[0]", "-2147483648"},
+       "Tokenize"});
+  add({"token_type_id_2",
+       "type id 2 (type_vocab_size is 2)",
+       [](Clients& c) {
+         return Encode(c, Ids({101, 2023, 102}, {0, 2, 0}));
+       },
+       StatusCode::INVALID_ARGUMENT,
+       {"inputs[1]", "type id 2"},
+       "Encode"});
+  add({"token_type_id_negative",
+       "type id -1",
+       [](Clients& c) {
+         return Encode(c, Ids({101, 2023, 102}, {0, -1, 0}));
+       },
+       StatusCode::INVALID_ARGUMENT,
+       {"inputs[1]", "type id -1"},
+       "Encode"});
+  add({"token_type_ids_count_mismatch",
+       "1 type id for 3 token ids",
+       [](Clients& c) {
+         return Encode(c, Ids({101, 2023, 102}, {0}));
+       },
+       StatusCode::INVALID_ARGUMENT,
+       {"inputs[1]", "type_ids", "3 ids"},
+       "Encode"});
+  add({"token_ids_empty",
+       "tokens with no ids",
+       [](Clients& c) { return Encode(c, Ids({})); },
+       StatusCode::INVALID_ARGUMENT,
+       {"inputs[1]", "tokens.ids is empty"},
+       "Encode"});
+  add({"token_ids_over_positions",
+       "513 token ids (512 positions)",
+       [](Clients& c) { return Encode(c, Ids(std::vector<int>(kMaxPositions + 1, 1000))); },
+       StatusCode::INVALID_ARGUMENT,
+       {"inputs[1]", "513", "512"},
+       "Encode"});
+
+  // --- Pairs -----------------------------------------------------------------------------------
+  add({"pair_empty_first",
+       "a pair whose first half is empty",
+       [](Clients& c) { return Encode(c, Pair("", "second half")); },
+       StatusCode::INVALID_ARGUMENT,
+       {"inputs[0]", "pair.first is empty"},
+       "Encode"});
+  add({"pair_empty_second",
+       "a pair whose second half is empty",
+       [](Clients& c) { return Encode(c, Pair("first half", "")); },
+       StatusCode::INVALID_ARGUMENT,
+       {"inputs[0]", "pair.second is empty"},
+       "Encode"});
+  add({"pair_max_length_2",
+       "a pair with max_length 2 (3 special tokens needed)",
+       [](Clients& c) {
+         pb::EncodeRequest request = Pair("first", "second");
+         request.mutable_tokenization()->set_max_length(2);
+         return Encode(c, request);
+       },
+       StatusCode::INVALID_ARGUMENT,
+       {"inputs[0]", "max_length"},
+       "Encode"});
+
+  // --- max_length ------------------------------------------------------------------------------
+  add({"max_length_0_is_default",
+       "max_length 0 = the model default (256)",
+       [](Clients& c) {
+         pb::EncodeRequest request = Texts({TextOfTokens(400)});
+         request.mutable_tokenization()->set_max_length(0);
+         pb::EncodeResponse response;
+         const grpc::Status status = Encode(c, request, &response);
+         if (status.ok()) {
+           EXPECT_EQ(response.results(0).tokens_size(), kDefaultMaxLength);
+         }
+         return status;
+       },
+       StatusCode::OK,
+       {},
+       "Encode"});
+  add({"max_length_1",
+       "max_length 1: no room for [CLS] and [SEP]",
+       [](Clients& c) {
+         pb::EncodeRequest request = Texts({"hello world"});
+         request.mutable_tokenization()->set_max_length(1);
+         return Encode(c, request);
+       },
+       StatusCode::INVALID_ARGUMENT,
+       {"inputs[0]", "max_length"},
+       "Encode"});
+  add({"max_length_negative",
+       "max_length -1",
+       [](Clients& c) {
+         pb::EncodeRequest request = Texts({"hello"});
+         request.mutable_tokenization()->set_max_length(-1);
+         return Encode(c, request);
+       },
+       StatusCode::INVALID_ARGUMENT,
+       {"max_length", "-1"},
+       "Encode"});
+  add({"max_length_int32_min",
+       "max_length -2^31 (AttentionMap)",
+       [](Clients& c) {
+         pb::AttentionMapRequest request = AttentionOf("hello");
+         request.mutable_tokenization()->set_max_length(std::numeric_limits<int>::min());
+         return Attention(c, request);
+       },
+       StatusCode::INVALID_ARGUMENT,
+       {"max_length", "-2147483648"},
+       "AttentionMap"});
+  add({"max_length_huge",
+       "max_length 2^31-1 (Tokenize)",
+       [](Clients& c) {
+         pb::TokenizeRequest request;
+         request.add_inputs()->set_text("hello");
+         request.mutable_tokenization()->set_max_length(std::numeric_limits<int>::max());
+         return Tokenize(c, request);
+       },
+       StatusCode::INVALID_ARGUMENT,
+       {"2147483647", std::to_string(kMaxPositions)},
+       "Tokenize"});
+
+  // --- Unknown enum values (proto3 enums are open) ---------------------------------------------
+  add({"unknown_pooling",
+       "pooling = 99",
+       [](Clients& c) {
+         pb::EncodeRequest request = Texts({"enums"});
+         request.set_pooling(static_cast<pb::Pooling>(99));
+         return Encode(c, request);
+       },
+       StatusCode::INVALID_ARGUMENT,
+       {"pooling", "99"},
+       "Encode"});
+  add({"unknown_output_dtype",
+       "output_dtype = -1",
+       [](Clients& c) {
+         pb::EncodeRequest request = Texts({"enums"});
+         request.set_output_dtype(static_cast<pb::DType>(-1));
+         return Encode(c, request);
+       },
+       StatusCode::INVALID_ARGUMENT,
+       {"output_dtype", "-1"},
+       "Encode"});
+  add({"unknown_truncation",
+       "tokenization.truncation = 7",
+       [](Clients& c) {
+         pb::EncodeRequest request = Texts({"enums"});
+         request.mutable_tokenization()->set_truncation(static_cast<pb::Truncation>(7));
+         return Encode(c, request);
+       },
+       StatusCode::INVALID_ARGUMENT,
+       {"truncation", "7"},
+       "Encode"});
+  add({"unknown_attention_dtype",
+       "AttentionMap output_dtype = 1000",
+       [](Clients& c) {
+         pb::AttentionMapRequest request = AttentionOf("enums");
+         request.set_output_dtype(static_cast<pb::DType>(1000));
+         return Attention(c, request);
+       },
+       StatusCode::INVALID_ARGUMENT,
+       {"output_dtype", "1000"},
+       "AttentionMap"});
+
+  // --- Layers, heads, top-k --------------------------------------------------------------------
+  add({"hidden_layer_7",
+       "hidden_layers [7] (0..6 exist)",
+       [](Clients& c) {
+         pb::EncodeRequest request = Texts({"layers"});
+         request.add_hidden_layers(7);
+         return Encode(c, request);
+       },
+       StatusCode::INVALID_ARGUMENT,
+       {"hidden_layers[0] = 7"},
+       "Encode"});
+  add({"hidden_layer_minus_8",
+       "hidden_layers [-8]",
+       [](Clients& c) {
+         pb::EncodeRequest request = Texts({"layers"});
+         request.add_hidden_layers(-8);
+         return Encode(c, request);
+       },
+       StatusCode::INVALID_ARGUMENT,
+       {"hidden_layers[0] = -8"},
+       "Encode"});
+  add({"hidden_layers_duplicate",
+       "hidden_layers [-1, 6]: the same layer twice",
+       [](Clients& c) {
+         pb::EncodeRequest request = Texts({"layers"});
+         request.add_hidden_layers(-1);
+         request.add_hidden_layers(6);
+         return Encode(c, request);
+       },
+       StatusCode::INVALID_ARGUMENT,
+       {"hidden_layers[1]", "repeats layer 6"},
+       "Encode"});
+  add({"hidden_layers_100000",
+       "100,000 hidden_layers entries",
+       [](Clients& c) {
+         pb::EncodeRequest request = Texts({"layers"});
+         for (int i = 0; i < 100000; ++i) request.add_hidden_layers(i % 7);
+         return Encode(c, request);
+       },
+       StatusCode::INVALID_ARGUMENT,
+       {"hidden_layers[7]", "repeats"},
+       "Encode"});
+  add({"attention_layer_6",
+       "AttentionMap layers [6] (0..5 exist)",
+       [](Clients& c) {
+         pb::AttentionMapRequest request = AttentionOf("layers");
+         request.add_layers(6);
+         return Attention(c, request);
+       },
+       StatusCode::INVALID_ARGUMENT,
+       {"layers[0] = 6"},
+       "AttentionMap"});
+  add({"attention_layers_duplicate",
+       "AttentionMap layers [2, -4]",
+       [](Clients& c) {
+         pb::AttentionMapRequest request = AttentionOf("layers");
+         request.add_layers(2);
+         request.add_layers(-4);
+         return Attention(c, request);
+       },
+       StatusCode::INVALID_ARGUMENT,
+       {"layers[1]", "repeats layer 2"},
+       "AttentionMap"});
+  add({"head_12",
+       "heads [12] (0..11 exist)",
+       [](Clients& c) {
+         pb::AttentionMapRequest request = AttentionOf("heads");
+         request.add_heads(12);
+         return Attention(c, request);
+       },
+       StatusCode::INVALID_ARGUMENT,
+       {"heads[0] = 12"},
+       "AttentionMap"});
+  add({"head_negative",
+       "heads [0, -1]",
+       [](Clients& c) {
+         pb::AttentionMapRequest request = AttentionOf("heads");
+         request.add_heads(0);
+         request.add_heads(-1);
+         return Attention(c, request);
+       },
+       StatusCode::INVALID_ARGUMENT,
+       {"heads[1] = -1"},
+       "AttentionMap"});
+  add({"heads_duplicate",
+       "heads [3, 3]",
+       [](Clients& c) {
+         pb::AttentionMapRequest request = AttentionOf("heads");
+         request.add_heads(3);
+         request.add_heads(3);
+         return Attention(c, request);
+       },
+       StatusCode::INVALID_ARGUMENT,
+       {"heads[1] = 3", "repeated"},
+       "AttentionMap"});
+  add({"top_k_0_is_dense",
+       "top_k 0: dense maps",
+       [](Clients& c) {
+         pb::AttentionMapRequest request = AttentionOf("top k zero");
+         request.add_layers(0);
+         request.set_top_k(0);
+         pb::AttentionMapResponse response;
+         const grpc::Status status = Attention(c, request, &response);
+         if (status.ok()) {
+           const pb::LayerAttention& layer = response.results(0).layers(0);
+           const int64_t T = response.results(0).tokens_size();
+           EXPECT_EQ(Shape(layer.weights()), (std::vector<int64_t>{kNumHeads, T, T}));
+           EXPECT_FALSE(layer.has_weights_top_k());
+         }
+         return status;
+       },
+       StatusCode::OK,
+       {},
+       "AttentionMap"});
+  add({"top_k_negative",
+       "top_k -1",
+       [](Clients& c) {
+         pb::AttentionMapRequest request = AttentionOf("top k");
+         request.set_top_k(-1);
+         return Attention(c, request);
+       },
+       StatusCode::INVALID_ARGUMENT,
+       {"top_k", "-1"},
+       "AttentionMap"});
+  add({"top_k_huge_is_clamped",
+       "top_k 2^31-1: clamped to the sequence length",
+       [](Clients& c) {
+         pb::AttentionMapRequest request = AttentionOf("top k huge");
+         request.add_layers(0);
+         request.set_top_k(std::numeric_limits<int>::max());
+         pb::AttentionMapResponse response;
+         const grpc::Status status = Attention(c, request, &response);
+         if (status.ok()) {
+           EXPECT_EQ(response.results(0).layers(0).weights_top_k().k(),
+                     response.results(0).tokens_size());
+         }
+         return status;
+       },
+       StatusCode::OK,
+       {},
+       "AttentionMap"});
+  add({"attention_nothing_requested",
+       "include_weights false and nothing else",
+       [](Clients& c) {
+         pb::AttentionMapRequest request = AttentionOf("nothing");
+         request.set_include_weights(false);
+         return Attention(c, request);
+       },
+       StatusCode::INVALID_ARGUMENT,
+       {"nothing to return"},
+       "AttentionMap"});
+
+  // --- Model versions --------------------------------------------------------------------------
+  add({"unknown_model_version",
+       "model_version 'v999'",
+       [](Clients& c) {
+         pb::EncodeRequest request = Texts({"versions"});
+         request.set_model_version("v999");
+         return Encode(c, request);
+       },
+       StatusCode::NOT_FOUND,
+       {"v999", "base"},
+       "Encode"});
+  add({"model_version_path_traversal",
+       "model_version '../../etc/passwd'",
+       [](Clients& c) {
+         pb::EncodeRequest request = Texts({"versions"});
+         request.set_model_version("../../etc/passwd");
+         return Encode(c, request);
+       },
+       StatusCode::NOT_FOUND,
+       {"../../etc/passwd"},
+       "Encode"});
+  add({"model_version_with_nul",
+       "model_version 'base\\0x' (valid UTF-8, embedded NUL)",
+       [](Clients& c) {
+         grpc::ClientContext context;
+         pb::GetModelInfoRequest request;
+         request.set_model_version(std::string("base\0x", 6));
+         pb::ModelInfo info;
+         return c.encoder->GetModelInfo(&context, request, &info);
+       },
+       StatusCode::NOT_FOUND,
+       {"base"},
+       "GetModelInfo"});
+
+  // --- Garbage and malformed protobuf bytes through a raw channel ------------------------------
+  add({"garbage_bytes",
+       "4 KiB of seeded random bytes as an EncodeRequest",
+       [](Clients& c) {
+         std::mt19937 random(20240607);
+         std::string bytes(4096, '\0');
+         for (char& b : bytes) b = static_cast<char>(random() & 0xff);
+         // The bytes must really be unparsable for this case to mean anything.
+         EXPECT_FALSE(pb::EncodeRequest().ParseFromString(bytes));
+         return Raw(c, kEncode, bytes);
+       },
+       StatusCode::INVALID_ARGUMENT,
+       {"attnserve.v1.EncodeRequest"},
+       "Encode"});
+  add({"garbage_overlong_varint",
+       "eleven 0xFF bytes: a varint tag longer than 10 bytes",
+       [](Clients& c) { return Raw(c, kEncode, std::string(11, '\xff')); },
+       StatusCode::INVALID_ARGUMENT,
+       {"attnserve.v1.EncodeRequest"},
+       "Encode"});
+  add({"garbage_field_number_0",
+       "a tag with field number 0",
+       [](Clients& c) { return Raw(c, kTokenize, wire::VarintField(0, 1)); },
+       StatusCode::INVALID_ARGUMENT,
+       {"attnserve.v1.TokenizeRequest"},
+       "Tokenize"});
+  add({"garbage_invalid_wire_type",
+       "a tag with wire type 7",
+       [](Clients& c) { return Raw(c, kAttention, wire::Tag(1, 7) + "xyz"); },
+       StatusCode::INVALID_ARGUMENT,
+       {"attnserve.v1.AttentionMapRequest"},
+       "AttentionMap"});
+  add({"length_beyond_end",
+       "inputs claims 1000 bytes, 5 follow",
+       [](Clients& c) { return Raw(c, kEncode, wire::Tag(1, 2) + wire::Varint(1000) + "hello"); },
+       StatusCode::INVALID_ARGUMENT,
+       {"attnserve.v1.EncodeRequest"},
+       "Encode"});
+  add({"truncated_request",
+       "a valid EncodeRequest cut in the middle of its text",
+       [](Clients& c) {
+         std::string bytes;
+         Texts({"a perfectly fine sentence"}).SerializeToString(&bytes);
+         return Raw(c, kEncode, bytes.substr(0, bytes.size() - 6));
+       },
+       StatusCode::INVALID_ARGUMENT,
+       {"attnserve.v1.EncodeRequest"},
+       "Encode"});
+  add({"nested_groups_100000_deep",
+       "an unknown field of 100,000 nested groups",
+       [](Clients& c) {
+         const std::string open = wire::Tag(15, wire::kStartGroup);
+         const std::string close = wire::Tag(15, wire::kEndGroup);
+         std::string bytes = raw::RequestWithInputs({raw::TextInput("deep")});
+         for (int i = 0; i < 100000; ++i) bytes += open;
+         for (int i = 0; i < 100000; ++i) bytes += close;
+         return Raw(c, kEncode, bytes);
+       },
+       StatusCode::INVALID_ARGUMENT,
+       {"attnserve.v1.EncodeRequest"},
+       "Encode"});
+  add({"nested_messages_inside_text_input",
+       "inputs[0] holding 50,000 nested length prefixes",
+       [](Clients& c) {
+         // Each level is an unknown length-delimited field 15 inside the previous one. Unknown
+         // fields are kept as opaque bytes, so this parses and is served. Prefixes are built
+         // from the inside out (wrapping a string 50,000 times would copy gigabytes).
+         constexpr int kLevels = 50000;
+         std::vector<std::string> prefixes(kLevels);
+         size_t inner_size = 1;  // the innermost "x"
+         for (int level = kLevels - 1; level >= 0; --level) {
+           prefixes[level] = wire::Tag(15, wire::kLengthDelimited) + wire::Varint(inner_size);
+           inner_size += prefixes[level].size();
+         }
+         std::string nested;
+         for (const std::string& prefix : prefixes) nested += prefix;
+         nested += "x";
+         return Raw(c, kEncode, wire::Field(1, raw::TextInput("nested") + nested));
+       },
+       StatusCode::OK,
+       {},
+       "Encode"});
+  add({"wrong_wire_type_for_inputs",
+       "inputs (field 1) sent as a varint",
+       [](Clients& c) { return Raw(c, kEncode, wire::VarintField(1, 42)); },
+       StatusCode::INVALID_ARGUMENT,
+       {"no inputs"},
+       "Encode"});
+  add({"unknown_fields_are_ignored",
+       "a valid request plus unknown fields 99 and 1000",
+       [](Clients& c) {
+         std::string bytes = raw::RequestWithInputs({raw::TextInput("forward compatible")}) +
+                             wire::VarintField(99, 7) + wire::Field(1000, "\xff\xfe opaque");
+         std::string response_bytes;
+         const grpc::Status status =
+             reliability::RawUnaryCall(c.channel, kEncode, bytes, &response_bytes);
+         pb::EncodeResponse response;
+         if (status.ok()) {
+           EXPECT_TRUE(response.ParseFromString(response_bytes));
+           EXPECT_EQ(response.results_size(), 1);
+         }
+         return status;
+       },
+       StatusCode::OK,
+       {},
+       "Encode"});
+  add({"garbage_model_info",
+       "GetModelInfo with garbage bytes",
+       [](Clients& c) { return Raw(c, kModelInfo, "\x0a\xff\xff\xff\xff\x0f"); },
+       StatusCode::INVALID_ARGUMENT,
+       {"attnserve.v1.GetModelInfoRequest"},
+       "GetModelInfo"});
+  add({"unknown_method",
+       "a call to /attnserve.v1.Encoder/Nope",
+       [](Clients& c) { return Raw(c, "/attnserve.v1.Encoder/Nope", ""); },
+       StatusCode::UNIMPLEMENTED,
+       {},
+       ""});
+
+  // --- Fine-tuning streams ---------------------------------------------------------------------
+  const pb::TrainingExample ok_pair = Contrastive("a red bicycle", "a bike that is red");
+  add({"finetune_without_token",
+       "FineTune with no authorization metadata",
+       [](Clients& c) { return FineTune(c, {Config(pb::CONTRASTIVE)}, ""); },
+       StatusCode::UNAUTHENTICATED,
+       {"authorization", "Bearer"},
+       "FineTune"});
+  add({"finetune_wrong_token",
+       "FineTune with a wrong bearer token",
+       [](Clients& c) { return FineTune(c, {Config(pb::CONTRASTIVE)}, "not-the-token"); },
+       StatusCode::PERMISSION_DENIED,
+       {"token"},
+       "FineTune"});
+  add({"batch_before_config",
+       "a batch as the first message",
+       [ok_pair](Clients& c) { return FineTune(c, {Batch({ok_pair})}); },
+       StatusCode::INVALID_ARGUMENT,
+       {"first message must be a config"},
+       "FineTune"});
+  add({"config_sent_twice",
+       "two configs in one stream",
+       [](Clients& c) {
+         return FineTune(c, {Config(pb::CONTRASTIVE), Config(pb::CONTRASTIVE)});
+       },
+       StatusCode::INVALID_ARGUMENT,
+       {"second config"},
+       "FineTune"});
+  add({"commit_without_steps",
+       "config, then commit",
+       [](Clients& c) {
+         return FineTune(c, {Config(pb::CONTRASTIVE), Commit()});
+       },
+       StatusCode::FAILED_PRECONDITION,
+       {"nothing to commit"},
+       "FineTune"});
+  add({"empty_finetune_message",
+       "a FineTuneRequest with nothing set",
+       [](Clients& c) { return FineTune(c, {pb::FineTuneRequest()}); },
+       StatusCode::INVALID_ARGUMENT,
+       {"empty FineTuneRequest"},
+       "FineTune"});
+  add({"abort_false",
+       "config, then abort: false",
+       [](Clients& c) {
+         return FineTune(c, {Config(pb::CONTRASTIVE), Abort(false)});
+       },
+       StatusCode::INVALID_ARGUMENT,
+       {"abort is false"},
+       "FineTune"});
+  add({"zero_length_batch",
+       "config, then a batch of 0 examples",
+       [](Clients& c) {
+         return FineTune(c, {Config(pb::CONTRASTIVE), Batch({})});
+       },
+       StatusCode::INVALID_ARGUMENT,
+       {"batch 1", "0 examples"},
+       "FineTune"});
+  add({"batch_over_example_limit",
+       "a batch of 257 examples (limit 256)",
+       [ok_pair](Clients& c) {
+         return FineTune(c, {Config(pb::CONTRASTIVE),
+                             Batch(std::vector<pb::TrainingExample>(kMaxInputs + 1, ok_pair))});
+       },
+       StatusCode::INVALID_ARGUMENT,
+       {"257", "max-inputs-per-request"},
+       "FineTune"});
+  add({"mismatched_negatives",
+       "contrastive batch: examples[0] has a negative, examples[1] not",
+       [ok_pair](Clients& c) {
+         return FineTune(c, {Config(pb::CONTRASTIVE),
+                             Batch({Contrastive("anchor", "positive", "negative"), ok_pair})});
+       },
+       StatusCode::INVALID_ARGUMENT,
+       {"examples[1]", "negative"},
+       "FineTune"});
+  add({"pair_missing_second_text",
+       "cosine example with first but no second",
+       [](Clients& c) {
+         return FineTune(c,
+                         {Config(pb::COSINE_SIMILARITY), Batch({Scored("only first", "", 0.5f)})});
+       },
+       StatusCode::INVALID_ARGUMENT,
+       {"examples[0].second is empty"},
+       "FineTune"});
+  add({"nan_gold_score",
+       "cosine gold score NaN",
+       [](Clients& c) {
+         return FineTune(c, {Config(pb::COSINE_SIMILARITY),
+                             Batch({Scored("a", "b", 0.5f),
+                                    Scored("c", "d", std::numeric_limits<float>::quiet_NaN())})});
+       },
+       StatusCode::INVALID_ARGUMENT,
+       {"examples[1].score", "finite"},
+       "FineTune"});
+  add({"inf_gold_score",
+       "cosine gold score +Inf",
+       [](Clients& c) {
+         return FineTune(c, {Config(pb::COSINE_SIMILARITY),
+                             Batch({Scored("a", "b", std::numeric_limits<float>::infinity())})});
+       },
+       StatusCode::INVALID_ARGUMENT,
+       {"examples[0].score", "finite"},
+       "FineTune"});
+  add({"gold_score_out_of_range",
+       "cosine gold score 1.5",
+       [](Clients& c) {
+         return FineTune(c, {Config(pb::COSINE_SIMILARITY), Batch({Scored("a", "b", 1.5f)})});
+       },
+       StatusCode::INVALID_ARGUMENT,
+       {"examples[0].score is 1.5", "[-1, 1]"},
+       "FineTune"});
+  add({"label_out_of_range",
+       "classification label 3 with num_labels 3",
+       [](Clients& c) {
+         return FineTune(c, {Config(pb::CLASSIFICATION),
+                             Batch({Labelled("fine", 0), Labelled("too high", 3)})});
+       },
+       StatusCode::INVALID_ARGUMENT,
+       {"examples[1].label is 3", "[0, 3)"},
+       "FineTune"});
+  add({"label_negative",
+       "classification label -1",
+       [](Clients& c) {
+         return FineTune(c, {Config(pb::CLASSIFICATION), Batch({Labelled("negative", -1)})});
+       },
+       StatusCode::INVALID_ARGUMENT,
+       {"examples[0].label is -1"},
+       "FineTune"});
+  add({"unknown_objective",
+       "config.objective = 42",
+       [](Clients& c) {
+         pb::FineTuneRequest config = Config(pb::CONTRASTIVE);
+         config.mutable_config()->set_objective(static_cast<pb::Objective>(42));
+         return FineTune(c, {config});
+       },
+       StatusCode::INVALID_ARGUMENT,
+       {"objective", "42"},
+       "FineTune"});
+  add({"unknown_parameter_selection",
+       "config.parameters = 9",
+       [](Clients& c) {
+         pb::FineTuneRequest config = Config(pb::CONTRASTIVE);
+         config.mutable_config()->set_parameters(static_cast<pb::ParameterSelection>(9));
+         return FineTune(c, {config});
+       },
+       StatusCode::INVALID_ARGUMENT,
+       {"parameters", "9"},
+       "FineTune"});
+  add({"nan_learning_rate",
+       "config.learning_rate = NaN",
+       [](Clients& c) {
+         pb::FineTuneRequest config = Config(pb::CONTRASTIVE);
+         config.mutable_config()->set_learning_rate(std::nan(""));
+         return FineTune(c, {config});
+       },
+       StatusCode::INVALID_ARGUMENT,
+       {"learning_rate", "finite"},
+       "FineTune"});
+  add({"beta1_equal_1",
+       "config.beta1 = 1",
+       [](Clients& c) {
+         pb::FineTuneRequest config = Config(pb::CONTRASTIVE);
+         config.mutable_config()->set_beta1(1.0);
+         return FineTune(c, {config});
+       },
+       StatusCode::INVALID_ARGUMENT,
+       {"beta1", "[0, 1)"},
+       "FineTune"});
+  add({"num_labels_huge",
+       "CLASSIFICATION with num_labels 2^31-1",
+       [](Clients& c) {
+         pb::FineTuneRequest config = Config(pb::CLASSIFICATION);
+         config.mutable_config()->set_num_labels(std::numeric_limits<int>::max());
+         return FineTune(c, {config});
+       },
+       StatusCode::INVALID_ARGUMENT,
+       {"num_labels", "2147483647"},
+       "FineTune"});
+  add({"config_max_length_negative",
+       "config.tokenization.max_length = -3",
+       [](Clients& c) {
+         pb::FineTuneRequest config = Config(pb::CONTRASTIVE);
+         config.mutable_config()->mutable_tokenization()->set_max_length(-3);
+         return FineTune(c, {config});
+       },
+       StatusCode::INVALID_ARGUMENT,
+       {"config.tokenization.max_length", "-3"},
+       "FineTune"});
+  add({"base_version_traversal",
+       "config.base_version = '../x'",
+       [](Clients& c) {
+         pb::FineTuneRequest config = Config(pb::CONTRASTIVE);
+         config.mutable_config()->set_base_version("../x");
+         return FineTune(c, {config});
+       },
+       StatusCode::INVALID_ARGUMENT,
+       {"base_version", "../x"},
+       "FineTune"});
+  add({"invalid_utf8_training_text",
+       "a batch whose anchor is FF FE (raw bytes)",
+       [](Clients& c) {
+         std::string config;
+         Config(pb::CONTRASTIVE).SerializeToString(&config);
+         const std::string example = wire::Field(1, "\xff\xfe") + wire::Field(2, "positive");
+         return reliability::RawBidiCall(c.channel, "/attnserve.v1.Trainer/FineTune",
+                                         {config, raw::BatchOf(example)}, nullptr, Bearer());
+       },
+       StatusCode::INVALID_ARGUMENT,
+       {"UTF-8"},
+       "FineTune"});
+  add({"garbage_finetune_message",
+       "config, then 64 bytes of 0xFF",
+       [](Clients& c) {
+         std::string config;
+         Config(pb::CONTRASTIVE).SerializeToString(&config);
+         return reliability::RawBidiCall(c.channel, "/attnserve.v1.Trainer/FineTune",
+                                         {config, std::string(64, '\xff')}, nullptr, Bearer());
+       },
+       StatusCode::INVALID_ARGUMENT,
+       {"FineTuneRequest"},
+       "FineTune"});
+  add({"one_megabyte_training_text",
+       "a classification step on a 1 MiB text, then abort",
+       [](Clients& c) {
+         std::vector<pb::FineTuneProgress> answers;
+         const grpc::Status status =
+             FineTune(c, {Config(pb::CLASSIFICATION), Batch({Labelled(Megabyte(), 1)}), Abort()},
+                      kToken, &answers);
+         if (status.ok()) {
+           EXPECT_GE(answers.size(), 2u);
+           if (!answers.empty()) {
+             EXPECT_EQ(answers.front().step(), 1);
+           }
+           if (!answers.empty()) {
+             EXPECT_TRUE(answers.back().committed_version().empty());
+           }
+         }
+         return status;
+       },
+       StatusCode::OK,
+       {},
+       "FineTune"});
+  add({"rollback_absolute_path",
+       "Rollback to version '/etc'",
+       [](Clients& c) {
+         grpc::ClientContext context;
+         context.AddMetadata("authorization", std::string("Bearer ") + kToken);
+         pb::RollbackRequest request;
+         request.set_version("/etc");
+         pb::ListVersionsResponse response;
+         return c.trainer->Rollback(&context, request, &response);
+       },
+       StatusCode::INVALID_ARGUMENT,
+       {"version", "/"},
+       "Rollback"});
+  add({"set_serving_version_empty",
+       "SetServingVersion with an empty version",
+       [](Clients& c) {
+         grpc::ClientContext context;
+         context.AddMetadata("authorization", std::string("Bearer ") + kToken);
+         pb::SetServingVersionRequest request;
+         pb::ListVersionsResponse response;
+         return c.trainer->SetServingVersion(&context, request, &response);
+       },
+       StatusCode::INVALID_ARGUMENT,
+       {"version", "empty"},
+       "SetServingVersion"});
+  return cases;
+}
+
+const std::vector<HostileCase>& AllCases() {
+  static const std::vector<HostileCase>* cases = new std::vector<HostileCase>(Catalogue());
+  return *cases;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The test: one gtest case per catalogue row.
+
+class HostileInputTest : public ::testing::TestWithParam<HostileCase> {
+ protected:
+  static void SetUpTestSuite() {
+    clients_ = new Clients();
+    clients_->channel = SharedServer().NewChannel();
+    clients_->encoder = pb::Encoder::NewStub(clients_->channel);
+    clients_->trainer = pb::Trainer::NewStub(clients_->channel);
+    baseline_ = new Metrics(ScrapeOrFail(SharedServer()));
+    expected_counts_ = new std::map<std::pair<std::string, std::string>, int>();
+    suite_start_ = std::chrono::steady_clock::now();
+  }
+
+  // After the last case: the whole log shows no crash, and every rejected call was counted.
+  static void TearDownTestSuite() {
+    const std::string log = reliability::FullLog(SharedServer());
+    const std::vector<std::string> crashes = reliability::CrashLines(log);
+    EXPECT_TRUE(crashes.empty()) << "the server log shows a crash:\n" << crashes.front();
+
+    const Metrics now = ScrapeOrFail(SharedServer());
+    for (const auto& [key, count] : *expected_counts_) {
+      const auto& [method, code] = key;
+      const std::map<std::string, std::string> labels = {{"method", method}, {"code", code}};
+      const double delta = now.Sum("attnserve_requests_total", labels) -
+                           baseline_->Sum("attnserve_requests_total", labels);
+      if (code == "OK") {
+        // The health probes after every case add successful Encodes.
+        EXPECT_GE(delta, count) << method << " " << code;
+      } else {
+        EXPECT_EQ(delta, count) << "attnserve_requests_total{method=\"" << method << "\",code=\""
+                                << code << "\"} should count each rejected call once";
+      }
+    }
+    std::printf(
+        "[catalogue] %d cases in %.1f s; server log %zu bytes, no crash lines\n", cases_run_,
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - suite_start_).count(),
+        log.size());
+    delete clients_;
+    delete baseline_;
+    delete expected_counts_;
+  }
+
+  static Clients* clients_;
+  static Metrics* baseline_;
+  static std::map<std::pair<std::string, std::string>, int>* expected_counts_;
+  static std::chrono::steady_clock::time_point suite_start_;
+  static int cases_run_;
+};
+Clients* HostileInputTest::clients_ = nullptr;
+Metrics* HostileInputTest::baseline_ = nullptr;
+std::map<std::pair<std::string, std::string>, int>* HostileInputTest::expected_counts_ = nullptr;
+std::chrono::steady_clock::time_point HostileInputTest::suite_start_;
+int HostileInputTest::cases_run_ = 0;
+
+TEST_P(HostileInputTest, GetsTheRightStatusAndTheServerStaysHealthy) {
+  const HostileCase& c = GetParam();
+  ServerProcess& server = SharedServer();
+  const size_t log_before = reliability::FullLog(server).size();
+  const auto start = std::chrono::steady_clock::now();
+  const grpc::Status status = c.send(*clients_);
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  ExpectStatus(status, c.code, c.message_parts, c.name + " (" + c.what + ")");
+  if (c.code != grpc::StatusCode::OK) {
+    EXPECT_FALSE(status.error_message().empty() && !c.message_parts.empty())
+        << c.name << ": the rejection should say what is wrong";
+  }
+  std::printf("[case] %-36s %-20s %6.3f s  %s\n", c.name.c_str(), CodeName(status.error_code()),
+              seconds, status.error_message().substr(0, 160).c_str());
+  ++cases_run_;
+  if (!c.counted_as.empty()) ++(*expected_counts_)[{c.counted_as, CodeName(c.code)}];
+
+  reliability::ExpectHealthy(server, c.name);
+  const std::string log = reliability::FullLog(server);
+  const std::vector<std::string> crashes =
+      reliability::CrashLines(log.substr(std::min(log_before, log.size())));
+  EXPECT_TRUE(crashes.empty()) << c.name << " left a crash in the server log:\n" << crashes.front();
+}
+
+INSTANTIATE_TEST_SUITE_P(Catalogue, HostileInputTest, ::testing::ValuesIn(AllCases()),
+                         [](const ::testing::TestParamInfo<HostileCase>& info) {
+                           return info.param.name;
+                         });
+
+// The catalogue's names are unique and usable as gtest names (checked without a server).
+TEST(HostileCatalogue, HasAtLeastFortyUniquelyNamedCases) {
+  std::map<std::string, int> names;
+  for (const HostileCase& c : AllCases()) {
+    ++names[c.name];
+    EXPECT_TRUE(std::all_of(c.name.begin(), c.name.end(), [](char ch) {
+      return std::isalnum(static_cast<unsigned char>(ch)) || ch == '_';
+    })) << c.name;
+  }
+  for (const auto& [name, count] : names) EXPECT_EQ(count, 1) << name;
+  EXPECT_GE(AllCases().size(), 40u);
+}
+
+}  // namespace
+}  // namespace attn::integration
