@@ -1,0 +1,847 @@
+#!/usr/bin/env python3
+"""The benchmark harness: attnserve's engine and server against ONNX Runtime and PyTorch eager.
+
+Every engine runs as a long-lived worker process (bench/bench_worker.h protocol) so single
+timed runs can be interleaved A/B/A/B after warm-up, and every engine gets the same token ids:
+the inputs are made once (real-looking sentences from bench/sentences.py, tokenized by our
+tokenizer, which equals Hugging Face's) and written to <out>/inputs.json. Peers pad each batch
+to its longest sequence; ours packs. Sections:
+
+  throughput  32 x 128 tokens, 8 x 512, a mixed batch of 64 sentences (5..128 tokens)
+  latency     1 x 16, 1 x 128
+  int8        ours int8 vs ONNX Runtime quantize_dynamic vs both fp32 at 32 x 128; cosine of
+              int8 to fp32 pooled embeddings on 256 sentences
+  finetune    one contrastive step, 16 pairs x 64 tokens, ours vs PyTorch
+  served      attnserve under 1, 8, 32 closed-loop gRPC clients (attn-load-gen) sending one
+              sentence per request; requests/s, p50/p99, and the ratio to ours offline
+              (sentences/s on the mixed batch, the same sentences)
+
+It prints a table of ratios (ours / peer) with the goal of each row met or missed, writes it
+with the raw timings, machine and versions to <out>/latest.json, and with --results-md also as
+Markdown. Peers that are not set up (bench/run.sh makes .venv-bench and the ONNX export) are
+skipped, and so is our int8 row when the engine has no int8 path; ours always runs. Timings are
+never asserted: the exit status is non-zero only when ours fails to run.
+
+  python3 bench/harness.py --build-dir build            # usually through bench/run.sh
+  python3 bench/harness.py --smoke --build-dir build    # tiny sizes, one run (ctest bench_smoke)
+"""
+import argparse
+import array
+import datetime
+import json
+import math
+import os
+import platform
+import select
+import signal
+import statistics
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+import sentences  # noqa: E402  (bench/sentences.py)
+
+SECTIONS = ["throughput", "latency", "int8", "finetune", "served"]
+PAUSE_BETWEEN_RUNS_S = 0.05
+
+# Goals of issue 5 (ratios in the same run). kind "min": ratio >= value; "max": ratio <= value.
+GOALS = {
+    ("tp_32x128", "ort-fp32"): ("min", 1.2),
+    ("tp_8x512", "ort-fp32"): ("min", 1.1),
+    ("mixed_64", "ort-fp32"): ("min", 1.5),
+    ("lat_1x16", "ort-fp32"): ("max", 0.8),
+    ("int8_vs_ort_fp32", None): ("min", 2.5),
+    ("int8_vs_ort_int8", None): ("min", 1.5),
+    ("int8_cosine_min", None): ("min", 0.995),
+    ("served_32", None): ("min", 0.7),
+    ("finetune", "torch-train"): ("min", 1.5),
+}
+
+
+class Sizes:
+    """Workload shapes and run counts: the issue's for a full run, tiny ones for --smoke."""
+
+    def __init__(self, smoke, runs, warmup, latency_runs, served_runs, served_duration_s):
+        self.smoke = smoke
+        if smoke:
+            self.fixed = {"tp_32x128": (2, 16), "tp_8x512": (1, 32), "lat_1x16": (1, 16),
+                          "lat_1x128": (1, 32)}
+            self.mixed = (8, 5, 32)             # count, shortest, longest
+            self.cosine = 16
+            self.train = (2, 16)                # pairs, tokens
+            self.clients = [1, 2]
+        else:
+            self.fixed = {"tp_32x128": (32, 128), "tp_8x512": (8, 512), "lat_1x16": (1, 16),
+                          "lat_1x128": (1, 128)}
+            self.mixed = (64, 5, 128)
+            self.cosine = 256
+            self.train = (16, 64)
+            self.clients = [1, 8, 32]
+        self.runs = runs
+        self.warmup = warmup
+        self.latency_runs = latency_runs
+        self.served_runs = served_runs
+        self.served_duration_s = served_duration_s
+        self.served_warmup_s = 0.5 if smoke else 1.0
+
+
+START = time.time()
+
+
+def log(message):
+    print(f"[bench {time.time() - START:6.1f}s] {message}", file=sys.stderr, flush=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# Workers
+
+
+class WorkerError(RuntimeError):
+    def __init__(self, message, unsupported=False):
+        super().__init__(message)
+        self.unsupported = unsupported  # the engine lacks the feature (our int8 before it exists)
+
+
+class Worker:
+    """One engine process speaking the JSON-lines protocol; stderr goes to a log file."""
+
+    def __init__(self, name, argv, log_dir, env=None, start_timeout_s=300):
+        self.name = name
+        self.log_path = os.path.join(log_dir, f"{name}.log")
+        self.log_file = open(self.log_path, "w")
+        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=self.log_file, text=True, bufsize=1, env=env,
+                                     cwd=HERE)
+        self.info = self._read(start_timeout_s)
+        if "error" in self.info:
+            self.close()
+            raise WorkerError(self.info["error"], bool(self.info.get("unsupported")))
+
+    def _read(self, timeout_s):
+        ready, _, _ = select.select([self.proc.stdout], [], [], timeout_s)
+        line = self.proc.stdout.readline() if ready else ""
+        if not line:
+            code = self.proc.poll()
+            tail = self.log_tail()
+            self.close()
+            raise WorkerError(f"{self.name}: no answer (exit code {code}); log tail: {tail}")
+        return json.loads(line)
+
+    def log_tail(self):
+        try:
+            with open(self.log_path) as f:
+                return " | ".join(f.read().strip().splitlines()[-3:])
+        except OSError:
+            return ""
+
+    def call(self, command, timeout_s=1800):
+        self.proc.stdin.write(json.dumps(command) + "\n")
+        self.proc.stdin.flush()
+        reply = self._read(timeout_s)
+        if "error" in reply:
+            raise WorkerError(f"{self.name}: {reply['error']}")
+        return reply
+
+    def close(self):
+        if self.proc.poll() is None:
+            try:
+                self.proc.stdin.write('{"cmd": "quit"}\n')
+                self.proc.stdin.flush()
+                self.proc.wait(timeout=30)
+            except (OSError, subprocess.TimeoutExpired):
+                self.proc.kill()
+                self.proc.wait()
+        self.log_file.close()
+
+
+class Engines:
+    """Knows how to start each engine and why one cannot run."""
+
+    def __init__(self, args, out_dir):
+        self.args = args
+        self.log_dir = os.path.join(out_dir, "logs")
+        os.makedirs(self.log_dir, exist_ok=True)
+        bench_bin = os.path.join(args.build_dir, "bench")
+        self.engine_bin = os.path.join(bench_bin, "attn-bench-engine")
+        self.train_bin = os.path.join(bench_bin, "attn-bench-train")
+        self.load_gen_bin = os.path.join(bench_bin, "attn-load-gen")
+        self.server_bin = os.path.join(args.build_dir, "server", "attnserve")
+        self.peer_python = os.path.join(args.venv, "bin", "python")
+        self.onnx = {"ort-fp32": os.path.join(args.onnx_dir, "model-fp32.onnx"),
+                     "ort-int8": os.path.join(args.onnx_dir, "model-int8.onnx")}
+        self.env = dict(os.environ)
+        # OpenBLAS 0.3.21 (Debian's torch) does not know this CPU family and falls back to slow
+        # kernels; SkylakeX is right for any AVX-512 Intel CPU (DESIGN.md "Performance peers").
+        if "OPENBLAS_CORETYPE" not in self.env and "avx512f" in cpu_flags():
+            self.env["OPENBLAS_CORETYPE"] = "SkylakeX"
+        self.unavailable = {}  # engine -> reason
+
+    def missing_ours(self):
+        return [p for p in (self.engine_bin, self.train_bin, self.load_gen_bin, self.server_bin)
+                if not os.access(p, os.X_OK)]
+
+    def argv(self, engine):
+        t = str(self.args.threads)
+        if engine in ("ours-fp32", "ours-int8"):
+            return [self.engine_bin, "--worker", "--model-dir", self.args.model_dir,
+                    "--precision", engine.split("-")[1], "--threads", t]
+        if engine == "ours-train":
+            return [self.train_bin, "--worker", "--model-dir", self.args.model_dir,
+                    "--threads", t]
+        if engine in self.onnx:
+            return [self.peer_python, os.path.join(HERE, "peer_ort.py"), "--model",
+                    self.onnx[engine], "--label", engine.split("-")[1], "--threads", t]
+        if engine in ("torch", "torch-train"):
+            return [self.peer_python, os.path.join(HERE, "peer_torch.py"), "--model-dir",
+                    self.args.model_dir, "--mode", "train" if engine == "torch-train" else "infer",
+                    "--threads", t]
+        raise KeyError(engine)
+
+    def start(self, engine, inputs_path):
+        """A loaded worker, or None with the reason in self.unavailable."""
+        if engine in self.unavailable:
+            return None
+        if not engine.startswith("ours"):
+            if engine not in self.args.peers:
+                self.unavailable[engine] = "not selected (--peers)"
+                return None
+            if not os.access(self.peer_python, os.X_OK):
+                self.unavailable[engine] = f"peer not set up ({self.args.venv} missing: bench/run.sh)"
+                return None
+            if engine in self.onnx and not os.path.exists(self.onnx[engine]):
+                self.unavailable[engine] = f"peer not set up (no {self.onnx[engine]}: bench/run.sh)"
+                return None
+        try:
+            worker = Worker(engine, self.argv(engine), self.log_dir, env=self.env)
+        except WorkerError as e:
+            self.unavailable[engine] = "not built" if e.unsupported else f"failed to start: {e}"
+            if engine.startswith("ours") and not e.unsupported:
+                raise
+            log(f"{engine}: {self.unavailable[engine]}")
+            return None
+        if inputs_path:
+            worker.call({"cmd": "load", "inputs": inputs_path})
+        log(f"{engine}: {json.dumps(worker.info)}")
+        return worker
+
+
+# ---------------------------------------------------------------------------------------------
+# Inputs
+
+
+def make_inputs(tokenizer, sizes, out_dir):
+    """Workloads of token ids (everybody's input) and the served sentences; written to out_dir."""
+    pool = sentences.sentence_pool(4000 if not sizes.smoke else 400)
+    pool_ids = tokenizer.call({"cmd": "tokenize", "texts": pool, "max_length": 512})["ids"]
+    rng = sentences.random.Random(99)
+    longest = max(length for _, length in sizes.fixed.values())
+    paragraphs = [sentences.paragraph(rng, min_words=int(longest * 0.9) + 8) for _ in range(
+        max(count for count, _ in sizes.fixed.values()) + 2 * sizes.train[0])]
+
+    def truncated(texts, length):
+        ids = tokenizer.call({"cmd": "tokenize", "texts": texts, "max_length": length})["ids"]
+        if any(len(x) != length for x in ids):
+            raise SystemExit(f"a paragraph is shorter than {length} tokens")
+        return ids
+
+    workloads = {}
+    for name, (count, length) in sizes.fixed.items():
+        workloads[name] = {"sequences": truncated(paragraphs[:count], length)}
+
+    # Mixed batch: for each of `count` lengths spread evenly over [shortest, longest], the
+    # unused pool sentence whose natural length is nearest (none truncated).
+    count, shortest, longest_mixed = sizes.mixed
+    targets = [round(shortest + i * (longest_mixed - shortest) / (count - 1)) for i in range(count)]
+    used, chosen = set(), []
+    candidates = [i for i, ids in enumerate(pool_ids) if len(ids) <= longest_mixed]
+    for target in targets:
+        best = min((i for i in candidates if i not in used),
+                   key=lambda i: (abs(len(pool_ids[i]) - target), i))
+        used.add(best)
+        chosen.append(best)
+    workloads["mixed_64"] = {"sequences": [pool_ids[i] for i in chosen]}
+    served_sentences = [pool[i] for i in chosen]
+
+    # Cosine set: pool sentences not in the mixed batch, up to 128 tokens.
+    cosine = [i for i in candidates if i not in used][:sizes.cosine]
+    workloads["cosine"] = {"sequences": [pool_ids[i] for i in cosine]}
+
+    pairs, length = sizes.train
+    train_texts = paragraphs[-2 * pairs:]
+    workloads["finetune"] = {"anchors": truncated(train_texts[:pairs], length),
+                             "positives": truncated(train_texts[pairs:], length)}
+
+    inputs_path = os.path.join(out_dir, "inputs.json")
+    with open(inputs_path, "w") as f:
+        json.dump({"workloads": workloads}, f)
+    sentences_path = os.path.join(out_dir, "served_sentences.txt")
+    with open(sentences_path, "w") as f:
+        f.write("\n".join(served_sentences) + "\n")
+    return inputs_path, sentences_path, workloads
+
+
+def describe(workload):
+    seqs = workload.get("sequences") or workload["anchors"] + workload["positives"]
+    lengths = [len(s) for s in seqs]
+    return {"sequences": len(seqs), "tokens": sum(lengths), "min_len": min(lengths),
+            "max_len": max(lengths), "padded_tokens": len(seqs) * max(lengths)}
+
+
+# ---------------------------------------------------------------------------------------------
+# Timing
+
+
+def interleaved(workers, workload, warmup, runs, on_peer_failure):
+    """Warm-up runs of each engine, then `runs` rounds of one timed run per engine in a fixed
+    order (A/B/A/B...). Returns engine -> list of seconds (and the last reply's extras). A peer
+    that fails is dropped (on_peer_failure(worker, error)); ours failing is fatal."""
+    active = list(workers)
+
+    def call(worker, repeat):
+        # Let the previous engine's thread pools stop spinning before this one is timed.
+        time.sleep(PAUSE_BETWEEN_RUNS_S)
+        try:
+            return worker.call({"cmd": "run", "workload": workload, "repeat": repeat})
+        except WorkerError as e:
+            if worker.name.startswith("ours"):
+                raise
+            on_peer_failure(worker, e)
+            active.remove(worker)
+            return None
+
+    for worker in list(active):
+        if warmup:
+            call(worker, warmup)
+    seconds = {w.name: [] for w in active}
+    extra = {}
+    for _ in range(runs):
+        for worker in list(active):
+            reply = call(worker, 1)
+            if reply is None:
+                del seconds[worker.name]
+                continue
+            seconds[worker.name].extend(reply["seconds"])
+            extra[worker.name] = {k: v for k, v in reply.items() if k != "seconds"}
+    return seconds, extra
+
+
+def summary(seconds):
+    return {"median_s": statistics.median(seconds), "min_s": min(seconds),
+            "max_s": max(seconds), "runs": len(seconds)}
+
+
+def read_rows(path, dim):
+    values = array.array("f")
+    with open(path, "rb") as f:
+        values.frombytes(f.read())
+    return [values[i:i + dim] for i in range(0, len(values), dim)]
+
+
+def cosines(a_rows, b_rows):
+    out = []
+    for a, b in zip(a_rows, b_rows):
+        dot = sum(x * y for x, y in zip(a, b))
+        na = math.sqrt(sum(x * x for x in a))
+        nb = math.sqrt(sum(y * y for y in b))
+        out.append(dot / (na * nb))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Table
+
+
+class Table:
+    def __init__(self, judge_goals):
+        self.rows = []
+        self.judge_goals = judge_goals  # off for --smoke: goals are for the full sizes
+
+    def add(self, row, ours, peer, peer_value, ratio, goal_key, unit="", note=""):
+        goal = GOALS.get(goal_key)
+        if ratio is None:
+            status = note or "n/a"
+        elif goal is None:
+            status = "-"
+        elif not self.judge_goals:
+            status = "(smoke)"
+        else:
+            kind, value = goal
+            status = "met" if (ratio >= value if kind == "min" else ratio <= value) else "MISSED"
+        goal_text = "" if goal is None else (">= " if goal[0] == "min" else "<= ") + f"{goal[1]}"
+        self.rows.append({"row": row, "ours": ours, "peer": peer, "peer_value": peer_value,
+                          "ratio": ratio, "unit": unit, "goal": goal_text, "status": status})
+
+    @staticmethod
+    def fmt(value, unit=""):
+        if value is None:
+            return "n/a"
+        if isinstance(value, str):
+            return value
+        if abs(value) >= 100:
+            text = f"{value:,.0f}"
+        elif abs(value) >= 1:
+            text = f"{value:.2f}"
+        else:
+            text = f"{value:.4f}"
+        return f"{text} {unit}".strip()
+
+    def lines(self, markdown):
+        header = ["row", "ours", "peer", "peer value", "ratio ours/peer", "goal", "status"]
+        body = []
+        for r in self.rows:
+            ratio = "n/a" if r["ratio"] is None else f"{r['ratio']:.3f}"
+            body.append([r["row"], self.fmt(r["ours"], r["unit"]), r["peer"],
+                         self.fmt(r["peer_value"], r["unit"]), ratio, r["goal"], r["status"]])
+        if markdown:
+            out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+            out += ["| " + " | ".join(cells) + " |" for cells in body]
+            return out
+        widths = [max(len(str(c)) for c in col) for col in zip(header, *body)]
+        fmt_row = lambda cells: "  ".join(str(c).ljust(w) for c, w in zip(cells, widths))
+        return [fmt_row(header), fmt_row(["-" * w for w in widths])] + [fmt_row(c) for c in body]
+
+
+# ---------------------------------------------------------------------------------------------
+# Machine and versions
+
+
+def cpu_flags():
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return line.split(":", 1)[1].split()
+    except OSError:
+        pass
+    return []
+
+
+def machine():
+    model = platform.processor() or "unknown"
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    model = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    flags = cpu_flags()
+    isa = [f for f in ("avx2", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16", "amx_int8")
+           if f in flags]
+    return {"cpu": model, "logical_cpus": os.cpu_count(), "isa": isa,
+            "kernel": platform.release(), "python": platform.python_version(),
+            "loadavg_start": os.getloadavg()}
+
+
+def build_type(build_dir):
+    """CMAKE_BUILD_TYPE of the build the binaries come from."""
+    try:
+        with open(os.path.join(build_dir, "CMakeCache.txt")) as f:
+            for line in f:
+                if line.startswith("CMAKE_BUILD_TYPE:"):
+                    return line.split("=", 1)[1].strip() or "default"
+    except OSError:
+        pass
+    return "unknown"
+
+
+def source_revision():
+    """The checked-out commit, read from .git without running git."""
+    try:
+        with open(os.path.join(ROOT, ".git", "HEAD")) as f:
+            head = f.read().strip()
+        if head.startswith("ref: "):
+            ref = head[5:]
+            ref_path = os.path.join(ROOT, ".git", ref)
+            if os.path.exists(ref_path):
+                with open(ref_path) as f:
+                    return f.read().strip()[:12]
+            with open(os.path.join(ROOT, ".git", "packed-refs")) as f:
+                for line in f:
+                    if line.strip().endswith(ref):
+                        return line.split()[0][:12]
+        return head[:12]
+    except OSError:
+        return "unknown"
+
+
+# ---------------------------------------------------------------------------------------------
+# Sections
+
+
+class Run:
+    def __init__(self, args):
+        self.args = args
+        self.out_dir = os.path.abspath(args.out)
+        os.makedirs(self.out_dir, exist_ok=True)
+        self.sizes = Sizes(args.smoke, args.runs, args.warmup, args.latency_runs,
+                           args.served_runs, args.served_duration_s)
+        self.engines = Engines(args, self.out_dir)
+        self.table = Table(judge_goals=not args.smoke)
+        self.raw = {}
+        self.versions = {"attnserve": source_revision(), "build": build_type(args.build_dir)}
+        self.pool = {}  # engine -> running Worker
+
+    def note_versions(self, worker):
+        info = worker.info
+        for key in ("onednn", "onnxruntime", "torch", "transformers", "openblas_coretype"):
+            if key in info:
+                self.versions[key] = info[key]
+
+    def ratio_row(self, row, workload, timings, peer, goal_key, metric):
+        """metric 'throughput' (tokens/s, ratio = peer time / our time) or 'latency' (ms,
+        ratio = our time / peer time)."""
+        ours = timings.get(self.ours_name)
+        peer_t = timings.get(peer)
+        tokens = self.describe[workload]["tokens"]
+        value = lambda t: None if t is None else (
+            tokens / t["median_s"] if metric == "throughput" else t["median_s"] * 1e3)
+        unit = "tok/s" if metric == "throughput" else "ms"
+        if ours is None or peer_t is None:
+            reason = self.engines.unavailable.get(self.ours_name if ours is None else peer,
+                                                  "not run")
+            self.table.add(row, value(ours), peer, value(peer_t), None, goal_key, unit,
+                           note=f"n/a ({reason})")
+            return
+        ratio = (peer_t["median_s"] / ours["median_s"] if metric == "throughput"
+                 else ours["median_s"] / peer_t["median_s"])
+        self.table.add(row, value(ours), peer, value(peer_t), ratio, goal_key, unit)
+
+    def shape(self, workload):
+        """'32x128' for a fixed-length workload, 'mixed 64 (5-128 tok)' otherwise."""
+        d = self.describe[workload]
+        if d["min_len"] == d["max_len"]:
+            return f"{d['sequences']}x{d['max_len']}"
+        return f"mixed {d['sequences']} ({d['min_len']}-{d['max_len']} tok)"
+
+    def peer_failed(self, worker, error):
+        log(f"{worker.name} failed, dropped: {error}")
+        self.engines.unavailable[worker.name] = f"failed: {error}"
+
+    def worker(self, engine):
+        """The running worker of `engine` (started and loaded on first use), or None."""
+        if engine not in self.pool:
+            worker = self.engines.start(engine, getattr(self, "inputs_path", None))
+            if worker is None:
+                return None
+            self.note_versions(worker)
+            self.pool[engine] = worker
+        return self.pool[engine]
+
+    def close(self, *engines):
+        """Stops these workers (all when none named)."""
+        for engine in engines or list(self.pool):
+            worker = self.pool.pop(engine, None)
+            if worker:
+                worker.close()
+
+    def time_section(self, name, engines, workloads):
+        workers = [w for w in (self.worker(e) for e in engines) if w]
+        results = {}
+        for workload, runs in workloads:
+            log(f"{name}: {workload} x {runs} runs, engines {[w.name for w in workers]}")
+            seconds, extra = interleaved(workers, workload, self.sizes.warmup, runs,
+                                         self.peer_failed)
+            results[workload] = {e: dict(summary(s), **extra.get(e, {}))
+                                 for e, s in seconds.items()}
+            self.raw.setdefault(name, {})[workload] = {
+                e: {"seconds": s, **extra.get(e, {})} for e, s in seconds.items()}
+        alive = {w.name: w for w in workers if w.name not in self.engines.unavailable}
+        for engine in set(w.name for w in workers) - set(alive):
+            self.close(engine)
+        return results, alive
+
+    def inference(self, sections):
+        rows = []
+        if "throughput" in sections:
+            rows += [(f"fp32 {self.shape('tp_32x128')}", "tp_32x128", "throughput"),
+                     (f"fp32 {self.shape('tp_8x512')}", "tp_8x512", "throughput"),
+                     (f"fp32 {self.shape('mixed_64')}", "mixed_64", "throughput")]
+        if "latency" in sections:
+            rows += [(f"latency {self.shape('lat_1x16')}", "lat_1x16", "latency"),
+                     (f"latency {self.shape('lat_1x128')}", "lat_1x128", "latency")]
+        if not rows and "served" not in sections:
+            return
+        if not rows:  # served alone still needs the offline figure
+            rows = [(f"fp32 {self.shape('mixed_64')}", "mixed_64", "throughput")]
+        self.ours_name = "ours-fp32"
+        plan = [(w, self.sizes.latency_runs if m == "latency" else self.sizes.runs)
+                for _, w, m in rows]
+        results, _ = self.time_section("inference", ["ours-fp32", "ort-fp32", "torch"], plan)
+        self.close("torch")
+        self.offline = results["mixed_64"].get("ours-fp32") if "mixed_64" in results else None
+        for label, workload, metric in rows:
+            shape = self.describe[workload]
+            for peer in ("ort-fp32", "torch"):
+                self.ratio_row(f"{label} vs {peer}", workload, results[workload], peer,
+                               (workload, peer), metric)
+            self.raw.setdefault("shapes", {})[workload] = shape
+
+    def int8(self):
+        workload = "tp_32x128"
+        results, by_name = self.time_section(
+            "int8", ["ours-fp32", "ours-int8", "ort-fp32", "ort-int8"],
+            [(workload, self.sizes.runs)])
+        timings = results[workload]
+        self.ours_name = "ours-int8"
+        self.ratio_row(f"int8 {self.shape(workload)} vs ORT fp32", workload, timings, "ort-fp32",
+                       ("int8_vs_ort_fp32", None), "throughput")
+        self.ratio_row(f"int8 {self.shape(workload)} vs ORT int8", workload, timings, "ort-int8",
+                       ("int8_vs_ort_int8", None), "throughput")
+        self.ratio_row(f"int8 {self.shape(workload)} vs ours fp32", workload, timings, "ours-fp32",
+                       ("int8_vs_ours_fp32", None), "throughput")
+        self.ours_name = "ort-int8"
+        self.ratio_row(f"(peers) ORT int8 vs ORT fp32, {self.shape(workload)}", workload, timings, "ort-fp32",
+                       ("ort_int8_vs_fp32", None), "throughput")
+        # Cosine of int8 to fp32 pooled embeddings, the same sentences.
+        embeddings = {}
+        for name, worker in by_name.items():
+            path = os.path.join(self.out_dir, f"embed-{name}.f32")
+            reply = worker.call({"cmd": "embed", "workload": "cosine", "out": path})
+            embeddings[name] = read_rows(path, reply["dim"])
+        count = self.describe["cosine"]["sequences"]
+        for int8, fp32, label, goal in (("ours-int8", "ours-fp32", "ours", "int8_cosine_min"),
+                                        ("ort-int8", "ort-fp32", "ORT", None)):
+            row = f"int8 cosine to fp32, {label}, {count} sentences"
+            if int8 in embeddings and fp32 in embeddings:
+                c = cosines(embeddings[int8], embeddings[fp32])
+                # The goal is on the minimum; the ratio column shows it.
+                self.table.add(row, f"min {min(c):.5f} / mean {statistics.mean(c):.5f}",
+                               f"{fp32} (cosine)", "-", min(c), (goal, None))
+                self.raw.setdefault("int8", {})[f"cosine_{label}"] = {
+                    "min": min(c), "mean": statistics.mean(c), "count": len(c)}
+            else:
+                missing = int8 if int8 not in embeddings else fp32
+                reason = self.engines.unavailable.get(missing, "not run")
+                self.table.add(row, None, f"{fp32} (cosine)", "-", None, (goal, None),
+                               note=f"n/a ({reason})")
+
+    def finetune(self):
+        results, _ = self.time_section("finetune", ["ours-train", "torch-train"],
+                                       [("finetune", self.sizes.runs)])
+        self.close("ours-train", "torch-train")
+        timings = results["finetune"]
+        pairs = self.sizes.train[0]
+        ours, peer = timings.get("ours-train"), timings.get("torch-train")
+        value = lambda t: None if t is None else pairs / t["median_s"]
+        label = f"fine-tune step {pairs}x{self.sizes.train[1]} contrastive (pairs/s)"
+        if ours and peer:
+            # Both ran the same steps on the same batch from the same weights: the losses agree
+            # when the two compute the same thing.
+            steps = self.sizes.warmup + self.sizes.runs
+            label += (f" (loss after {steps} steps: ours {ours['loss']:.5f}, "
+                      f"torch {peer['loss']:.5f})")
+            self.table.add(label, value(ours), "torch-train", value(peer),
+                           peer["median_s"] / ours["median_s"], ("finetune", "torch-train"))
+        else:
+            reason = self.engines.unavailable.get("torch-train", "not run")
+            self.table.add(label, value(ours), "torch-train", value(peer), None,
+                           ("finetune", "torch-train"), note=f"n/a ({reason})")
+
+    def served(self):
+        offline_sps = (self.describe["mixed_64"]["sequences"] / self.offline["median_s"]
+                       if getattr(self, "offline", None) else None)
+        ready_file = os.path.join(self.out_dir, "attnserve.ready")
+        if os.path.exists(ready_file):
+            os.remove(ready_file)
+        server_log = open(os.path.join(self.engines.log_dir, "attnserve.log"), "w")
+        server = subprocess.Popen(
+            [self.engines.server_bin, "--model-dir", self.args.model_dir, "--host", "127.0.0.1",
+             "--port", "0", "--metrics-port", "-1", "--ready-file", ready_file,
+             "--threads", str(self.args.threads), "--log-level", "warning"],
+            stdout=server_log, stderr=server_log)
+        try:
+            deadline = time.time() + 120
+            port = None
+            while time.time() < deadline and server.poll() is None:
+                try:
+                    with open(ready_file) as f:
+                        port = json.load(f)["grpc_port"]
+                    break
+                except (OSError, ValueError, KeyError):
+                    time.sleep(0.1)
+            if port is None:
+                raise RuntimeError(f"attnserve did not become ready (exit code {server.poll()}), "
+                                   f"see {server_log.name}")
+            per_level = {c: [] for c in self.sizes.clients}
+            for round_index in range(self.sizes.served_runs):
+                for clients in self.sizes.clients:
+                    out = subprocess.run(
+                        [self.engines.load_gen_bin, "--target", f"127.0.0.1:{port}",
+                         "--clients", str(clients), "--sentences", self.sentences_path,
+                         "--duration-s", str(self.sizes.served_duration_s),
+                         "--warmup-s", str(self.sizes.served_warmup_s)],
+                        capture_output=True, text=True, timeout=300)
+                    if out.returncode != 0:
+                        raise RuntimeError(f"attn-load-gen failed: {out.stderr.strip()} "
+                                           f"{out.stdout.strip()}")
+                    report = json.loads(out.stdout)
+                    per_level[clients].append(report)
+                    log(f"served: round {round_index + 1}, {clients} clients: "
+                        f"{report['requests_per_s']:.1f} req/s, p50 {report['p50_ms']:.1f} ms, "
+                        f"p99 {report['p99_ms']:.1f} ms, errors {report['errors']}")
+        finally:
+            server.send_signal(signal.SIGTERM)
+            try:
+                server.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                server.kill()
+                server.wait()
+            server_log.close()
+        self.raw["served"] = {"offline_sentences_per_s": offline_sps,
+                              "runs": {str(c): r for c, r in per_level.items()}}
+        for clients, reports in per_level.items():
+            rps = statistics.median(r["requests_per_s"] for r in reports)
+            p50 = statistics.median(r["p50_ms"] for r in reports)
+            p99 = statistics.median(r["p99_ms"] for r in reports)
+            errors = sum(sum(r["errors"].values()) for r in reports)
+            ratio = rps / offline_sps if offline_sps else None
+            goal_key = ("served_32", None) if clients == 32 else (f"served_{clients}", None)
+            self.table.add(f"served {clients} clients: req/s (p50 {p50:.1f} ms, p99 {p99:.1f} ms"
+                           f"{', %d errors' % errors if errors else ''})",
+                           rps, "ours offline", offline_sps, ratio, goal_key, "/s",
+                           note="n/a (no offline figure)")
+
+    def execute(self):
+        missing = self.engines.missing_ours()
+        if missing:
+            raise SystemExit(f"not built: {', '.join(missing)} (build the bench and server "
+                             f"targets in {self.args.build_dir})")
+        started = time.time()
+        self.machine = machine()
+        log(f"machine: {self.machine}")
+        try:
+            tokenizer = self.worker("ours-fp32")
+            self.inputs_path, self.sentences_path, workloads = make_inputs(
+                tokenizer, self.sizes, self.out_dir)
+            tokenizer.call({"cmd": "load", "inputs": self.inputs_path})
+            self.describe = {name: describe(w) for name, w in workloads.items()}
+            sections = self.args.sections
+            self.inference(sections)
+            if "int8" in sections:
+                self.int8()
+            self.close()  # the server gets the machine to itself
+            if "finetune" in sections:
+                self.finetune()
+            if "served" in sections:
+                self.served()
+        finally:
+            self.close()
+        self.machine["loadavg_end"] = os.getloadavg()
+        self.elapsed_s = time.time() - started
+
+    def report(self):
+        threads = self.args.threads
+        machine_line = (f"{self.machine['cpu']}, {self.machine['logical_cpus']} logical CPUs "
+                        f"({', '.join(self.machine['isa'])}), {threads} threads per engine, "
+                        f"Linux {self.machine['kernel']}, load average "
+                        f"{self.machine['loadavg_start'][0]:.1f} at start / "
+                        f"{self.machine['loadavg_end'][0]:.1f} at end")
+        versions = ", ".join(f"{k} {v}" for k, v in self.versions.items())
+        date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+        command = self.args.command or " ".join(sys.argv)
+        if self.args.note:  # recorded once, on its own line
+            command = command.replace(self.args.note, "...")
+        settings = (f"median of {self.sizes.runs} interleaved runs after {self.sizes.warmup} "
+                    f"warm-up ({self.sizes.latency_runs} for latency); served: "
+                    f"{self.sizes.served_runs} rounds of {self.sizes.served_duration_s} s per "
+                    f"level")
+        result = {"command": command, "date": date, "machine": self.machine, "machine_line":
+                  machine_line, "versions": self.versions, "threads": threads,
+                  "settings": settings, "smoke": self.sizes.smoke, "elapsed_s": self.elapsed_s,
+                  "unavailable": self.engines.unavailable, "shapes": self.describe,
+                  "rows": self.table.rows, "raw": self.raw}
+        with open(os.path.join(self.out_dir, "latest.json"), "w") as f:
+            json.dump(result, f, indent=1)
+        print(f"attnserve benchmark ({'SMOKE, tiny sizes: numbers mean nothing' if self.sizes.smoke else 'full'})")
+        print(f"machine: {machine_line}")
+        print(f"versions: {versions}")
+        print(f"settings: {settings}")
+        print("\n".join(self.table.lines(markdown=False)))
+        print(f"written: {os.path.join(self.out_dir, 'latest.json')} ({self.elapsed_s:.0f} s)")
+        if self.args.results_md and (self.sizes.smoke or set(self.args.sections) != set(SECTIONS)):
+            print(f"not written: {self.args.results_md} (only a full run of every section is "
+                  f"recorded there)")
+        elif self.args.results_md:
+            lines = [
+                "# Benchmark results",
+                "",
+                "The latest full run of the harness (`bench/run.sh`; see README.md, "
+                "\"Benchmarks\"). Ratios are ours / peer from the same run: for throughput "
+                "the peer's time over ours (higher is better), for latency our time over the "
+                "peer's (lower is better), for served the requests/s over ours offline "
+                "sentences/s on the same sentences.",
+                "",
+                f"* Command: `{command}`",
+                f"* Date: {date}",
+                f"* Machine: {machine_line}",
+                f"* Versions: {versions}",
+                f"* Settings: {settings}",
+            ]
+            if self.args.note:
+                lines.append(f"* Note: {self.args.note}")
+            lines += [""] + self.table.lines(markdown=True) + [""]
+            with open(self.args.results_md, "w") as f:
+                f.write("\n".join(lines))
+            print(f"written: {self.args.results_md}")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     epilog=__doc__.split("\n", 2)[2])
+    parser.add_argument("--build-dir", default=os.path.join(ROOT, "build"))
+    parser.add_argument("--model-dir", default=os.path.join(ROOT, "models", "all-MiniLM-L6-v2"))
+    parser.add_argument("--venv", default=os.path.join(ROOT, ".venv-bench"),
+                        help="the peers' virtualenv (bench/run.sh makes it)")
+    parser.add_argument("--onnx-dir", default=os.path.join(ROOT, ".cache", "bench", "onnx"),
+                        help="bench/export_onnx.py's output")
+    parser.add_argument("--out", default=os.path.join(HERE, "results"),
+                        help="latest.json, inputs and worker logs go here")
+    parser.add_argument("--threads", type=int, default=os.cpu_count(),
+                        help="threads of every engine (ours, ORT intra-op, torch)")
+    parser.add_argument("--peers", default="ort-fp32,ort-int8,torch,torch-train",
+                        help="comma-separated peers to run when set up")
+    parser.add_argument("--sections", default=",".join(SECTIONS),
+                        help=f"comma-separated subset of {SECTIONS}")
+    parser.add_argument("--smoke", action="store_true",
+                        help="tiny sizes and one run of everything (keeps the harness working)")
+    parser.add_argument("--runs", type=int, help="timed runs per engine (default 7; smoke 1)")
+    parser.add_argument("--warmup", type=int, help="warm-up runs per engine (default 2; smoke 1)")
+    parser.add_argument("--latency-runs", type=int, help="timed runs for latency rows "
+                        "(default 51; smoke 1)")
+    parser.add_argument("--served-runs", type=int, help="rounds per client level (default 5)")
+    parser.add_argument("--served-duration-s", type=float,
+                        help="measured seconds per round (default 3; smoke 2)")
+    parser.add_argument("--results-md", help="also write the table as Markdown here")
+    parser.add_argument("--command", help="the command line to record (bench/run.sh passes it)")
+    parser.add_argument("--note", help="a remark recorded in --results-md (e.g. machine noise)")
+    args = parser.parse_args()
+    defaults = ({"runs": 1, "warmup": 1, "latency_runs": 1, "served_runs": 1,
+                 "served_duration_s": 2.0} if args.smoke else
+                {"runs": 7, "warmup": 2, "latency_runs": 51, "served_runs": 5,
+                 "served_duration_s": 3.0})
+    for key, value in defaults.items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    if args.runs < 1 or args.warmup < 0 or args.latency_runs < 1 or args.threads < 1:
+        parser.error("need --runs >= 1, --latency-runs >= 1, --warmup >= 0, --threads >= 1")
+    args.peers = [p for p in args.peers.split(",") if p]
+    args.sections = [s for s in args.sections.split(",") if s]
+    unknown = set(args.sections) - set(SECTIONS)
+    if unknown:
+        parser.error(f"unknown sections {sorted(unknown)}; choose from {SECTIONS}")
+    args.build_dir = os.path.abspath(args.build_dir)
+    args.model_dir = os.path.abspath(args.model_dir)
+
+    run = Run(args)
+    run.execute()
+    run.report()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,113 @@
+#!/usr/bin/env bash
+# The benchmark, in one command: sets up its peers, builds ours, runs bench/harness.py.
+#
+#   bench/run.sh                       # everything; writes bench/results/latest.json and
+#                                      # bench/RESULTS.md
+#   bench/run.sh --sections served     # extra arguments go to bench/harness.py (--help)
+#
+# Set-up, idempotent (a second run skips what is done):
+#   1. scripts/setup.sh --no-build: Debian packages and the default model;
+#   2. the peers' Debian packages: python3-torch (1.13, CPU), python3-venv, libopenblas0-openmp
+#      (Debian's torch is slow on the reference BLAS);
+#   3. .venv-bench: Debian's python3 venv with --system-site-packages (torch, numpy from Debian)
+#      plus bench/requirements.txt from PyPI (onnxruntime, onnx, transformers);
+#   4. the ONNX export (bench/export_onnx.py) into .cache/bench/onnx, redone when the weights or
+#      the exporter change;
+#   5. a Release build of attn-bench-engine, attn-bench-train, attn-load-gen and attnserve in
+#      $ATTN_BUILD_DIR (default build/).
+# Environment: ATTN_BUILD_DIR, ATTN_MODEL_DIR (as scripts/setup.sh).
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+BUILD_DIR="${ATTN_BUILD_DIR:-$ROOT/build}"
+MODEL_DIR="${ATTN_MODEL_DIR:-$ROOT/models/all-MiniLM-L6-v2}"
+VENV="$ROOT/.venv-bench"
+ONNX_DIR="$ROOT/.cache/bench/onnx"
+if [[ "${1:-}" == "-h" || "${1:-}" == "--help" ]]; then
+  sed -n '2,19p' "$0"
+  exit 0
+fi
+
+log() { printf '\033[1m[bench]\033[0m %s\n' "$*"; }
+
+# --- 1. packages and the model (the project's own set-up) -----------------------------------
+ATTN_MODEL_DIR="$MODEL_DIR" "$ROOT/scripts/setup.sh" --no-build
+
+# --- 2. the peers' Debian packages -------------------------------------------------------------
+PEER_PACKAGES=(python3-torch python3-venv python3-pip python3-yaml python3-requests
+               libopenblas0-openmp)
+missing=()
+for pkg in "${PEER_PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" ||
+    missing+=("$pkg")
+done
+if ((${#missing[@]})); then
+  SUDO=""
+  if [[ $EUID -ne 0 ]]; then
+    command -v sudo >/dev/null || { echo "run.sh: need root or sudo to install: ${missing[*]}" >&2; exit 1; }
+    SUDO="sudo"
+  fi
+  log "installing Debian packages: ${missing[*]}"
+  $SUDO env DEBIAN_FRONTEND=noninteractive apt-get update -qq
+  $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+
+# --- 3. the peers' virtualenv ------------------------------------------------------------------
+requirements_sha="$(sha256sum "$ROOT/bench/requirements.txt" | cut -d' ' -f1)"
+if [[ ! -x "$VENV/bin/python" ]]; then
+  log "making $VENV (Debian python3, --system-site-packages)"
+  /usr/bin/python3 -m venv --system-site-packages "$VENV"
+fi
+if [[ "$(cat "$VENV/.bench-requirements" 2>/dev/null)" != "$requirements_sha" ]]; then
+  log "installing bench/requirements.txt into $VENV"
+  "$VENV/bin/python" -m pip install --disable-pip-version-check -q -r "$ROOT/bench/requirements.txt"
+  echo "$requirements_sha" > "$VENV/.bench-requirements"
+fi
+
+# OpenBLAS 0.3.21 does not recognise recent Intel CPUs and falls back to slow kernels; SkylakeX
+# is right for any CPU with AVX-512 (see ../shared/DESIGN.md, "Performance peers").
+if [[ -z "${OPENBLAS_CORETYPE:-}" ]] && grep -qw avx512f /proc/cpuinfo; then
+  export OPENBLAS_CORETYPE=SkylakeX
+fi
+
+# --- 4. the ONNX export --------------------------------------------------------------------------
+export_current() {
+  "$VENV/bin/python" - "$ONNX_DIR" "$MODEL_DIR" "$ROOT/bench/export_onnx.py" <<'PY'
+import hashlib, json, os, sys
+out_dir, model_dir, exporter = sys.argv[1:]
+def sha(path):
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+try:
+    meta = json.load(open(os.path.join(out_dir, "export.json")))
+except (OSError, ValueError):
+    sys.exit(1)
+ok = (meta.get("weights_sha256") == sha(os.path.join(model_dir, "model.safetensors"))
+      and meta.get("exporter_sha256") == sha(exporter)
+      and all(os.path.exists(os.path.join(out_dir, f)) for f in ("model-fp32.onnx", "model-int8.onnx")))
+sys.exit(0 if ok else 1)
+PY
+}
+if ! export_current; then
+  log "exporting the model to ONNX (fp32 + quantize_dynamic int8) into $ONNX_DIR"
+  HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 "$VENV/bin/python" "$ROOT/bench/export_onnx.py" \
+    --model-dir "$MODEL_DIR" --out-dir "$ONNX_DIR" > /dev/null
+fi
+
+# --- 5. ours -----------------------------------------------------------------------------------
+if [[ ! -f "$BUILD_DIR/build.ninja" ]]; then
+  log "configuring $BUILD_DIR (Release)"
+  cmake -S "$ROOT" -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+    -DATTN_DEFAULT_MODEL_DIR="$MODEL_DIR"
+fi
+log "building the bench tools and attnserve in $BUILD_DIR"
+cmake --build "$BUILD_DIR" -j2 --target attn-bench-engine attn-bench-train attn-load-gen attnserve
+
+# --- run -----------------------------------------------------------------------------------------
+cd "$ROOT"
+HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 exec /usr/bin/python3 "$ROOT/bench/harness.py" \
+  --build-dir "$BUILD_DIR" --model-dir "$MODEL_DIR" --venv "$VENV" --onnx-dir "$ONNX_DIR" \
+  --results-md "$ROOT/bench/RESULTS.md" --command "bench/run.sh${*:+ $*}" "$@"
