@@ -93,7 +93,7 @@ ABSL_FLAG(double, watch_store, kDefaults.watch_store_s,
           "registered and the newest is served, unless an operator pinned an older one here "
           "with Rollback/SetServingVersion. Watching servers leave the store's temp dirs alone.");
 ABSL_FLAG(int, max_loaded_versions, kDefaults.max_loaded_versions,
-          "Model versions kept in memory (each ~90 MB for the default model). The served "
+          "Model versions kept in memory (each ~175 MB for the default model in fp32). The served "
           "version and the most recently used ones stay; others are unloaded and loaded again "
           "from the model store when a request pins them.");
 ABSL_FLAG(std::string, tls_cert, "",

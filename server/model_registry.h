@@ -2,12 +2,12 @@
 // immutable (shared_ptr<const Model>): swapping the served version is one pointer store under a
 // mutex, and requests keep the version they started with until they finish.
 //
-// Memory: each loaded version of the default model holds ~90 MB of weights, so at most
-// `max_loaded` versions stay in memory. A version can be *known* (listed, pinnable) without
-// being *loaded*: versions found in the model store are registered lazily, and when more than
-// `max_loaded` are loaded the least recently used one that is not served by default is
-// unloaded (requests still running on it keep their shared_ptr). A request that pins an
-// unloaded version loads it again through the Loader, on the calling thread.
+// Memory: each loaded version of the default model holds ~175 MB of weights (raw + packed for
+// inference), so at most `max_loaded` versions stay in memory. A version can be *known* (listed,
+// pinnable) without being *loaded*: versions found in the model store are registered lazily, and
+// when more than `max_loaded` are loaded the least recently used one that is not served by default
+// is unloaded (requests still running on it keep their shared_ptr). A request that pins an unloaded
+// version loads it again through the Loader, on the calling thread.
 #pragma once
 
 #include <cstdint>

@@ -30,8 +30,9 @@ struct ServerOptions {
   int trainer_nice = 10;           // niceness added to the training thread (0 = as the server)
 
   // Scaling out: several servers share one model store that a single trainer writes.
-  double watch_store_s = 0;     // poll --model-store this often for new versions (0 = off)
-  int max_loaded_versions = 4;  // versions kept in memory (~90 MB each); others load on demand
+  double watch_store_s = 0;  // poll --model-store this often for new versions (0 = off)
+  int max_loaded_versions =
+      4;  // versions kept in memory (~175 MB each in fp32); others load on demand
 
   // TLS for every service (both or neither; PEM files).
   std::string tls_cert;
