@@ -858,7 +858,7 @@ TEST(FaultsTest, CorruptedCheckpointsAreSkippedWithAReasonAndNeverServed) {
   }
   {
     // Weights that are a symlink (here to the good file: loadable if followed).
-    const std::string dir = add("ft-000112-linked-weights", "not a regular file");
+    const std::string dir = add("ft-000112-linked-weights", "is a symlink");
     fs::remove(dir + "/model.safetensors");
     fs::create_symlink(good_dir + "/model.safetensors", dir + "/model.safetensors");
   }
