@@ -1,0 +1,135 @@
+#!/usr/bin/env bash
+# Runs the test suite under sanitizers, each build in its own directory:
+#   asan  the unit + integration suite (ctest labels unit, integration, asan) with the whole
+#         build, server included, under AddressSanitizer + UndefinedBehaviorSanitizer
+#         (-DATTN_SANITIZE=ON, build-asan/);
+#   tsan  the real server under ThreadSanitizer (-DATTN_TSAN=ON, build-tsan/) driven over gRPC
+#         by the tests that load the dynamic batcher (integration_serving_test: 64 concurrent
+#         clients) and swap model versions while serving (integration_trainer_test: fine-tuning
+#         commits, rollback, set-serving-version under Encode traffic, restart), with
+#         tests/tsan_absl_mutex.cc preloaded and tests/tsan.supp.
+#
+# Usage: scripts/sanitize.sh [asan] [tsan] [--no-build] [-- extra ctest arguments]
+#        (no job named = both)
+# Environment: ATTN_ASAN_BUILD_DIR (build-asan), ATTN_TSAN_BUILD_DIR (build-tsan).
+#
+# Every sanitizer report of every process (the test binaries and the servers they start) is
+# written to <build>/sanitizer-logs/; a job fails if ctest fails or any report was written, and
+# the reports are printed. The last line reads "sanitize: N passed, M failed" (one per job).
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+ASAN_BUILD="${ATTN_ASAN_BUILD_DIR:-$ROOT/build-asan}"
+TSAN_BUILD="${ATTN_TSAN_BUILD_DIR:-$ROOT/build-tsan}"
+MODEL_DIR="${ATTN_MODEL_DIR:-$ROOT/models/all-MiniLM-L6-v2}"
+JOBS=()
+DO_BUILD=1
+CTEST_EXTRA=()
+while (($#)); do
+  case "$1" in
+    asan|tsan) JOBS+=("$1"); shift ;;
+    --no-build) DO_BUILD=0; shift ;;
+    --) shift; CTEST_EXTRA=("$@"); break ;;
+    -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
+    *) echo "sanitize.sh: unknown argument '$1' (try --help)" >&2; exit 2 ;;
+  esac
+done
+((${#JOBS[@]})) || JOBS=(asan tsan)
+
+log() { printf '\033[1m[sanitize]\033[0m %s\n' "$*"; }
+
+configure() {  # build_dir, extra cmake args...
+  local build="$1"; shift
+  [[ -f "$build/build.ninja" ]] && return 0
+  local launcher=()
+  command -v ccache >/dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
+  # -O1 -g1: what the sanitizers recommend (fast enough, line numbers in reports) and much
+  # quicker to compile than -O2 -g on a 2-core machine.
+  cmake -G Ninja -S "$ROOT" -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1 -DNDEBUG" \
+    -DATTN_DEFAULT_MODEL_DIR="$MODEL_DIR" "${launcher[@]}" "$@"
+}
+
+# (The run_* functions are called from an `if`, where `set -e` does not apply: every step that
+# can fail says `|| return 1`.)
+
+# Prints the reports in $1 and returns 1 if there are any.
+check_reports() {
+  local dir="$1" reports
+  reports=$(find "$dir" -type f -size +0 2>/dev/null | sort)
+  [[ -z "$reports" ]] && return 0
+  log "sanitizer reports in $dir:"
+  for f in $reports; do
+    echo "==== $f" >&2
+    head -n 80 "$f" >&2
+  done
+  return 1
+}
+
+run_asan() {
+  if ((DO_BUILD)); then
+    configure "$ASAN_BUILD" -DATTN_SANITIZE=ON || return 1
+    ninja -C "$ASAN_BUILD" -j2 || return 1
+  fi
+  local logs="$ASAN_BUILD/sanitizer-logs"
+  rm -rf "$logs" && mkdir -p "$logs"
+  # Leak checking at exit too (servers exit through SIGTERM's drain path). The asan-labelled
+  # loader tests set their own ASAN_OPTIONS and report to their ctest output.
+  ASAN_OPTIONS="detect_leaks=1:abort_on_error=1:detect_stack_use_after_return=1:log_path=$logs/asan" \
+  # GTEST_FILTER: DrainTest gives 20 in-flight MiniLM requests 30 s to finish after SIGTERM, a
+  # timing contract ASan's slowdown breaks (they were cancelled at the deadline, with no report).
+  GTEST_FILTER='-DrainTest.*' \
+  LSAN_OPTIONS="suppressions=$ROOT/tests/lsan.supp:print_suppressions=0" \
+  UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1:log_path=$logs/ubsan" \
+  OMP_NUM_THREADS=1 \
+    ctest --test-dir "$ASAN_BUILD" -L 'unit|integration|asan' --output-on-failure -j2 \
+      "${CTEST_EXTRA[@]}" || { check_reports "$logs" || true; return 1; }
+  check_reports "$logs"
+}
+
+run_tsan() {
+  local shim="$TSAN_BUILD/libattn_tsan_absl_mutex.so"
+  if ((DO_BUILD)); then
+    configure "$TSAN_BUILD" -DATTN_TSAN=ON || return 1
+    # Only what the two tests need: a full TSan build would double the time for nothing.
+    ninja -C "$TSAN_BUILD" -j2 attn_tsan_absl_mutex attnserve integration_serving_test \
+      integration_trainer_test || return 1
+  fi
+  local logs="$TSAN_BUILD/sanitizer-logs"
+  rm -rf "$logs" && mkdir -p "$logs"
+  # LD_PRELOAD: TSan annotations for Debian's uninstrumented absl::Mutex (tests/tsan_absl_mutex.cc).
+  # OMP_NUM_THREADS=1: libgomp is not TSan-instrumented, so its barriers are invisible and the
+  # work of one parallel region would race with the next in TSan's eyes; with one OpenMP thread
+  # a parallel region runs on the calling thread. The threads under test (gRPC, the batcher, the
+  # trainer, version swaps) are not OpenMP threads and stay concurrent.
+  # The test binaries are run directly (each starts its own servers). The trainer test serves
+  # fuzz/tiny_model (2 layers, hidden 8): fine-tuning MiniLM under TSan takes longer than the
+  # test's 120 s stream deadline, and the threads, locks and version swaps are the same.
+  tsan_test() {  # binary, arguments...
+    log "tsan: $*"
+    LD_PRELOAD="$shim" \
+    TSAN_OPTIONS="suppressions=$ROOT/tests/tsan.supp:second_deadlock_stack=1:log_path=$logs/tsan" \
+    OMP_NUM_THREADS=1 \
+      timeout 1200 "$TSAN_BUILD/tests/integration/$1" "${@:2}"
+  }
+  local status=0
+  tsan_test integration_serving_test || status=1
+  ATTN_TEST_MODEL_DIR="$ROOT/fuzz/tiny_model" tsan_test integration_trainer_test || status=1
+  ((status == 0)) || { check_reports "$logs" || true; return 1; }
+  check_reports "$logs"
+}
+
+passed=0
+failed=0
+for job in "${JOBS[@]}"; do
+  if ((DO_BUILD)) && [[ $job == "${JOBS[0]}" ]]; then "$ROOT/scripts/setup.sh" --no-build; fi
+  start=$(date +%s)
+  log "$job: start"
+  if "run_$job"; then
+    passed=$((passed + 1)); log "$job: passed in $(($(date +%s) - start)) s"
+  else
+    failed=$((failed + 1)); log "$job: FAILED after $(($(date +%s) - start)) s"
+  fi
+done
+echo "sanitize: $passed passed, $failed failed"
+((failed == 0))
