@@ -1,11 +1,6 @@
 #include "engine/model_config.h"
 
-#include <fcntl.h>
-#include <unistd.h>
-
-#include <cerrno>
 #include <cmath>
-#include <cstring>
 #include <limits>
 #include <optional>
 #include <vector>
@@ -14,6 +9,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "engine/json_depth.h"
+#include "engine/json_file.h"
 #include "nlohmann/json.hpp"
 
 // File-local; undefined at the end so it cannot clash with a shared macro.
@@ -32,60 +28,8 @@ constexpr char kPoolingType[] = "sentence_transformers.models.Pooling";
 constexpr char kNormalizeType[] = "sentence_transformers.models.Normalize";
 constexpr char kTransformerType[] = "sentence_transformers.models.Transformer";
 
-std::string JoinPath(const std::string& dir, std::string_view name) {
-  if (dir.empty()) return std::string(name);
-  std::string joined = dir;
-  if (joined.back() != '/') joined += '/';
-  joined.append(name.data(), name.size());
-  return joined;
-}
-
-// The file's contents, or nullopt when it does not exist (optional files fall back to defaults;
-// any other I/O failure is an error).
-absl::StatusOr<std::optional<std::string>> ReadFileIfExists(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    const int err = errno;
-    if (err == ENOENT) return std::optional<std::string>();
-    return absl::Status(absl::ErrnoToStatusCode(err),
-                        absl::StrFormat("%s: cannot open: %s", path, std::strerror(err)));
-  }
-  std::string contents;
-  char buffer[1 << 16];
-  while (true) {
-    const ssize_t n = ::read(fd, buffer, sizeof(buffer));
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      const int err = errno;
-      ::close(fd);
-      return absl::Status(absl::ErrnoToStatusCode(err),
-                          absl::StrFormat("%s: cannot read: %s", path, std::strerror(err)));
-    }
-    if (n == 0) break;
-    contents.append(buffer, static_cast<size_t>(n));
-  }
-  ::close(fd);
-  return std::optional<std::string>(std::move(contents));
-}
-
 absl::Status Invalid(std::string_view source, std::string_view message) {
   return absl::InvalidArgumentError(absl::StrFormat("%s: %s", source, message));
-}
-
-absl::StatusOr<Json> ParseJsonObject(std::string_view text, std::string_view source) {
-  if (JsonNestsDeeperThan(text)) {
-    return Invalid(source, absl::StrFormat("JSON nests deeper than %d levels", kMaxJsonDepth));
-  }
-  Json json;
-  try {
-    json = Json::parse(text.begin(), text.end());
-  } catch (const Json::exception& e) {
-    return Invalid(source, absl::StrCat("not valid JSON: ", e.what()));
-  }
-  if (!json.is_object()) {
-    return Invalid(source, absl::StrCat("expected a JSON object, found ", json.type_name()));
-  }
-  return json;
 }
 
 // Short rendering of an offending value for error messages.

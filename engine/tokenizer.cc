@@ -1,8 +1,6 @@
 #include "engine/tokenizer.h"
 
-#include <fcntl.h>
 #include <sys/stat.h>
-#include <unistd.h>
 #include <utf8proc.h>
 
 #include <algorithm>
@@ -14,7 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "engine/json_depth.h"
+#include "engine/json_file.h"
 #include "nlohmann/json.hpp"
 
 // File-local; undefined at the end so it cannot clash with a shared macro.
@@ -528,58 +526,8 @@ void Normalize(const TokenizerOptions& options, const std::vector<char32_t>& cps
 // Config files
 // ---------------------------------------------------------------------------------------------
 
-std::string JoinPath(const std::string& dir, std::string_view name) {
-  std::string joined = dir;
-  if (!joined.empty() && joined.back() != '/') joined += '/';
-  joined.append(name.data(), name.size());
-  return joined;
-}
-
-// The file's contents, or nullopt when it does not exist.
-absl::StatusOr<std::optional<std::string>> ReadFileIfExists(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    const int err = errno;
-    if (err == ENOENT) return std::optional<std::string>();
-    return absl::Status(absl::ErrnoToStatusCode(err),
-                        absl::StrFormat("%s: cannot open: %s", path, std::strerror(err)));
-  }
-  std::string contents;
-  char buffer[1 << 16];
-  while (true) {
-    const ssize_t n = ::read(fd, buffer, sizeof(buffer));
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      const int err = errno;
-      ::close(fd);
-      return absl::Status(absl::ErrnoToStatusCode(err),
-                          absl::StrFormat("%s: cannot read: %s", path, std::strerror(err)));
-    }
-    if (n == 0) break;
-    contents.append(buffer, static_cast<size_t>(n));
-  }
-  ::close(fd);
-  return std::optional<std::string>(std::move(contents));
-}
-
 absl::Status Invalid(std::string_view source, std::string_view message) {
   return absl::InvalidArgumentError(absl::StrFormat("%s: %s", source, message));
-}
-
-absl::StatusOr<Json> ParseJsonObject(const std::string& text, const std::string& source) {
-  if (JsonNestsDeeperThan(text)) {
-    return Invalid(source, absl::StrFormat("JSON nests deeper than %d levels", kMaxJsonDepth));
-  }
-  Json json;
-  try {
-    json = Json::parse(text);
-  } catch (const Json::exception& e) {
-    return Invalid(source, absl::StrCat("not valid JSON: ", e.what()));
-  }
-  if (!json.is_object()) {
-    return Invalid(source, absl::StrCat("expected a JSON object, found ", json.type_name()));
-  }
-  return json;
 }
 
 // Absent or null leaves *out untouched; any other non-boolean is an error naming the field.
