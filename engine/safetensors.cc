@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "engine/half.h"
 #include "engine/json_depth.h"
 #include "engine/log.h"
 #include "nlohmann/json.hpp"
@@ -60,41 +61,6 @@ bool AsNonNegativeInt(const Json& j, uint64_t* out) {
     return true;
   }
   return false;
-}
-
-// IEEE 754 binary16 -> binary32, exact for every input (subnormals are normalised, inf/nan
-// keep their sign and payload).
-float HalfToFloat(uint16_t h) {
-  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
-  uint32_t exp = (h >> 10) & 0x1fu;
-  uint32_t mant = h & 0x3ffu;
-  uint32_t bits;
-  if (exp == 0x1f) {
-    bits = sign | 0x7f800000u | (mant << 13);
-  } else if (exp != 0) {
-    bits = sign | ((exp + 127 - 15) << 23) | (mant << 13);
-  } else if (mant == 0) {
-    bits = sign;
-  } else {
-    // Subnormal: shift the leading 1 into the implicit-bit position, adjusting the exponent.
-    int e = 1;
-    while ((mant & 0x400u) == 0) {
-      mant <<= 1;
-      --e;
-    }
-    mant &= 0x3ffu;
-    bits = sign | (static_cast<uint32_t>(e + 127 - 15) << 23) | (mant << 13);
-  }
-  float f;
-  std::memcpy(&f, &bits, sizeof(f));
-  return f;
-}
-
-float BFloat16ToFloat(uint16_t b) {
-  const uint32_t bits = static_cast<uint32_t>(b) << 16;
-  float f;
-  std::memcpy(&f, &bits, sizeof(f));
-  return f;
 }
 
 // Element-wise conversion from possibly unaligned source bytes.
@@ -383,10 +349,10 @@ absl::StatusOr<Tensor> SafetensorsFile::ReadFloat32(std::string_view name) const
       if (n > 0) std::memcpy(values.data(), src, static_cast<size_t>(n) * sizeof(float));
       break;
     case DType::kF16:
-      ConvertElements<uint16_t>(src, n, values.data(), HalfToFloat);
+      ConvertElements<uint16_t>(src, n, values.data(), HalfBitsToFloat);
       break;
     case DType::kBF16:
-      ConvertElements<uint16_t>(src, n, values.data(), BFloat16ToFloat);
+      ConvertElements<uint16_t>(src, n, values.data(), BFloat16BitsToFloat);
       break;
     case DType::kF64:
       ConvertElements<double>(src, n, values.data(),
