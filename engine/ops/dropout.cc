@@ -1,5 +1,6 @@
 #include "engine/ops/dropout.h"
 
+#include <algorithm>
 #include <cmath>
 
 namespace attn {
@@ -32,6 +33,16 @@ inline bool Keep(uint64_t mixed_seed, uint64_t counter, uint64_t threshold) {
   return (Mix64(mixed_seed + (counter + 1) * kGoldenGamma) >> 32) >= threshold;
 }
 
+// DropoutForward's loop body over [0, n) on the calling thread.
+inline void DropoutRange(const float* x, int64_t n, uint64_t threshold, uint64_t mixed_seed,
+                         float scale, uint64_t offset, float* y, uint8_t* mask) {
+  for (int64_t i = 0; i < n; ++i) {
+    const bool keep = Keep(mixed_seed, offset + static_cast<uint64_t>(i), threshold);
+    y[i] = keep ? x[i] * scale : 0.0f;
+    if (mask != nullptr) mask[i] = keep ? 1 : 0;
+  }
+}
+
 }  // namespace
 
 bool DropoutKeep(uint64_t seed, uint64_t counter, float p) {
@@ -60,6 +71,17 @@ void DropoutForward(const float* x, int64_t n, float p, uint64_t seed, uint64_t 
     y[i] = keep ? x[i] * scale : 0.0f;
     if (mask != nullptr) mask[i] = keep ? 1 : 0;
   }
+}
+
+void DropoutForwardSerial(const float* x, int64_t n, float p, uint64_t seed, uint64_t offset,
+                          float* y, uint8_t* mask) {
+  const uint64_t threshold = DropThreshold(p);
+  if (threshold == 0) {
+    for (int64_t i = 0; i < n; ++i) y[i] = x[i];
+    if (mask != nullptr) std::fill(mask, mask + n, uint8_t{1});
+    return;
+  }
+  DropoutRange(x, n, threshold, Mix64(seed), KeepScale(p), offset, y, mask);
 }
 
 void DropoutBackward(const float* dy, const uint8_t* mask, int64_t n, float p, float* dx) {

@@ -24,6 +24,11 @@ bool DropoutKeep(uint64_t seed, uint64_t counter, float p);
 void DropoutForward(const float* x, int64_t n, float p, uint64_t seed, uint64_t offset, float* y,
                     uint8_t* mask);
 
+// DropoutForward on the calling thread only (no OpenMP region), for kernels that already run
+// inside one: same draws, same y and mask for the same (seed, offset).
+void DropoutForwardSerial(const float* x, int64_t n, float p, uint64_t seed, uint64_t offset,
+                          float* y, uint8_t* mask);
+
 // forward: y = x * mask / (1-p)   =>   dx = dy * mask / (1-p)
 // dy, dx: n floats, may alias; mask and p as given to / returned by DropoutForward.
 void DropoutBackward(const float* dy, const uint8_t* mask, int64_t n, float p, float* dx);

@@ -8,6 +8,7 @@
 
 #include "engine/ops/avx512_math.h"
 #include "engine/ops/cpu_kernels.h"
+#include "engine/ops/dropout.h"
 #include "engine/tensor.h"
 
 namespace attn {
@@ -214,23 +215,30 @@ ATTN_AVX512 void BlockAvx512(const Geometry& g, const HeadTask& t, Scratch* scra
 
 // kt (d, tp) = K^T with zero columns [T, tp); v (T, dp) = V with zero columns [d, dp).
 // ld_qkv * 16 must fit in int32 (gather offsets).
+// out (d, tp) = rows^T for T rows of d floats at stride ld (columns [T, tp) zero; tp a multiple
+// of 16, out 64-byte aligned). ld * 16 must fit in int32 (gather offsets).
+ATTN_AVX512 void TransposeRowsAvx512(const float* rows, int64_t ld, int64_t T, int64_t d,
+                                     int64_t tp, float* out) {
+  // 16 rows at a time: one gather per column writes a whole cache line of out (scalar
+  // transposition stored one float per line and was a sixth of the attention time at T=512).
+  const __m512i row_offsets =
+      _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                         _mm512_set1_epi32(static_cast<int32_t>(ld)));
+  for (int64_t j = 0; j < T; j += 16) {
+    const __mmask16 k = avx512::TailMask(T - j);
+    const float* base = rows + j * ld;
+    for (int64_t c = 0; c < d; ++c) {
+      const __m512 column =
+          _mm512_mask_i32gather_ps(_mm512_setzero_ps(), k, row_offsets, base + c, sizeof(float));
+      _mm512_store_ps(out + c * tp + j, column);
+    }
+  }
+}
+
 ATTN_AVX512 void PackKeysAndValuesAvx512(const Geometry& g, const HeadTask& t, int64_t tp,
                                          int64_t dp, float* kt, float* v) {
   const int64_t T = t.tokens, d = g.head_dim;
-  // K^T 16 keys at a time: one gather per column writes a whole cache line of kt (scalar
-  // transposition stored one float per line and was a sixth of the attention time at T=512).
-  const __m512i key_rows =
-      _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-                         _mm512_set1_epi32(static_cast<int32_t>(g.ld_qkv)));
-  for (int64_t j = 0; j < T; j += 16) {
-    const __mmask16 k = avx512::TailMask(T - j);
-    const float* base = t.k + j * g.ld_qkv;
-    for (int64_t c = 0; c < d; ++c) {
-      const __m512 column =
-          _mm512_mask_i32gather_ps(_mm512_setzero_ps(), k, key_rows, base + c, sizeof(float));
-      _mm512_store_ps(kt + c * tp + j, column);
-    }
-  }
+  TransposeRowsAvx512(t.k, g.ld_qkv, T, d, tp, kt);
   for (int64_t j = 0; j < T; ++j) {
     const float* vj = t.v + j * g.ld_qkv;
     float* out = v + j * dp;
@@ -332,6 +340,405 @@ void PackedAttentionForward(const PackedAttentionShape& shape, const float* qkv,
       } else {
         HeadPortable(g, task, &scratch.scores);
       }
+    }
+  }
+}
+
+// =============================================================================================
+// Training forward and backward.
+
+namespace {
+
+// c[r, n] (rows, cols; row stride ldc) = alpha * sum_k a(r, k) * b[k * ldb + n], where
+// a(r, k) = a[r * a_rs + k * a_ks] reads A row-major (a_rs = lda, a_ks = 1) or transposed
+// (a_rs = 1, a_ks = lda), and each b row is `cols` contiguous floats read in place.
+struct StridedProduct {
+  const float* a;
+  int64_t a_rs, a_ks;
+  const float* b;
+  int64_t ldb;
+  int64_t rows, cols, depth;
+  float alpha;
+  float* c;
+  int64_t ldc;
+};
+
+void ProductPortable(const StridedProduct& p) {
+  for (int64_t r = 0; r < p.rows; ++r) {
+    float* c = p.c + r * p.ldc;
+    std::fill(c, c + p.cols, 0.0f);
+    for (int64_t k = 0; k < p.depth; ++k) {
+      const float a = p.a[r * p.a_rs + k * p.a_ks];
+      const float* b = p.b + k * p.ldb;
+      for (int64_t n = 0; n < p.cols; ++n) c[n] += a * b[n];
+    }
+    for (int64_t n = 0; n < p.cols; ++n) c[n] *= p.alpha;
+  }
+}
+
+// Rows [r0, r0 + R) x columns [n0, n0 + 16 NV) of the product (columns past p.cols masked).
+template <int R, int NV>
+ATTN_AVX512 inline void ProductTile(const StridedProduct& p, int64_t r0, int64_t n0) {
+  __mmask16 masks[NV];
+  __m512 acc[R][NV];
+#pragma GCC unroll 2
+  for (int n = 0; n < NV; ++n) masks[n] = avx512::TailMask(p.cols - n0 - 16 * n);
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 2
+    for (int n = 0; n < NV; ++n) acc[r][n] = _mm512_setzero_ps();
+  }
+  const float* a = p.a + r0 * p.a_rs;
+  for (int64_t k = 0; k < p.depth; ++k) {
+    const float* b_row = p.b + k * p.ldb + n0;
+    __m512 b[NV];
+#pragma GCC unroll 2
+    for (int n = 0; n < NV; ++n) b[n] = _mm512_maskz_loadu_ps(masks[n], b_row + 16 * n);
+    const float* a_k = a + k * p.a_ks;
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      const __m512 a_rk = _mm512_set1_ps(a_k[r * p.a_rs]);
+#pragma GCC unroll 2
+      for (int n = 0; n < NV; ++n) acc[r][n] = _mm512_fmadd_ps(a_rk, b[n], acc[r][n]);
+    }
+  }
+  const __m512 alpha = _mm512_set1_ps(p.alpha);
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 2
+    for (int n = 0; n < NV; ++n) {
+      _mm512_mask_storeu_ps(p.c + (r0 + r) * p.ldc + n0 + 16 * n, masks[n],
+                            _mm512_mul_ps(acc[r][n], alpha));
+    }
+  }
+}
+
+template <int R>
+ATTN_AVX512 void ProductRowsAvx512(const StridedProduct& p, int64_t r0) {
+  int64_t n0 = 0;
+  for (; n0 + 16 < p.cols; n0 += 32) ProductTile<R, 2>(p, r0, n0);
+  if (n0 < p.cols) ProductTile<R, 1>(p, r0, n0);
+}
+
+ATTN_AVX512 void ProductAvx512(const StridedProduct& p) {
+  int64_t r0 = 0;
+  for (; r0 + kBlockRows <= p.rows; r0 += kBlockRows) ProductRowsAvx512<kBlockRows>(p, r0);
+  switch (p.rows - r0) {
+    case 7:
+      ProductRowsAvx512<7>(p, r0);
+      break;
+    case 6:
+      ProductRowsAvx512<6>(p, r0);
+      break;
+    case 5:
+      ProductRowsAvx512<5>(p, r0);
+      break;
+    case 4:
+      ProductRowsAvx512<4>(p, r0);
+      break;
+    case 3:
+      ProductRowsAvx512<3>(p, r0);
+      break;
+    case 2:
+      ProductRowsAvx512<2>(p, r0);
+      break;
+    case 1:
+      ProductRowsAvx512<1>(p, r0);
+      break;
+    default:
+      break;
+  }
+}
+
+// s (rows, T; row stride T) = softmax(s) over each row, in place.
+void SoftmaxRowsPortable(float* s, int64_t rows, int64_t T) {
+  for (int64_t r = 0; r < rows; ++r) {
+    float* row = s + r * T;
+    const float max = *std::max_element(row, row + T);
+    float sum = 0.0f;
+    for (int64_t j = 0; j < T; ++j) {
+      row[j] = std::exp(row[j] - max);
+      sum += row[j];
+    }
+    const float inv = 1.0f / sum;
+    for (int64_t j = 0; j < T; ++j) row[j] *= inv;
+  }
+}
+
+ATTN_AVX512 void SoftmaxRowsAvx512(float* s, int64_t rows, int64_t T) {
+  for (int64_t r = 0; r < rows; ++r) {
+    float inv_sum;
+    ExpRowsAvx512(s + r * T, 1, T, T, &inv_sum);
+    ScaleRowAvx512(s + r * T, T, inv_sum, s + r * T);
+  }
+}
+
+// Per row of T: dp = dp * mask * keep_scale (when mask is not null), then the softmax backward
+// ds = p * (dp - sum_j dp * p), written over dp. p, dp: (rows, T) row stride T; mask likewise.
+void SoftmaxBackwardRowsPortable(const float* p, const uint8_t* mask, float keep_scale,
+                                 int64_t rows, int64_t T, float* dp) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* pr = p + r * T;
+    float* dr = dp + r * T;
+    if (mask != nullptr) {
+      const uint8_t* mr = mask + r * T;
+      for (int64_t j = 0; j < T; ++j) dr[j] = mr[j] != 0 ? dr[j] * keep_scale : 0.0f;
+    }
+    float dot = 0.0f;
+    for (int64_t j = 0; j < T; ++j) dot += dr[j] * pr[j];
+    for (int64_t j = 0; j < T; ++j) dr[j] = pr[j] * (dr[j] - dot);
+  }
+}
+
+ATTN_AVX512 void SoftmaxBackwardRowsAvx512(const float* p, const uint8_t* mask, float keep_scale,
+                                           int64_t rows, int64_t T, float* dp) {
+  const __m512 keep_scale_vec = _mm512_set1_ps(keep_scale);
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* pr = p + r * T;
+    float* dr = dp + r * T;
+    __m512 dot = _mm512_setzero_ps();
+    for (int64_t j = 0; j < T; j += 16) {
+      const __mmask16 k = avx512::TailMask(T - j);
+      __m512 d = _mm512_maskz_loadu_ps(k, dr + j);
+      if (mask != nullptr) {
+        const __m128i bytes = _mm_maskz_loadu_epi8(k, mask + r * T + j);
+        d = _mm512_maskz_mul_ps(_mm_test_epi8_mask(bytes, bytes), d, keep_scale_vec);
+        _mm512_mask_storeu_ps(dr + j, k, d);
+      }
+      dot = _mm512_fmadd_ps(d, _mm512_maskz_loadu_ps(k, pr + j), dot);
+    }
+    const __m512 dot_vec = _mm512_set1_ps(_mm512_reduce_add_ps(dot));
+    for (int64_t j = 0; j < T; j += 16) {
+      const __mmask16 k = avx512::TailMask(T - j);
+      const __m512 d = _mm512_maskz_loadu_ps(k, dr + j);
+      _mm512_mask_storeu_ps(
+          dr + j, k, _mm512_mul_ps(_mm512_maskz_loadu_ps(k, pr + j), _mm512_sub_ps(d, dot_vec)));
+    }
+  }
+}
+
+// out (d, tp) = rows^T for T rows of d floats at stride ld.
+void TransposeRowsPortable(const float* rows, int64_t ld, int64_t T, int64_t d, int64_t tp,
+                           float* out) {
+  for (int64_t j = 0; j < T; ++j) {
+    for (int64_t c = 0; c < d; ++c) out[c * tp + j] = rows[j * ld + c];
+  }
+}
+
+// The kernels of one path (AVX-512 or portable), picked once per call.
+struct TrainingKernels {
+  void (*product)(const StridedProduct&);
+  void (*softmax_rows)(float*, int64_t, int64_t);
+  void (*softmax_backward_rows)(const float*, const uint8_t*, float, int64_t, int64_t, float*);
+  void (*transpose_rows)(const float*, int64_t, int64_t, int64_t, int64_t, float*);
+};
+
+TrainingKernels SelectTrainingKernels() {
+  if (UseAvx512Kernels()) {
+    return {ProductAvx512, SoftmaxRowsAvx512, SoftmaxBackwardRowsAvx512, TransposeRowsAvx512};
+  }
+  return {ProductPortable, SoftmaxRowsPortable, SoftmaxBackwardRowsPortable, TransposeRowsPortable};
+}
+
+// Query rows per pass: a pass's (rows, T) probabilities stay in L2 between the product that
+// writes them and the ones that read them.
+constexpr int64_t kPassRows = 64;
+
+struct TrainingGeometry {
+  int64_t heads, head_dim, hidden;  // hidden H = heads * d; qkv rows have 3H floats
+  float scale;                      // 1 / sqrt(d)
+  float dropout_p;
+  float keep_scale;  // 1 / (1 - p), as DropoutBackward
+  uint64_t seed;
+};
+
+// One (sequence, head) of the packed batch; matrices as in the header's formulas.
+struct TrainingItem {
+  const float* q;           // (T, d) at row stride 3H; k = q + H, v = q + 2H
+  int64_t tokens;           // T
+  float* probs;             // (T, T)
+  float* dropped;           // (T, T) or null without dropout
+  uint8_t* mask;            // (T, T) or null
+  uint64_t dropout_offset;  // counter of element (0, 0)
+};
+
+struct TrainingScratch {
+  FloatBuffer transposed;  // (d, tp): K^T (forward) or V^T (backward)
+  FloatBuffer dscores;     // (T, T): dP, then dS
+};
+
+TrainingScratch& ThreadTrainingScratch() {
+  thread_local TrainingScratch scratch;
+  return scratch;
+}
+
+// Sequences longest first, so the last items handed out are the short ones.
+std::vector<int64_t> LongestFirst(const std::vector<int64_t>& seq_offsets) {
+  std::vector<int64_t> order(seq_offsets.size() - 1);
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
+    return seq_offsets[a + 1] - seq_offsets[a] > seq_offsets[b + 1] - seq_offsets[b];
+  });
+  return order;
+}
+
+// 4 T^2 d per head and product, times `products` products.
+double AttentionFlops(const std::vector<int64_t>& seq_offsets, int64_t heads, int64_t d,
+                      double products) {
+  double flops = 0.0;
+  for (size_t b = 0; b + 1 < seq_offsets.size(); ++b) {
+    const double T = static_cast<double>(seq_offsets[b + 1] - seq_offsets[b]);
+    flops += products * 2.0 * heads * T * T * d;
+  }
+  return flops;
+}
+
+// The item for head h of sequence b.
+TrainingItem MakeItem(const TrainingGeometry& g, const float* qkv,
+                      const std::vector<int64_t>& seq_offsets,
+                      const std::vector<uint64_t>& seq_dropout_offsets,
+                      const PackedAttentionSaved& saved, int64_t b, int64_t h) {
+  const int64_t begin = seq_offsets[b], T = seq_offsets[b + 1] - begin;
+  const int64_t head_elements = T * T;
+  TrainingItem item{qkv + begin * 3 * g.hidden + h * g.head_dim,
+                    T,
+                    saved.probs[b] + h * head_elements,
+                    nullptr,
+                    nullptr,
+                    0};
+  if (!saved.probs_dropped.empty()) {
+    item.dropped = saved.probs_dropped[b] + h * head_elements;
+    item.mask = saved.masks[b] + h * head_elements;
+    item.dropout_offset = seq_dropout_offsets[b] + static_cast<uint64_t>(h * head_elements);
+  }
+  return item;
+}
+
+void ForwardItem(const TrainingKernels& kernels, const TrainingGeometry& g, const TrainingItem& t,
+                 float* context, TrainingScratch* scratch) {
+  const int64_t T = t.tokens, d = g.head_dim, H = g.hidden, ld = 3 * H;
+  const int64_t tp = RoundUp16(T);
+  if (static_cast<int64_t>(scratch->transposed.size()) < d * tp) {
+    scratch->transposed.resize(d * tp);
+  }
+  float* kt = scratch->transposed.data();
+  kernels.transpose_rows(t.q + H, ld, T, d, tp, kt);
+  for (int64_t i0 = 0; i0 < T; i0 += kPassRows) {
+    const int64_t rows = std::min(kPassRows, T - i0);
+    float* probs = t.probs + i0 * T;
+    // scores (rows, T) = Q_rows · K^T * scale, then probs = softmax(scores) in place
+    kernels.product({t.q + i0 * ld, ld, 1, kt, tp, rows, T, d, g.scale, probs, T});
+    kernels.softmax_rows(probs, rows, T);
+    // probs_dropped = probs * mask / (1 - p): element (i, j) draws counter offset + i*T + j
+    const float* used = probs;
+    if (t.dropped != nullptr) {
+      DropoutForwardSerial(probs, rows * T, g.dropout_p, g.seed, t.dropout_offset + i0 * T,
+                           t.dropped + i0 * T, t.mask + i0 * T);
+      used = t.dropped + i0 * T;
+    }
+    // context rows (rows, d) = probs_dropped rows (rows, T) · V (T, d)
+    kernels.product({used, T, 1, t.q + 2 * H, ld, rows, d, T, 1.0f, context + i0 * H, H});
+  }
+}
+
+void BackwardItem(const TrainingKernels& kernels, const TrainingGeometry& g, const TrainingItem& t,
+                  const float* dcontext, float* dqkv, TrainingScratch* scratch) {
+  const int64_t T = t.tokens, d = g.head_dim, H = g.hidden, ld = 3 * H;
+  const int64_t tp = RoundUp16(T);
+  if (static_cast<int64_t>(scratch->transposed.size()) < d * tp) {
+    scratch->transposed.resize(d * tp);
+  }
+  if (static_cast<int64_t>(scratch->dscores.size()) < T * T) scratch->dscores.resize(T * T);
+  float* vt = scratch->transposed.data();
+  float* ds = scratch->dscores.data();
+  const float* q = t.q;
+  const float* k = t.q + H;
+  kernels.transpose_rows(t.q + 2 * H, ld, T, d, tp, vt);
+  for (int64_t i0 = 0; i0 < T; i0 += kPassRows) {
+    const int64_t rows = std::min(kPassRows, T - i0);
+    // dP rows (rows, T) = dC rows (rows, d) · V^T (d, T)
+    kernels.product({dcontext + i0 * H, H, 1, vt, tp, rows, T, d, 1.0f, ds + i0 * T, T});
+    // dP = dP * mask / (1 - p); dS = P * (dP - rowsum(dP * P))
+    kernels.softmax_backward_rows(t.probs + i0 * T, t.mask != nullptr ? t.mask + i0 * T : nullptr,
+                                  g.keep_scale, rows, T, ds + i0 * T);
+  }
+  const float* used = t.dropped != nullptr ? t.dropped : t.probs;
+  // dV (T, d) = Pd^T (T, T) · dC (T, d)
+  kernels.product({used, 1, T, dcontext, H, T, d, T, 1.0f, dqkv + 2 * H, ld});
+  // dQ (T, d) = dS (T, T) · K (T, d) * scale
+  kernels.product({ds, T, 1, k, ld, T, d, T, g.scale, dqkv, ld});
+  // dK (T, d) = dS^T (T, T) · Q (T, d) * scale
+  kernels.product({ds, 1, T, q, ld, T, d, T, g.scale, dqkv + H, ld});
+}
+
+TrainingGeometry MakeTrainingGeometry(const PackedAttentionShape& shape, float dropout_p,
+                                      uint64_t seed) {
+  const float d = static_cast<float>(shape.head_dim);
+  return {shape.heads,
+          shape.head_dim,
+          shape.hidden(),
+          1.0f / std::sqrt(d),
+          dropout_p,
+          dropout_p < 1.0f ? 1.0f / (1.0f - dropout_p) : 0.0f,
+          seed};
+}
+
+}  // namespace
+
+void PackedAttentionForwardTraining(const PackedAttentionShape& shape, const float* qkv,
+                                    const std::vector<int64_t>& seq_offsets, float dropout_p,
+                                    uint64_t seed, uint64_t dropout_offset,
+                                    const PackedAttentionSaved& saved, float* context) {
+  const int64_t batch = static_cast<int64_t>(seq_offsets.size()) - 1;
+  const int64_t heads = shape.heads, H = shape.hidden();
+  const TrainingGeometry g = MakeTrainingGeometry(shape, dropout_p, seed);
+  // Sequence b's counters start where the per-sequence calls' did: after every earlier
+  // sequence's heads*T*T.
+  std::vector<uint64_t> seq_dropout_offsets(batch);
+  uint64_t next_offset = dropout_offset;
+  for (int64_t b = 0; b < batch; ++b) {
+    seq_dropout_offsets[b] = next_offset;
+    const int64_t T = seq_offsets[b + 1] - seq_offsets[b];
+    next_offset += static_cast<uint64_t>(heads * T * T);
+  }
+  const std::vector<int64_t> order = LongestFirst(seq_offsets);
+  const TrainingKernels kernels = SelectTrainingKernels();
+  const int64_t items = batch * heads;
+
+#pragma omp parallel if (AttentionFlops(seq_offsets, heads, shape.head_dim, 2) > 2e6)
+  {
+    TrainingScratch& scratch = ThreadTrainingScratch();
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t item = 0; item < items; ++item) {
+      const int64_t b = order[item / heads], h = item % heads;
+      const TrainingItem t = MakeItem(g, qkv, seq_offsets, seq_dropout_offsets, saved, b, h);
+      ForwardItem(kernels, g, t, context + seq_offsets[b] * H + h * shape.head_dim, &scratch);
+    }
+  }
+}
+
+void PackedAttentionBackward(const PackedAttentionShape& shape, const float* qkv,
+                             const std::vector<int64_t>& seq_offsets,
+                             const PackedAttentionSaved& saved, float dropout_p,
+                             const float* dcontext, float* dqkv) {
+  const int64_t batch = static_cast<int64_t>(seq_offsets.size()) - 1;
+  const int64_t heads = shape.heads, H = shape.hidden(), d = shape.head_dim;
+  const TrainingGeometry g = MakeTrainingGeometry(shape, dropout_p, 0);
+  const std::vector<uint64_t> unused_offsets(batch, 0);  // the backward draws nothing
+  const std::vector<int64_t> order = LongestFirst(seq_offsets);
+  const TrainingKernels kernels = SelectTrainingKernels();
+  const int64_t items = batch * heads;
+
+#pragma omp parallel if (AttentionFlops(seq_offsets, heads, d, 4) > 2e6)
+  {
+    TrainingScratch& scratch = ThreadTrainingScratch();
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t item = 0; item < items; ++item) {
+      const int64_t b = order[item / heads], h = item % heads;
+      const TrainingItem t = MakeItem(g, qkv, seq_offsets, unused_offsets, saved, b, h);
+      const int64_t begin = seq_offsets[b];
+      BackwardItem(kernels, g, t, dcontext + begin * H + h * d, dqkv + begin * 3 * H + h * d,
+                   &scratch);
     }
   }
 }

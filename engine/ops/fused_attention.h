@@ -8,7 +8,13 @@
 // read from the fused (M, 3H) projection with strides: no transposes of the packed matrix.
 //
 // Replaces one oneDNN matmul/softmax per sequence (three primitives and three fork-joins per
-// sequence per layer) on the inference path; the training forward keeps AttentionForward.
+// sequence per layer) on the inference path.
+//
+// The training pair below does the same for fine-tuning: one parallel region per layer for the
+// forward (saving the probabilities the backward needs) and one for the backward, over the same
+// (sequence, head) items, instead of 2 + 4 oneDNN matmuls and 2 softmax primitives per sequence.
+// They compute what AttentionForwardTraining / AttentionBackward (engine/ops/attention.h) compute
+// per sequence, with the same saved-activation layout and the same dropout masks.
 #pragma once
 
 #include <cstdint>
@@ -34,5 +40,44 @@ struct PackedAttentionOutputs {
 void PackedAttentionForward(const PackedAttentionShape& shape, const float* qkv,
                             const std::vector<int64_t>& seq_offsets, float* context,
                             const PackedAttentionOutputs* outputs);
+
+// Saved activations of the training forward, per sequence b of T_b tokens (one pointer per
+// sequence, each a (heads, T_b, T_b) row-major buffer: head h, query i, key j at h*T*T + i*T + j):
+//   probs         = softmax(Q_h K_h^T / sqrt(d))                  (undropped; always given)
+//   probs_dropped = probs * mask / (1 - p)                         (what multiplied V)
+//   masks         = 1 kept / 0 dropped                             (heads*T*T bytes)
+// probs_dropped and masks are empty when the attention dropout is off (p == 0).
+struct PackedAttentionSaved {
+  std::vector<float*> probs;
+  std::vector<float*> probs_dropped;
+  std::vector<uint8_t*> masks;
+};
+
+// Training forward over the packed batch:
+//   probs_b         (heads, T, T) = softmax(Q_h · K_h^T / sqrt(d))
+//   probs_dropped_b (heads, T, T) = DropoutForward(probs_b, heads*T*T, p, seed, offset_b)
+//   context         (M, H)        : context_h rows of b = probs_dropped_b,h · V_h
+// with offset_b = dropout_offset + sum_{b' < b} heads * T_b'^2: each sequence gets the counter
+// range the per-sequence AttentionForwardTraining calls were given, so masks are bit-identical
+// to them (and to DropoutForward on the saved probs). dropout_p == 0: probs_dropped and masks
+// must be empty, context = probs · V.
+// qkv: (M, 3H) rows [Q | K | V]; seq_offsets: B+1 row offsets; saved: pointers to fill (above).
+void PackedAttentionForwardTraining(const PackedAttentionShape& shape, const float* qkv,
+                                    const std::vector<int64_t>& seq_offsets, float dropout_p,
+                                    uint64_t seed, uint64_t dropout_offset,
+                                    const PackedAttentionSaved& saved, float* context);
+
+// Backward of PackedAttentionForwardTraining, per (sequence, head), P = probs, Pd = probs_dropped
+// (Pd = P without dropout), dC = dcontext_h rows:
+//   dV (T, d) = Pd^T · dC                    dP (T, T) = dC · V^T
+//   dP        = dP * mask / (1 - p)          (dropout backward; skipped without dropout)
+//   dS (T, T) = P * (dP - rowsum(dP * P))    (softmax backward)
+//   dQ (T, d) = dS · K / sqrt(d)             dK (T, d) = dS^T · Q / sqrt(d)
+// qkv: the forward's (M, 3H); dcontext: (M, H); dqkv: (M, 3H) receiving dQ in columns [0, H),
+// dK in [H, 2H), dV in [2H, 3H) (every element overwritten; must not alias qkv or dcontext).
+void PackedAttentionBackward(const PackedAttentionShape& shape, const float* qkv,
+                             const std::vector<int64_t>& seq_offsets,
+                             const PackedAttentionSaved& saved, float dropout_p,
+                             const float* dcontext, float* dqkv);
 
 }  // namespace attn

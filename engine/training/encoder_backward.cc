@@ -4,9 +4,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "engine/dnnl_context.h"
-#include "engine/ops/attention.h"
 #include "engine/ops/dropout.h"
 #include "engine/ops/embedding.h"
+#include "engine/ops/fused_attention.h"
 #include "engine/ops/gelu.h"
 #include "engine/ops/layernorm.h"
 #include "engine/ops/linear.h"
@@ -53,29 +53,56 @@ void AddInto(float* target, const float* source, int64_t n) {
   for (int64_t i = 0; i < n; ++i) target[i] += source[i];
 }
 
-AttentionShape ShapeOf(const BertConfig& config, int64_t tokens) {
-  AttentionShape shape;
-  shape.tokens = tokens;
+PackedAttentionShape PackedShapeOf(const BertConfig& config) {
+  PackedAttentionShape shape;
   shape.heads = config.num_attention_heads;
   shape.head_dim = config.head_dim();
-  shape.qkv_stride = 3 * int64_t{config.hidden_size};
-  shape.context_stride = config.hidden_size;
   return shape;
 }
 
-TrainingForward RunTrainingForward(const BertConfig& config, const BertWeights& weights,
-                                   const std::vector<SequenceInput>& batch,
-                                   const TrainingForwardOptions& options) {
+// Pointers into the layer's per-sequence attention buffers (the backward only reads them).
+PackedAttentionSaved SavedAttention(LayerActivations& a) {
+  PackedAttentionSaved saved;
+  for (Tensor& probs : a.probs) saved.probs.push_back(probs.data());
+  for (Tensor& dropped : a.probs_dropped) saved.probs_dropped.push_back(dropped.data());
+  for (std::vector<uint8_t>& mask : a.probs_masks) saved.masks.push_back(mask.data());
+  return saved;
+}
+// The backward only reads through the pointers (mutable because the forward fills them).
+PackedAttentionSaved SavedAttention(const LayerActivations& a) {
+  return SavedAttention(const_cast<LayerActivations&>(a));
+}
+
+// *t shaped `shape`, keeping its buffer when the element count matches: the contents are then
+// stale, so only for outputs whose every element is written.
+void ShapeForOutput(Tensor* t, std::vector<int64_t> shape) {
+  int64_t n = 1;
+  for (int64_t dim : shape) n *= dim;
+  if (t->numel() == n) {
+    t->Reshape(std::move(shape));
+  } else {
+    *t = Tensor(std::move(shape));
+  }
+}
+
+// Fills *f, reusing its buffers (every one is fully overwritten).
+void RunTrainingForward(const BertConfig& config, const BertWeights& weights,
+                        const std::vector<SequenceInput>& batch,
+                        const TrainingForwardOptions& options, TrainingForward* out) {
   ExecContext ctx;
+  TrainingForward& f = *out;
   const int64_t H = config.hidden_size, I = config.intermediate_size;
   const int64_t heads = config.num_attention_heads;
   const float eps = config.layer_norm_eps;
   const uint64_t seed = StepSeed(options);
   const int64_t B = static_cast<int64_t>(batch.size());
+  const int L = config.num_hidden_layers;
 
-  TrainingForward f;
   f.options = options;
   f.seq_offsets.assign(B + 1, 0);
+  f.token_ids.clear();
+  f.type_ids.clear();
+  f.positions.clear();
   for (int64_t b = 0; b < B; ++b) {
     const SequenceInput& seq = batch[b];
     const int32_t length = static_cast<int32_t>(seq.token_ids.size());
@@ -89,89 +116,86 @@ TrainingForward RunTrainingForward(const BertConfig& config, const BertWeights& 
     for (int32_t p = 0; p < length; ++p) f.positions.push_back(p);
   }
   const int64_t M = f.total_tokens();
+  f.layers.resize(L);
+  // Layer l's input is layer l-1's output: each LayerNorm writes straight into the next input.
+  auto layer_input = [&](int l) -> Tensor& { return l < L ? f.layers[l].input : f.output; };
 
   // static (M, H); hidden (M, H) = dropout(LayerNorm(static))
-  f.static_embeddings = Tensor({M, H});
+  ShapeForOutput(&f.static_embeddings, {M, H});
   EmbeddingForward(weights.word_embeddings, weights.position_embeddings,
                    weights.token_type_embeddings, f.token_ids, f.type_ids, f.positions,
                    f.static_embeddings.data());
   f.emb_mean.resize(M);
   f.emb_variance.resize(M);
-  Tensor hidden({M, H});
+  Tensor& emb = layer_input(0);
+  ShapeForOutput(&emb, {M, H});
   LayerNormForwardTraining(ctx, f.static_embeddings.data(), M, weights.embedding_norm_gamma,
-                           weights.embedding_norm_beta, eps, hidden.data(), f.emb_mean.data(),
+                           weights.embedding_norm_beta, eps, emb.data(), f.emb_mean.data(),
                            f.emb_variance.data());
-  MaybeDropout(hidden.data(), M * H, options.hidden_dropout, seed, DropoutOffset(-1, kEmbeddings),
+  f.emb_mask.clear();
+  MaybeDropout(emb.data(), M * H, options.hidden_dropout, seed, DropoutOffset(-1, kEmbeddings),
                &f.emb_mask);
 
-  f.layers.resize(config.num_hidden_layers);
-  for (int l = 0; l < config.num_hidden_layers; ++l) {
+  for (int l = 0; l < L; ++l) {
     const LayerWeights& w = weights.layers[l];
     LayerActivations& a = f.layers[l];
-    a.input = std::move(hidden);
     // qkv (M, 3H) = x · W_qkv^T + b_qkv
-    a.qkv = Tensor({M, 3 * H});
+    ShapeForOutput(&a.qkv, {M, 3 * H});
     LinearForward(ctx, a.input.data(), M, w.qkv_weight, w.qkv_bias, LinearEpilogue::kNone,
                   a.qkv.data());
     // per sequence: probs = softmax(Q K^T / sqrt(d)); context = dropout(probs) · V
-    a.context = Tensor({M, H});
+    ShapeForOutput(&a.context, {M, H});
     a.probs.resize(B);
     const bool attention_dropout = options.attention_dropout > 0.0f;
-    if (attention_dropout) {
-      a.probs_dropped.resize(B);
-      a.probs_masks.resize(B);
-    }
-    uint64_t probs_offset = DropoutOffset(l, kAttentionProbs);
+    a.probs_dropped.resize(attention_dropout ? B : 0);
+    a.probs_masks.resize(attention_dropout ? B : 0);
     for (int64_t b = 0; b < B; ++b) {
-      const int64_t begin = f.seq_offsets[b], T = f.seq_offsets[b + 1] - begin;
-      const AttentionShape shape = ShapeOf(config, T);
-      a.probs[b] = Tensor({heads, T, T});
-      float* dropped = nullptr;
-      uint8_t* mask = nullptr;
+      const int64_t T = f.seq_offsets[b + 1] - f.seq_offsets[b];
+      ShapeForOutput(&a.probs[b], {heads, T, T});
       if (attention_dropout) {
-        a.probs_dropped[b] = Tensor({heads, T, T});
+        ShapeForOutput(&a.probs_dropped[b], {heads, T, T});
         a.probs_masks[b].resize(heads * T * T);
-        dropped = a.probs_dropped[b].data();
-        mask = a.probs_masks[b].data();
       }
-      AttentionForwardTraining(ctx, shape, a.qkv.data() + begin * 3 * H, a.probs[b].data(), dropped,
-                               mask, options.attention_dropout, seed, probs_offset,
-                               a.context.data() + begin * H);
-      probs_offset += heads * T * T;
     }
+    // Sequence b draws counters from DropoutOffset(l, kAttentionProbs) + sum of the earlier
+    // sequences' heads*T*T (see PackedAttentionForwardTraining).
+    PackedAttentionForwardTraining(
+        PackedShapeOf(config), a.qkv.data(), f.seq_offsets, options.attention_dropout, seed,
+        DropoutOffset(l, kAttentionProbs), SavedAttention(a), a.context.data());
     // attn_sum (M, H) = x + dropout(context · W_o^T + b_o); attn_out = LayerNorm(attn_sum)
-    a.attn_sum = Tensor({M, H});
+    ShapeForOutput(&a.attn_sum, {M, H});
     LinearForward(ctx, a.context.data(), M, w.attn_output_weight, w.attn_output_bias,
                   LinearEpilogue::kNone, a.attn_sum.data());
+    a.attn_dense_mask.clear();
     MaybeDropout(a.attn_sum.data(), M * H, options.hidden_dropout, seed,
                  DropoutOffset(l, kAttentionDense), &a.attn_dense_mask);
     AddInto(a.attn_sum.data(), a.input.data(), M * H);
     a.attn_mean.resize(M);
     a.attn_variance.resize(M);
-    a.attn_out = Tensor({M, H});
+    ShapeForOutput(&a.attn_out, {M, H});
     LayerNormForwardTraining(ctx, a.attn_sum.data(), M, w.attn_norm_gamma, w.attn_norm_beta, eps,
                              a.attn_out.data(), a.attn_mean.data(), a.attn_variance.data());
     // ffn_pre (M, I) = attn_out · W_i^T + b_i; ffn_act = gelu(ffn_pre)
-    a.ffn_pre = Tensor({M, I});
+    ShapeForOutput(&a.ffn_pre, {M, I});
     LinearForward(ctx, a.attn_out.data(), M, w.ffn_in_weight, w.ffn_in_bias, LinearEpilogue::kNone,
                   a.ffn_pre.data());
-    a.ffn_act = Tensor({M, I});
+    ShapeForOutput(&a.ffn_act, {M, I});
     GeluForward(ctx, a.ffn_pre.data(), M * I, a.ffn_act.data());
     // ffn_sum (M, H) = attn_out + dropout(ffn_act · W_f^T + b_f); output = LayerNorm(ffn_sum)
-    a.ffn_sum = Tensor({M, H});
+    ShapeForOutput(&a.ffn_sum, {M, H});
     LinearForward(ctx, a.ffn_act.data(), M, w.ffn_out_weight, w.ffn_out_bias, LinearEpilogue::kNone,
                   a.ffn_sum.data());
+    a.ffn_dense_mask.clear();
     MaybeDropout(a.ffn_sum.data(), M * H, options.hidden_dropout, seed, DropoutOffset(l, kFfnDense),
                  &a.ffn_dense_mask);
     AddInto(a.ffn_sum.data(), a.attn_out.data(), M * H);
     a.ffn_mean.resize(M);
     a.ffn_variance.resize(M);
-    hidden = Tensor({M, H});
+    Tensor& output = layer_input(l + 1);
+    ShapeForOutput(&output, {M, H});
     LayerNormForwardTraining(ctx, a.ffn_sum.data(), M, w.ffn_norm_gamma, w.ffn_norm_beta, eps,
-                             hidden.data(), a.ffn_mean.data(), a.ffn_variance.data());
+                             output.data(), a.ffn_mean.data(), a.ffn_variance.data());
   }
-  f.output = std::move(hidden);
-  return f;
 }
 
 }  // namespace
@@ -180,6 +204,18 @@ absl::StatusOr<TrainingForward> EncoderForwardTraining(const BertConfig& config,
                                                        const BertWeights& weights,
                                                        const std::vector<SequenceInput>& batch,
                                                        const TrainingForwardOptions& options) {
+  TrainingForward forward;
+  if (absl::Status status = EncoderForwardTraining(config, weights, batch, options, &forward);
+      !status.ok()) {
+    return status;
+  }
+  return forward;
+}
+
+absl::Status EncoderForwardTraining(const BertConfig& config, const BertWeights& weights,
+                                    const std::vector<SequenceInput>& batch,
+                                    const TrainingForwardOptions& options,
+                                    TrainingForward* forward) {
   if (absl::Status status = ValidateEncoderInput(config, batch, ForwardOptions{}); !status.ok()) {
     return status;
   }
@@ -189,12 +225,13 @@ absl::StatusOr<TrainingForward> EncoderForwardTraining(const BertConfig& config,
     }
   }
   try {
-    return RunTrainingForward(config, weights, batch, options);
+    RunTrainingForward(config, weights, batch, options, forward);
   } catch (const dnnl::error& e) {
     return absl::InternalError(absl::StrCat("oneDNN error in the training forward: ", e.what()));
   } catch (const std::bad_alloc&) {
     return absl::ResourceExhaustedError("out of memory in the training forward");
   }
+  return absl::OkStatus();
 }
 
 BertWeights ZerosLike(const BertWeights& weights) {
@@ -230,22 +267,16 @@ void RunBackward(const BertConfig& config, const BertWeights& weights, const Tra
                  const float* d_output, BertWeights* grads, bool compute_embedding_grads) {
   ExecContext ctx;
   const int64_t H = config.hidden_size, I = config.intermediate_size;
-  const int64_t heads = config.num_attention_heads;
   const float eps = config.layer_norm_eps;
   const float p_hidden = f.options.hidden_dropout;
   const float p_attention = f.options.attention_dropout;
   const int64_t M = f.total_tokens();
-  const int64_t B = static_cast<int64_t>(f.seq_offsets.size()) - 1;
 
   Tensor d_hidden({M, H});  // gradient w.r.t. the current layer's output
   std::memcpy(d_hidden.data(), d_output, sizeof(float) * M * H);
   Tensor d_sum({M, H}), d_attn_out({M, H}), d_context({M, H}), d_input({M, H});
   Tensor d_ffn_act({M, I}), d_ffn_pre({M, I});
   Tensor d_qkv({M, 3 * H});
-  int64_t max_len = 0;
-  for (int64_t b = 0; b < B; ++b)
-    max_len = std::max(max_len, f.seq_offsets[b + 1] - f.seq_offsets[b]);
-  FloatBuffer attention_scratch(static_cast<size_t>(2 * heads * max_len * max_len));
 
   for (int l = config.num_hidden_layers - 1; l >= 0; --l) {
     const LayerWeights& w = weights.layers[l];
@@ -277,15 +308,8 @@ void RunBackward(const BertConfig& config, const BertWeights& weights, const Tra
     LinearBackward(ctx, a.context.data(), M, w.attn_output_weight, d_sum.data(), d_context.data(),
                    &g.attn_output_weight, &g.attn_output_bias, /*accumulate=*/false);
     // context = dropout(softmax(Q K^T / sqrt(d))) · V, per sequence -> d_qkv (M, 3H)
-    for (int64_t b = 0; b < B; ++b) {
-      const int64_t begin = f.seq_offsets[b], T = f.seq_offsets[b + 1] - begin;
-      const bool dropped = !a.probs_dropped.empty();
-      AttentionBackward(ctx, ShapeOf(config, T), a.qkv.data() + begin * 3 * H, a.probs[b].data(),
-                        dropped ? a.probs_dropped[b].data() : nullptr,
-                        dropped ? a.probs_masks[b].data() : nullptr, p_attention,
-                        d_context.data() + begin * H, d_qkv.data() + begin * 3 * H,
-                        attention_scratch.data());
-    }
+    PackedAttentionBackward(PackedShapeOf(config), a.qkv.data(), f.seq_offsets, SavedAttention(a),
+                            p_attention, d_context.data(), d_qkv.data());
     // qkv = x · W_qkv^T + b_qkv  (adds to the residual gradient of x)
     LinearBackward(ctx, a.input.data(), M, w.qkv_weight, d_qkv.data(), d_input.data(),
                    &g.qkv_weight, &g.qkv_bias, /*accumulate=*/false);

@@ -72,6 +72,14 @@ absl::StatusOr<TrainingForward> EncoderForwardTraining(const BertConfig& config,
                                                        const std::vector<SequenceInput>& batch,
                                                        const TrainingForwardOptions& options);
 
+// As above into *forward, reusing its buffers where the shapes allow: a trainer passing its
+// previous step's forward allocates (and page-faults) nothing at a fixed batch shape. On error
+// *forward is left in an unspecified state.
+absl::Status EncoderForwardTraining(const BertConfig& config, const BertWeights& weights,
+                                    const std::vector<SequenceInput>& batch,
+                                    const TrainingForwardOptions& options,
+                                    TrainingForward* forward);
+
 // Zero-filled tensors shaped like `weights` (gradient buffers).
 BertWeights ZerosLike(const BertWeights& weights);
 

@@ -11,6 +11,11 @@
 namespace attn {
 namespace {
 
+// Tensors at least this large are updated by all threads (the word embeddings are 11.7M floats).
+constexpr int64_t kParallelElements = 1 << 15;
+// Elements per partial sum of the gradient norm.
+constexpr int64_t kNormChunk = 1 << 14;
+
 // A tensor's Hugging Face-style suffix, its accessor, and whether it is decayed.
 struct LayerTensor {
   const char* suffix;
@@ -115,9 +120,23 @@ void ZeroGrads(absl::Span<const ParamEntry> params) {
 }
 
 double GlobalGradNorm(absl::Span<const ParamEntry> params) {
+  // Sums of squares over fixed chunks of each tensor, added in chunk order: the same result for
+  // any thread count.
   double sq = 0.0;
   for (const ParamEntry& e : params) {
-    for (float g : e.grad->values()) sq += double{g} * g;
+    const float* g = e.grad->data();
+    const int64_t n = e.grad->numel();
+    const int64_t chunks = (n + kNormChunk - 1) / kNormChunk;
+    std::vector<double> partial(chunks);
+#pragma omp parallel for schedule(static) if (n >= kParallelElements)
+    for (int64_t c = 0; c < chunks; ++c) {
+      double chunk_sq = 0.0;
+      for (int64_t k = c * kNormChunk; k < std::min(n, (c + 1) * kNormChunk); ++k) {
+        chunk_sq += double{g[k]} * g[k];
+      }
+      partial[c] = chunk_sq;
+    }
+    for (double p : partial) sq += p;
   }
   return std::sqrt(sq);
 }
@@ -150,7 +169,10 @@ absl::StatusOr<double> ClipGradNorm(absl::Span<const ParamEntry> params, double 
   const float coef = (1.0f / (static_cast<float>(norm) + 1e-6f)) * static_cast<float>(max_norm);
   if (coef < 1.0f) {  // torch multiplies by clamp(coef, max=1): a no-op when coef >= 1
     for (const ParamEntry& e : params) {
-      for (float& g : e.grad->values()) g *= coef;
+      float* g = e.grad->data();
+      const int64_t n = e.grad->numel();
+#pragma omp parallel for schedule(static) if (n >= kParallelElements)
+      for (int64_t k = 0; k < n; ++k) g[k] *= coef;
     }
   }
   return norm;
@@ -247,6 +269,9 @@ absl::Status AdamW::Step(double lr) {
     float* m = st.exp_avg.data();
     float* v = st.exp_avg_sq.data();
     const int64_t n = e.param->numel();
+    // Element-wise: the split across threads and SIMD lanes cannot change any result (vector
+    // sqrt and division round like the scalar ones).
+#pragma omp parallel for simd schedule(static) if (n >= kParallelElements)
     for (int64_t k = 0; k < n; ++k) {
       if (e.decay) p[k] *= decay_factor;               // param.mul_(1 - lr * wd)
       m[k] = m[k] * b1f + one_minus_b1 * g[k];         // exp_avg.mul_(b1).add_(g, alpha=1-b1)

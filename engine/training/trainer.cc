@@ -143,9 +143,12 @@ absl::StatusOr<StepResult> Trainer::Step(const TrainingBatch& batch) {
   }
   forward_options.seed = options_.seed;
   forward_options.step = static_cast<uint64_t>(steps_);
-  absl::StatusOr<TrainingForward> forward =
-      EncoderForwardTraining(config, weights_, sequences, forward_options);
-  if (!forward.ok()) return forward.status();
+  if (absl::Status status =
+          EncoderForwardTraining(config, weights_, sequences, forward_options, &forward_);
+      !status.ok()) {
+    return status;
+  }
+  const TrainingForward* forward = &forward_;
 
   // pooled (B, H) by the model's pooling; embedding (B, H) = pooled / |pooled|
   const PoolingMode pooling = base_->sentence_config().pooling;

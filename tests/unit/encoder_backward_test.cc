@@ -148,5 +148,47 @@ TEST(EncoderBackwardTest, DropoutMasksDependOnSeedAndStep) {
   EXPECT_NE(a->emb_mask, c->emb_mask);
 }
 
+// A forward written into a reused TrainingForward (buffers from a differently shaped batch, with
+// and without dropout) equals a fresh one bit for bit, masks included.
+TEST(EncoderBackwardTest, ReusedForwardEqualsFreshForward) {
+  const BertConfig config = TinyConfig();
+  std::mt19937 rng(17);
+  const BertWeights weights = RandomWeights(config, rng);
+  const std::vector<SequenceInput> first = {{{1, 5, 9, 2}, {}}, {{1, 7, 2}, {0, 1, 1}}};
+  const std::vector<SequenceInput> second = {
+      {{1, 3, 2}, {}}, {{1, 4, 6, 8, 10, 2}, {}}, {{1, 2}, {}}};
+  TrainingForwardOptions dropout;
+  dropout.hidden_dropout = 0.3f;
+  dropout.attention_dropout = 0.3f;
+  dropout.seed = 5;
+  for (const TrainingForwardOptions& options : {TrainingForwardOptions{}, dropout}) {
+    TrainingForward reused;
+    for (const TrainingForwardOptions& earlier : {dropout, TrainingForwardOptions{}}) {
+      ASSERT_TRUE(EncoderForwardTraining(config, weights, first, earlier, &reused).ok());
+    }
+    ASSERT_TRUE(EncoderForwardTraining(config, weights, second, options, &reused).ok());
+    auto fresh = EncoderForwardTraining(config, weights, second, options);
+    ASSERT_TRUE(fresh.ok());
+    EXPECT_EQ(reused.output.shape(), fresh->output.shape());
+    EXPECT_EQ(reused.output.values(), fresh->output.values());
+    EXPECT_EQ(reused.emb_mask, fresh->emb_mask);
+    ASSERT_EQ(reused.layers.size(), fresh->layers.size());
+    for (size_t l = 0; l < reused.layers.size(); ++l) {
+      const LayerActivations& a = reused.layers[l];
+      const LayerActivations& b = fresh->layers[l];
+      EXPECT_EQ(a.qkv.values(), b.qkv.values()) << l;
+      ASSERT_EQ(a.probs.size(), b.probs.size()) << l;
+      for (size_t s = 0; s < a.probs.size(); ++s) {
+        EXPECT_EQ(a.probs[s].shape(), b.probs[s].shape()) << l;
+        EXPECT_EQ(a.probs[s].values(), b.probs[s].values()) << l;
+      }
+      EXPECT_EQ(a.probs_masks, b.probs_masks) << l;
+      EXPECT_EQ(a.attn_dense_mask, b.attn_dense_mask) << l;
+      EXPECT_EQ(a.ffn_dense_mask, b.ffn_dense_mask) << l;
+      EXPECT_EQ(a.ffn_act.values(), b.ffn_act.values()) << l;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace attn
