@@ -38,17 +38,10 @@ done
 log() { printf '\033[1m[fuzz]\033[0m %s\n' "$*"; }
 
 if ((DO_BUILD)); then
-  # The project's packages and the model (the tokenizer fuzzer uses its vocabulary).
-  "$ROOT/scripts/setup.sh" --no-build
-  # clang-14 and its libFuzzer/sanitizer runtimes (libclang-rt-14-dev) from Debian.
-  if ! command -v clang++-14 >/dev/null ||
-     ! dpkg-query -W -f='${Status}' libclang-rt-14-dev 2>/dev/null | grep -q "install ok installed"; then
-    SUDO=""; [[ $EUID -ne 0 ]] && SUDO="sudo"
-    log "installing clang-14 and libclang-rt-14-dev"
-    $SUDO env DEBIAN_FRONTEND=noninteractive apt-get update -qq
-    $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-      clang-14 libclang-rt-14-dev
-  fi
+  # The project's packages and the model (the tokenizer fuzzer uses its vocabulary), plus
+  # clang-14 with its libFuzzer/sanitizer runtimes and llvm-14 (llvm-symbolizer-14, for
+  # symbolized crash reports) from Debian.
+  "$ROOT/scripts/setup.sh" --no-build --extra-packages 'clang-14 libclang-rt-14-dev llvm-14'
   if [[ ! -f "$BUILD/build.ninja" ]]; then
     launcher=()
     command -v ccache >/dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
@@ -64,6 +57,10 @@ fi
 export OMP_NUM_THREADS=1
 # The fuzzers are built with -fno-sanitize-recover=undefined: any UBSan report aborts the run.
 export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
+# Debian names the symbolizer llvm-symbolizer-14; the runtime looks for llvm-symbolizer.
+if [[ -z "${ASAN_SYMBOLIZER_PATH:-}" ]] && command -v llvm-symbolizer-14 >/dev/null; then
+  export ASAN_SYMBOLIZER_PATH="$(command -v llvm-symbolizer-14)"
+fi
 
 passed=0
 failed=0

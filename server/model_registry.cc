@@ -74,10 +74,17 @@ absl::StatusOr<ModelVersion> ModelRegistry::EnsureLoaded(const std::string& name
   // The load (~1 s for MiniLM) runs without the main lock: requests for loaded versions go on.
   absl::StatusOr<std::shared_ptr<const Model>> model = loader_(unloaded);
   if (!model.ok()) {
-    return absl::Status(model.status().code(),
-                        absl::StrCat("model version '", name,
-                                     "' is not in memory and loading it from the store failed: ",
-                                     model.status().message()));
+    // The version is known (listed), so the request is fine; what is wrong is the version's
+    // files (corrupted, truncated, removed): FailedPrecondition, or DataLoss if the loader
+    // already said so. The loader's own code (InvalidArgument for a malformed file, NotFound
+    // for a missing one) would blame the request or deny the version exists.
+    const absl::StatusCode code = model.status().code() == absl::StatusCode::kDataLoss
+                                      ? absl::StatusCode::kDataLoss
+                                      : absl::StatusCode::kFailedPrecondition;
+    return absl::Status(code, absl::StrCat("model version '", name,
+                                           "' is not in memory and loading it from the store "
+                                           "failed: ",
+                                           model.status().message()));
   }
   std::vector<std::shared_ptr<const Model>> released;
   ModelVersion loaded;

@@ -64,10 +64,14 @@ class ModelRegistry {
   // loading it (`version.model` may be null). If the registry follows the latest version (no
   // operator pinned an older one with SetServing/Rollback) and this one is newer than the
   // served one, it is loaded and served. Returns whether it is now served; AlreadyExists if the
-  // name is known; the loader's error if it had to be served and could not be loaded (it stays
-  // registered, and a request pinning it retries the load).
+  // name is known; the failed load (see below) if it had to be served and could not be loaded (it
+  // stays registered, and a request pinning it retries the load).
   absl::StatusOr<bool> Discover(ModelVersion version);
 
+  // Loading a known version that is not in memory can fail (its files are corrupted or gone);
+  // every method that loads then returns FailedPrecondition (DataLoss if the loader says so)
+  // naming the version and the loader's reason.
+  //
   // Makes `version` the default, loading it if needed. NotFound if unknown. The registry then
   // follows the latest version again only if `version` is the newest.
   absl::Status SetServing(const std::string& version);
@@ -78,9 +82,9 @@ class ModelRegistry {
   // not served) until SetServing picks the newest or Publish serves a new one.
   absl::StatusOr<ModelVersion> Rollback(const std::string& version);
 
-  // Empty name = the served version. Loads the version if it is known but unloaded (the
-  // loader's error, naming the version, if that fails). NotFound (naming the available
-  // versions) if unknown; Unavailable if nothing is loaded yet.
+  // Empty name = the served version. Loads the version if it is known but unloaded (see above
+  // for a failed load). NotFound (naming the available versions) if unknown; Unavailable if
+  // nothing is loaded yet.
   absl::StatusOr<ModelVersion> Get(const std::string& version);
   // Names in commit order (the base first).
   std::vector<std::string> Versions() const;

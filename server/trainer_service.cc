@@ -665,6 +665,35 @@ class FineTuneReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, g
   bool sent_base_version_ = false;
 };
 
+namespace {
+
+// A unary call's bookkeeping: metrics on finish.
+class UnaryCall {
+ public:
+  UnaryCall(const char* method, Metrics* metrics, grpc::CallbackServerContext* context)
+      : method_(method), metrics_(metrics), reactor_(context->DefaultReactor()) {}
+  grpc::ServerUnaryReactor* Finish(const grpc::Status& status) {
+    metrics_->RecordRequest(method_, status.error_code(), SecondsSince(received_));
+    reactor_->Finish(status);
+    return reactor_;
+  }
+
+ private:
+  const char* method_;
+  Metrics* metrics_;
+  grpc::ServerUnaryReactor* reactor_;
+  Clock::time_point received_ = Clock::now();
+};
+
+grpc::Status CheckVersionName(const std::string& name, const char* field) {
+  if (absl::Status valid = ValidateVersionName(name); !valid.ok()) {
+    return Invalid(absl::StrCat(field, ": ", valid.message()));
+  }
+  return grpc::Status::OK;
+}
+
+}  // namespace
+
 // ---------------------------------------------------------------------------------------------
 // The service.
 
@@ -685,6 +714,41 @@ TrainerService::TrainerService(const ServerOptions& options, std::optional<std::
           ->index(),
       new grpc::internal::CallbackBidiHandler<grpc::ByteBuffer, grpc::ByteBuffer>(
           [this](grpc::CallbackServerContext* context) { return NewFineTuneReactor(context); }));
+  ServeVersionsMethod<v1::ListVersionsRequest>("ListVersions", &TrainerService::HandleListVersions);
+  ServeVersionsMethod<v1::RollbackRequest>("Rollback", &TrainerService::HandleRollback);
+  ServeVersionsMethod<v1::SetServingVersionRequest>("SetServingVersion",
+                                                    &TrainerService::HandleSetServingVersion);
+}
+
+template <typename Request>
+void TrainerService::ServeVersionsMethod(const char* method, VersionsHandler<Request> handler) {
+  const int index = v1::FineTuneRequest::descriptor()
+                        ->file()
+                        ->FindServiceByName("Trainer")
+                        ->FindMethodByName(method)
+                        ->index();
+  auto serve = [this, method, handler](grpc::CallbackServerContext* context,
+                                       const grpc::ByteBuffer* request_bytes,
+                                       grpc::ByteBuffer* response_bytes) {
+    UnaryCall call(method, metrics_, context);
+    // Authorization first: a caller without the token learns nothing about its bytes.
+    if (grpc::Status auth = Authorize(*context); !auth.ok()) return call.Finish(auth);
+    Request request;
+    if (absl::Status parsed = ParseRequestBytes(*request_bytes, &request); !parsed.ok()) {
+      Log(LogLevel::kDebug, "%s: %s", method, parsed.message());
+      return call.Finish(ToGrpcStatus(parsed));
+    }
+    v1::ListVersionsResponse response;
+    grpc::Status status = (this->*handler)(request, &response);
+    if (status.ok()) {
+      bool own_buffer = false;
+      status = grpc::SerializationTraits<v1::ListVersionsResponse>::Serialize(
+          response, response_bytes, &own_buffer);
+    }
+    return call.Finish(status);
+  };
+  MarkMethodRawCallback(
+      index, new grpc::internal::CallbackUnaryHandler<grpc::ByteBuffer, grpc::ByteBuffer>(serve));
 }
 
 TrainerService::~TrainerService() {
@@ -792,75 +856,37 @@ void TrainerService::FillVersions(v1::ListVersionsResponse* response) const {
   response->set_serving_version(serving);
 }
 
-namespace {
-
-// A unary call's bookkeeping: metrics on finish.
-class UnaryCall {
- public:
-  UnaryCall(const char* method, Metrics* metrics, grpc::CallbackServerContext* context)
-      : method_(method), metrics_(metrics), reactor_(context->DefaultReactor()) {}
-  grpc::ServerUnaryReactor* Finish(const grpc::Status& status) {
-    metrics_->RecordRequest(method_, status.error_code(), SecondsSince(received_));
-    reactor_->Finish(status);
-    return reactor_;
-  }
-
- private:
-  const char* method_;
-  Metrics* metrics_;
-  grpc::ServerUnaryReactor* reactor_;
-  Clock::time_point received_ = Clock::now();
-};
-
-grpc::Status CheckVersionName(const std::string& name, const char* field) {
-  if (absl::Status valid = ValidateVersionName(name); !valid.ok()) {
-    return Invalid(absl::StrCat(field, ": ", valid.message()));
-  }
+grpc::Status TrainerService::HandleListVersions(const v1::ListVersionsRequest& /*request*/,
+                                                v1::ListVersionsResponse* response) {
+  FillVersions(response);
   return grpc::Status::OK;
 }
 
-}  // namespace
-
-grpc::ServerUnaryReactor* TrainerService::ListVersions(grpc::CallbackServerContext* context,
-                                                       const v1::ListVersionsRequest* request,
-                                                       v1::ListVersionsResponse* response) {
-  UnaryCall call("ListVersions", metrics_, context);
-  if (grpc::Status auth = Authorize(*context); !auth.ok()) return call.Finish(auth);
-  FillVersions(response);
-  return call.Finish(grpc::Status::OK);
-}
-
-grpc::ServerUnaryReactor* TrainerService::Rollback(grpc::CallbackServerContext* context,
-                                                   const v1::RollbackRequest* request,
-                                                   v1::ListVersionsResponse* response) {
-  UnaryCall call("Rollback", metrics_, context);
-  if (grpc::Status auth = Authorize(*context); !auth.ok()) return call.Finish(auth);
-  if (!request->version().empty()) {
-    if (grpc::Status name = CheckVersionName(request->version(), "version"); !name.ok()) {
-      return call.Finish(name);
+grpc::Status TrainerService::HandleRollback(const v1::RollbackRequest& request,
+                                            v1::ListVersionsResponse* response) {
+  if (!request.version().empty()) {
+    if (grpc::Status name = CheckVersionName(request.version(), "version"); !name.ok()) {
+      return name;
     }
   }
-  absl::StatusOr<ModelVersion> served = registry_->Rollback(request->version());
-  if (!served.ok()) return call.Finish(ToGrpcStatus(served.status()));
+  absl::StatusOr<ModelVersion> served = registry_->Rollback(request.version());
+  if (!served.ok()) return ToGrpcStatus(served.status());
   Log(LogLevel::kInfo, "Rollback: now serving version %s", served->version);
   FillVersions(response);
-  return call.Finish(grpc::Status::OK);
+  return grpc::Status::OK;
 }
 
-grpc::ServerUnaryReactor* TrainerService::SetServingVersion(
-    grpc::CallbackServerContext* context, const v1::SetServingVersionRequest* request,
-    v1::ListVersionsResponse* response) {
-  UnaryCall call("SetServingVersion", metrics_, context);
-  if (grpc::Status auth = Authorize(*context); !auth.ok()) return call.Finish(auth);
-  if (grpc::Status name = CheckVersionName(request->version(), "version"); !name.ok()) {
-    return call.Finish(name);
+grpc::Status TrainerService::HandleSetServingVersion(const v1::SetServingVersionRequest& request,
+                                                     v1::ListVersionsResponse* response) {
+  if (grpc::Status name = CheckVersionName(request.version(), "version"); !name.ok()) {
+    return name;
   }
-  if (absl::Status set = registry_->SetServing(request->version()); !set.ok()) {
-    return call.Finish(ToGrpcStatus(set));
+  if (absl::Status set = registry_->SetServing(request.version()); !set.ok()) {
+    return ToGrpcStatus(set);
   }
-  Log(LogLevel::kInfo, "SetServingVersion: now serving version %s", request->version());
+  Log(LogLevel::kInfo, "SetServingVersion: now serving version %s", request.version());
   FillVersions(response);
-  return call.Finish(grpc::Status::OK);
+  return grpc::Status::OK;
 }
 
 }  // namespace attn::server

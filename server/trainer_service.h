@@ -39,15 +39,6 @@ class TrainerService final : public attnserve::v1::Trainer::CallbackService {
   // constructor in place of the generated typed handler.
   grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* NewFineTuneReactor(
       grpc::CallbackServerContext* context);
-  grpc::ServerUnaryReactor* ListVersions(grpc::CallbackServerContext* context,
-                                         const attnserve::v1::ListVersionsRequest* request,
-                                         attnserve::v1::ListVersionsResponse* response) override;
-  grpc::ServerUnaryReactor* Rollback(grpc::CallbackServerContext* context,
-                                     const attnserve::v1::RollbackRequest* request,
-                                     attnserve::v1::ListVersionsResponse* response) override;
-  grpc::ServerUnaryReactor* SetServingVersion(
-      grpc::CallbackServerContext* context, const attnserve::v1::SetServingVersionRequest* request,
-      attnserve::v1::ListVersionsResponse* response) override;
 
  private:
   friend class FineTuneReactor;
@@ -62,6 +53,22 @@ class TrainerService final : public attnserve::v1::Trainer::CallbackService {
   void Post(std::function<void()> task);
   void TrainingLoop();
   void FillVersions(attnserve::v1::ListVersionsResponse* response) const;
+
+  // ListVersions, Rollback and SetServingVersion: each registered by the constructor (through
+  // ServeVersionsMethod) in place of the generated typed handler, so that request bytes gRPC
+  // could not decode get INVALID_ARGUMENT naming the problem, not a bare UNIMPLEMENTED. Called
+  // after authorization and parsing; they fill `response` when they return OK.
+  template <typename Request>
+  using VersionsHandler = grpc::Status (TrainerService::*)(
+      const Request& request, attnserve::v1::ListVersionsResponse* response);
+  template <typename Request>
+  void ServeVersionsMethod(const char* method, VersionsHandler<Request> handler);
+  grpc::Status HandleListVersions(const attnserve::v1::ListVersionsRequest& request,
+                                  attnserve::v1::ListVersionsResponse* response);
+  grpc::Status HandleRollback(const attnserve::v1::RollbackRequest& request,
+                              attnserve::v1::ListVersionsResponse* response);
+  grpc::Status HandleSetServingVersion(const attnserve::v1::SetServingVersionRequest& request,
+                                       attnserve::v1::ListVersionsResponse* response);
 
   const ServerOptions options_;
   const std::optional<std::string> token_;

@@ -177,6 +177,15 @@ std::string TestModelDir() {
   return env != nullptr && *env != '\0' ? env : ATTN_TEST_MODEL_DIR;
 }
 
+std::chrono::seconds ScaledSeconds(int seconds) {
+  double scale = 1;
+  if (const char* env = std::getenv("ATTN_TEST_TIME_SCALE"); env != nullptr && *env != '\0') {
+    scale = std::strtod(env, nullptr);
+    if (!(scale >= 1 && scale <= 100)) scale = 1;  // a typo must not shorten or void a limit
+  }
+  return std::chrono::seconds(static_cast<int64_t>(std::ceil(seconds * scale)));
+}
+
 ServerProcess::ServerProcess(std::vector<std::string> extra_flags, int port)
     : extra_flags_(std::move(extra_flags)), requested_port_(port) {}
 

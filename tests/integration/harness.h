@@ -67,6 +67,10 @@ class Subprocess {
 std::string AttnserveBinary();
 // The model served by the tests: $ATTN_TEST_MODEL_DIR, else the configured default.
 std::string TestModelDir();
+// A test's own time limit (a stream deadline, a drain window) times $ATTN_TEST_TIME_SCALE
+// (default 1): sanitizer builds run the engine several times slower, and a limit that is a
+// contract of the test, not of the server, should stretch with them (scripts/sanitize.sh).
+std::chrono::seconds ScaledSeconds(int seconds);
 
 // The real server: `attnserve --model_dir=... --host=127.0.0.1 --port=P --metrics_port=0
 // --ready_file=...` plus extra flags.

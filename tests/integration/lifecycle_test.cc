@@ -254,8 +254,10 @@ TEST_F(LifecycleTest, ReflectionListsServicesAndDescribesEncoder) {
 TEST(DrainTest, SigtermFinishesInFlightRequestsAndExitsZero) {
   constexpr int kRequests = 20;
   constexpr int kInputsPerRequest = 2;
-  constexpr int kDrainTimeoutS = 30;
-  ServerProcess server({"--drain_timeout_s=" + std::to_string(kDrainTimeoutS)});
+  // 30 s for 20 requests of 2 x 256 tokens; stretched for sanitizer builds (ASan's slowdown
+  // made the accepted requests outlast an unscaled window: cancelled at the deadline).
+  const int drain_timeout_s = static_cast<int>(ScaledSeconds(30).count());
+  ServerProcess server({"--drain_timeout_s=" + std::to_string(drain_timeout_s)});
   std::string error;
   ASSERT_TRUE(server.StartAndWait(std::chrono::seconds(90), &error)) << error;
   auto channel = server.NewChannel();
@@ -276,7 +278,7 @@ TEST(DrainTest, SigtermFinishesInFlightRequestsAndExitsZero) {
       }
       pb::EncodeResponse response;
       grpc::ClientContext context;
-      context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(120));
+      context.set_deadline(std::chrono::system_clock::now() + ScaledSeconds(120));
       outcomes[i].sent = Clock::now();
       ++started;
       outcomes[i].status = stub->Encode(&context, request, &response);
@@ -302,7 +304,7 @@ TEST(DrainTest, SigtermFinishesInFlightRequestsAndExitsZero) {
     request.add_inputs()->set_text("sent after SIGTERM");
     pb::EncodeResponse response;
     grpc::ClientContext context;
-    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(kDrainTimeoutS));
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(drain_timeout_s));
     const auto start = Clock::now();
     late_status = stub->Encode(&context, request, &response);
     late_seconds = std::chrono::duration<double>(Clock::now() - start).count();
@@ -310,7 +312,7 @@ TEST(DrainTest, SigtermFinishesInFlightRequestsAndExitsZero) {
 
   int wait_status = 0;
   const bool exited =
-      server.process().WaitExit(std::chrono::seconds(kDrainTimeoutS + 5), &wait_status);
+      server.process().WaitExit(std::chrono::seconds(drain_timeout_s + 5), &wait_status);
   const double exit_after = std::chrono::duration<double>(Clock::now() - sigterm).count();
   for (std::thread& t : threads) t.join();
 
@@ -336,7 +338,7 @@ TEST(DrainTest, SigtermFinishesInFlightRequestsAndExitsZero) {
                                  "to test draining (raise kInputsPerRequest)";
   EXPECT_TRUE(late_status.ok() || late_status.error_code() == grpc::UNAVAILABLE)
       << "a request after SIGTERM: " << StatusString(late_status);
-  ASSERT_TRUE(exited) << "attnserve still running " << kDrainTimeoutS + 5 << " s after SIGTERM\n"
+  ASSERT_TRUE(exited) << "attnserve still running " << drain_timeout_s + 5 << " s after SIGTERM\n"
                       << server.process().LogTail();
   EXPECT_TRUE(WIFEXITED(wait_status) && WEXITSTATUS(wait_status) == 0)
       << "attnserve " << server.process().ExitDescription() << "\n"

@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <limits>
 #include <mutex>
 #include <thread>
@@ -87,6 +88,76 @@ pb::FineTuneRequest CommitRequest(const std::string& description = "", bool do_n
   request.mutable_commit()->set_description(description);
   request.mutable_commit()->set_do_not_serve(do_not_serve);
   return request;
+}
+
+// Calls `call` from `clients` threads, each waiting 10 ms between calls, until Stop(): the
+// latencies and the failures. Paced, like real traffic: a saturated server would starve
+// training by design (--trainer-nice) and make the tests slow. The destructor stops and joins
+// the threads, so a test that returns early (a failed ASSERT) reports its failure instead of
+// dying in std::terminate for an unjoined std::thread.
+class PacedLoad {
+ public:
+  // One call; its latency in *ms.
+  using Call = std::function<grpc::Status(double* ms)>;
+
+  PacedLoad(Call call, int clients) {
+    for (int t = 0; t < clients; ++t) {
+      threads_.emplace_back([this, call] {
+        while (running_.load()) {
+          double ms = 0;
+          const grpc::Status status = call(&ms);
+          {
+            std::lock_guard<std::mutex> lock(mutex_);
+            ms_.push_back(ms);
+            if (!status.ok()) failures_.push_back(status);
+          }
+          std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        }
+      });
+    }
+  }
+  PacedLoad(const PacedLoad&) = delete;
+  PacedLoad& operator=(const PacedLoad&) = delete;
+  ~PacedLoad() { Stop(); }
+
+  void Stop() {
+    running_.store(false);
+    for (std::thread& thread : threads_) {
+      if (thread.joinable()) thread.join();
+    }
+  }
+  // After Stop().
+  const std::vector<double>& ms() const { return ms_; }
+  const std::vector<grpc::Status>& failures() const { return failures_; }
+
+ private:
+  std::atomic<bool> running_{true};
+  std::mutex mutex_;
+  std::vector<double> ms_;
+  std::vector<grpc::Status> failures_;
+  std::vector<std::thread> threads_;
+};
+
+// What a failed ASSERT does in the middle of a load: leave the scope with the clients running.
+// The process must go on (to report the failure), not abort.
+TEST(PacedLoadTest, LeavingTheScopeEarlyJoinsTheClients) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(
+      {
+        [] {
+          PacedLoad load(
+              [](double* ms) {
+                *ms = 0;
+                return grpc::Status::OK;
+              },
+              2);
+          std::this_thread::sleep_for(std::chrono::milliseconds(50));
+          return;  // as ASSERT_TRUE(false) would
+        }();
+        std::fprintf(stderr, "still running\n");
+        std::exit(0);
+      },
+      ::testing::ExitedWithCode(0), "still running");
 }
 
 // One FineTune stream.
@@ -174,7 +245,9 @@ class TrainerTest : public ::testing::Test {
   static std::unique_ptr<Job> OpenJob(bool authorized = true) {
     auto job = std::make_unique<Job>();
     if (authorized) Authorize(&job->context);
-    job->context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(120));
+    // Scaled: under ASan on a busy machine five MiniLM steps next to the Encode load took
+    // longer than 120 s, the stream hit its deadline and the job failed.
+    job->context.set_deadline(std::chrono::system_clock::now() + ScaledSeconds(120));
     job->stream = trainer_->FineTune(&job->context);
     return job;
   }
@@ -423,62 +496,29 @@ TEST_F(TrainerTest, ContrastiveJobCommitsANewServedVersionWhileEncodeKeepsServin
   const auto base_embeddings = Embed("base");
 
   // One Encode call of one short text, timed.
-  auto encode_once = [](std::vector<double>* latencies_ms) {
+  const PacedLoad::Call encode_once = [](double* ms) {
     pb::EncodeRequest request;
     request.add_inputs()->set_text("latency probe sentence for the encoder");
     pb::EncodeResponse response;
     grpc::ClientContext context;
     const auto start = Clock::now();
     const grpc::Status status = encoder_->Encode(&context, request, &response);
-    latencies_ms->push_back(
-        std::chrono::duration<double, std::milli>(Clock::now() - start).count());
+    *ms = std::chrono::duration<double, std::milli>(Clock::now() - start).count();
     return status;
-  };
-  // Encode calls from two client threads (each waits 10 ms between calls) while `running`:
-  // latencies and failures.
-  struct Load {
-    std::atomic<bool> running{true};
-    std::mutex mutex;
-    std::vector<double> ms;
-    std::vector<grpc::Status> failures;
-    std::vector<std::thread> clients;
-  };
-  auto start_load = [&](Load* load) {
-    for (int t = 0; t < 2; ++t) {
-      load->clients.emplace_back([load, &encode_once] {
-        while (load->running.load()) {
-          std::vector<double> one;
-          const grpc::Status status = encode_once(&one);
-          {
-            std::lock_guard<std::mutex> lock(load->mutex);
-            load->ms.push_back(one[0]);
-            if (!status.ok()) load->failures.push_back(status);
-          }
-          // Paced, like real traffic: a saturated server would starve training by design
-          // (--trainer-nice) and make this test slow.
-          std::this_thread::sleep_for(std::chrono::milliseconds(10));
-        }
-      });
-    }
-  };
-  auto stop_load = [](Load* load) {
-    load->running.store(false);
-    for (std::thread& client : load->clients) client.join();
   };
   // The same load without training first, for comparison (after a warm-up: the first calls of
   // a shape build oneDNN primitives).
   for (int i = 0; i < 5; ++i) {
-    std::vector<double> ignored;
+    double ignored;
     ASSERT_TRUE(encode_once(&ignored).ok());
   }
-  Load idle;
-  start_load(&idle);
+  PacedLoad idle(encode_once, 2);
   std::this_thread::sleep_for(std::chrono::seconds(1));
-  stop_load(&idle);
-  ASSERT_TRUE(idle.failures.empty()) << StatusString(idle.failures[0]);
+  idle.Stop();
+  ASSERT_TRUE(idle.failures().empty()) << StatusString(idle.failures()[0]);
 
-  Load busy;
-  start_load(&busy);
+  // Encode calls from two client threads while the job trains.
+  PacedLoad busy(encode_once, 2);
   auto job = OpenJob();
   ASSERT_TRUE(job->stream->Write(ConfigRequest(pb::CONTRASTIVE, 5e-5)));
   std::vector<double> losses;
@@ -506,17 +546,17 @@ TEST_F(TrainerTest, ContrastiveJobCommitsANewServedVersionWhileEncodeKeepsServin
     }
     losses.push_back(progress.loss());
   }
-  stop_load(&busy);
+  busy.Stop();
 
   // The same batch again and again: the loss goes down.
   EXPECT_LT(losses.back(), losses.front()) << "losses: " << ::testing::PrintToString(losses);
   std::printf("[trainer] losses: %s\n", ::testing::PrintToString(losses).c_str());
   for (size_t i = 1; i < losses.size(); ++i) EXPECT_LT(losses[i], losses[i - 1] + 1e-6);
   // Serving went on during training.
-  EXPECT_TRUE(busy.failures.empty())
-      << busy.failures.size() << " of " << busy.ms.size()
-      << " Encode calls failed, first: " << StatusString(busy.failures[0]);
-  EXPECT_GT(busy.ms.size(), 0u);
+  EXPECT_TRUE(busy.failures().empty())
+      << busy.failures().size() << " of " << busy.ms().size()
+      << " Encode calls failed, first: " << StatusString(busy.failures()[0]);
+  EXPECT_GT(busy.ms().size(), 0u);
   auto median = [](std::vector<double> v) {
     std::sort(v.begin(), v.end());
     return v.empty() ? 0.0 : v[v.size() / 2];
@@ -524,7 +564,7 @@ TEST_F(TrainerTest, ContrastiveJobCommitsANewServedVersionWhileEncodeKeepsServin
   std::printf(
       "[trainer] Encode latency (1 short text, 2 paced clients): median %.2f ms "
       "idle (%zu calls), %.2f ms during training (%zu calls)\n",
-      median(idle.ms), idle.ms.size(), median(busy.ms), busy.ms.size());
+      median(idle.ms()), idle.ms().size(), median(busy.ms()), busy.ms().size());
   // Not committed yet: still the base.
   std::string served;
   EXPECT_LT(MaxDiff(Embed("", &served), base_embeddings), 1e-6);

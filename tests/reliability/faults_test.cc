@@ -891,6 +891,7 @@ TEST(FaultsTest, CorruptedCheckpointsAreSkippedWithAReasonAndNeverServed) {
   const pb::ListVersionsResponse listed = ListVersions(*server);
   EXPECT_EQ(listed.serving_version(), good);
   const std::vector<std::string> names = Names(listed);
+  int listed_bad = 0;
   for (const auto& [name, reason] : bad) {
     SCOPED_TRACE(name);
     // Named in the log with its reason (names are C-escaped there, which leaves these alone).
@@ -898,21 +899,35 @@ TEST(FaultsTest, CorruptedCheckpointsAreSkippedWithAReasonAndNeverServed) {
     EXPECT_NE(lines, "") << "no log line names " << name << "\n" << log;
     EXPECT_TRUE(Contains(lines, reason)) << lines;
     // Never served; if listed at all (a version that looked complete but failed to load), it
-    // fails cleanly when pinned and the default stays the good one.
+    // fails cleanly when pinned and the default stays the good one. The version exists, so
+    // the error is its broken files (FAILED_PRECONDITION, or DATA_LOSS), naming it: neither
+    // NOT_FOUND nor INVALID_ARGUMENT, which would deny it exists or blame the request.
     if (std::find(names.begin(), names.end(), name) != names.end()) {
+      ++listed_bad;
+      auto expect_broken_version = [&name](const grpc::Status& status, const char* call) {
+        EXPECT_TRUE(status.error_code() == grpc::StatusCode::FAILED_PRECONDITION ||
+                    status.error_code() == grpc::StatusCode::DATA_LOSS)
+            << call << " " << name << ": " << StatusString(status);
+        EXPECT_TRUE(Contains(status.error_message(), name)) << call << ": " << StatusString(status);
+      };
       Embeddings ignored;
       const grpc::Status pinned = Embed(*server, name, &ignored);
       EXPECT_FALSE(pinned.ok()) << "pinning " << name << " was served";
+      expect_broken_version(pinned, "Encode pinning");
       grpc::ClientContext context;
       Authorize(&context);
       pb::SetServingVersionRequest request;
       request.set_version(name);
       pb::ListVersionsResponse response;
-      EXPECT_FALSE(server->trainer->SetServingVersion(&context, request, &response).ok());
-      std::printf("[faults] %s is listed (pinning it -> %s)\n", name.c_str(),
-                  StatusString(pinned).c_str());
+      const grpc::Status set = server->trainer->SetServingVersion(&context, request, &response);
+      EXPECT_FALSE(set.ok());
+      expect_broken_version(set, "SetServingVersion");
+      std::printf("[faults] %s is listed (pinning it -> %s; serving it -> %s)\n", name.c_str(),
+                  StatusString(pinned).c_str(), StatusString(set).c_str());
     }
   }
+  // Those that look complete until loaded (a truncated weights file at least) are listed.
+  EXPECT_GE(listed_bad, 1);
   std::printf("[faults] start-up warnings:\n%s", LogLinesWith(log, "WARN").c_str());
   EXPECT_LT(MaxDiff(EmbedOrFail(*server, "", &served), good_embeddings), 1e-5);
   EXPECT_EQ(served, good);
@@ -926,6 +941,23 @@ TEST(FaultsTest, CorruptedCheckpointsAreSkippedWithAReasonAndNeverServed) {
   const std::string next = TrainAndCommit(*server, 1, "after the corruption", &status);
   ASSERT_TRUE(status.ok()) << StatusString(status) << "\n" << server->Log();
   EXPECT_EQ(ListVersions(*server).serving_version(), next);
+  // Rolling back to a listed, older but broken version fails the same way and changes nothing.
+  const std::string truncated = "ft-000101-truncated";
+  if (std::find(names.begin(), names.end(), truncated) != names.end()) {
+    grpc::ClientContext context;
+    Authorize(&context);
+    pb::RollbackRequest request;
+    request.set_version(truncated);
+    pb::ListVersionsResponse response;
+    const grpc::Status rollback = server->trainer->Rollback(&context, request, &response);
+    EXPECT_TRUE(rollback.error_code() == grpc::StatusCode::FAILED_PRECONDITION ||
+                rollback.error_code() == grpc::StatusCode::DATA_LOSS)
+        << StatusString(rollback);
+    EXPECT_TRUE(Contains(rollback.error_message(), truncated)) << StatusString(rollback);
+    std::printf("[faults] Rollback to %s -> %s\n", truncated.c_str(),
+                StatusString(rollback).c_str());
+    EXPECT_EQ(ListVersions(*server).serving_version(), next);
+  }
   const int final_status = server->process->process().Stop(std::chrono::seconds(35));
   EXPECT_TRUE(WIFEXITED(final_status) && WEXITSTATUS(final_status) == 0)
       << server->process->process().ExitDescription();

@@ -231,6 +231,9 @@ const std::string kEncode = "/attnserve.v1.Encoder/Encode";
 const std::string kAttention = "/attnserve.v1.Encoder/AttentionMap";
 const std::string kTokenize = "/attnserve.v1.Encoder/Tokenize";
 const std::string kModelInfo = "/attnserve.v1.Encoder/GetModelInfo";
+const std::string kListVersions = "/attnserve.v1.Trainer/ListVersions";
+const std::string kRollback = "/attnserve.v1.Trainer/Rollback";
+const std::string kSetServing = "/attnserve.v1.Trainer/SetServingVersion";
 
 // A megabyte of text in words the vocabulary knows.
 std::string Megabyte(const std::string& unit = "lorem ipsum dolor sit amet ") {
@@ -1303,6 +1306,51 @@ std::vector<HostileCase> Catalogue() {
        StatusCode::INVALID_ARGUMENT,
        {"version", "empty"},
        "SetServingVersion"});
+  // The version RPCs parse their bytes themselves too (gRPC's typed handler used to answer these
+  // with a bare UNIMPLEMENTED, uncounted).
+  add({"invalid_utf8_rollback_version",
+       "RollbackRequest.version = 'v\\xFF' (raw bytes)",
+       [](Clients& c) {
+         return reliability::RawUnaryCall(c.channel, kRollback, wire::Field(1, "v\xff"), nullptr,
+                                          Bearer());
+       },
+       StatusCode::INVALID_ARGUMENT,
+       {"attnserve.v1.RollbackRequest", "version", "UTF-8"},
+       "Rollback"});
+  add({"invalid_utf8_set_serving_version",
+       "SetServingVersionRequest.version = C0 AF (overlong '/', raw bytes)",
+       [](Clients& c) {
+         return reliability::RawUnaryCall(c.channel, kSetServing, wire::Field(1, "\xc0\xaf"),
+                                          nullptr, Bearer());
+       },
+       StatusCode::INVALID_ARGUMENT,
+       {"attnserve.v1.SetServingVersionRequest", "version", "UTF-8"},
+       "SetServingVersion"});
+  add({"set_serving_version_length_beyond_end",
+       "SetServingVersionRequest.version claims 1000 bytes, 3 follow",
+       [](Clients& c) {
+         return reliability::RawUnaryCall(c.channel, kSetServing,
+                                          wire::Tag(1, 2) + wire::Varint(1000) + "abc", nullptr,
+                                          Bearer());
+       },
+       StatusCode::INVALID_ARGUMENT,
+       {"attnserve.v1.SetServingVersionRequest", "1000"},
+       "SetServingVersion"});
+  add({"garbage_list_versions",
+       "ListVersions with garbage bytes",
+       [](Clients& c) {
+         return reliability::RawUnaryCall(c.channel, kListVersions, "\x0a\xff\xff\xff\xff\x0f",
+                                          nullptr, Bearer());
+       },
+       StatusCode::INVALID_ARGUMENT,
+       {"attnserve.v1.ListVersionsRequest"},
+       "ListVersions"});
+  add({"garbage_rollback_without_token",
+       "Rollback with garbage bytes and no token: the token is checked first",
+       [](Clients& c) { return Raw(c, kRollback, std::string(16, '\xff')); },
+       StatusCode::UNAUTHENTICATED,
+       {},
+       "Rollback"});
   return cases;
 }
 
