@@ -75,6 +75,12 @@ absl::Status ValidateEncoderInput(const BertConfig& config, const std::vector<Se
       return absl::InvalidArgumentError(absl::StrCat("hidden state layer ", layer, " repeated"));
     }
   }
+  if (!options.attention_sequences.empty() &&
+      options.attention_sequences.size() != batch.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("attention_sequences has ", options.attention_sequences.size(),
+                     " flags for ", batch.size(), " input sequences"));
+  }
   seen.clear();
   for (int layer : options.attention_layers) {
     if (layer < 0 || layer >= config.num_hidden_layers) {
@@ -238,6 +244,7 @@ ForwardResult RunForward(const BertConfig& config, const InferenceWeights& prepa
       if (options.attention_probs) outputs.probs.assign(batch_size, nullptr);
       if (options.attention_scores) outputs.scores.assign(batch_size, nullptr);
       for (int64_t b = 0; b < batch_size; ++b) {
+        if (!options.attention_sequences.empty() && !options.attention_sequences[b]) continue;
         SequenceAttention& out = layer_attention->sequences[b];
         const int64_t T = result.seq_offsets[b + 1] - result.seq_offsets[b];
         if (options.attention_probs) {

@@ -41,6 +41,10 @@ struct ForwardOptions {
   bool attention_probs = true;    // post-softmax weights
   bool attention_scores = false;  // pre-softmax scaled scores Q K^T / sqrt(d)
   bool attention_qkv = false;     // per-head Q, K, V
+  // Which input sequences' attention to return: empty = all, else one flag per sequence (the
+  // others get empty tensors). A (heads, T, T) map per sequence and layer is large, and the
+  // server batches requests that want attention with requests that do not.
+  std::vector<bool> attention_sequences;
   // Pooled sentence embedding.
   bool pool = true;
   PoolingMode pooling = PoolingMode::kMean;

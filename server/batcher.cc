@@ -157,6 +157,10 @@ void Batcher::RunBatch(std::vector<Chunk> chunks) {
   for (const Chunk& chunk : live) {
     const Job& job = *chunk.job->job;
     for (int i = chunk.begin; i < chunk.end; ++i) sequences.push_back(job.sequences[i]);
+    // Attention maps only for the sequences of jobs that asked: a (heads, T, T) map per
+    // sequence and layer for a whole batch of paragraphs runs into hundreds of MiB.
+    forward.attention_sequences.insert(forward.attention_sequences.end(), chunk.end - chunk.begin,
+                                       !job.forward.attention_layers.empty());
     hidden_layers.insert(job.forward.hidden_layers.begin(), job.forward.hidden_layers.end());
     attention_layers.insert(job.forward.attention_layers.begin(),
                             job.forward.attention_layers.end());

@@ -5,6 +5,7 @@
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
 #include <grpcpp/security/server_credentials.h>
+#include <malloc.h>
 #include <omp.h>
 #include <prometheus/exposer.h>
 #include <signal.h>
@@ -445,6 +446,13 @@ int Run(const ServerOptions& options, std::optional<std::string> trainer_token) 
 }  // namespace attn::server
 
 int main(int argc, char** argv) {
+  // Every engine batch allocates and frees large buffers (hidden states, attention maps,
+  // responses) whose sizes follow the traffic. glibc raises its mmap threshold to the size of
+  // each large block freed, after which such blocks come from the heap, where freed pages stay
+  // resident in fragments: in a 30-minute soak the server's RSS kept climbing in steps whenever
+  // a new batch shape appeared. A fixed threshold keeps blocks of 1 MiB and more on mmap, so
+  // they go back to the system when freed (tests/reliability/README.md, "Load and soak").
+  mallopt(M_MMAP_THRESHOLD, 1 << 20);
   absl::SetProgramUsageMessage(
       "serves a BERT-family encoder over gRPC (attnserve.v1.Encoder: Encode, "
       "AttentionMap, Tokenize, GetModelInfo; attnserve.v1.Trainer: FineTune, ListVersions, "

@@ -76,6 +76,37 @@ TEST_F(EncoderTest, PackedBatchEqualsEachSequenceAlone) {
   }
 }
 
+TEST_F(EncoderTest, AttentionOnlyForTheSequencesAsked) {
+  const std::vector<SequenceInput> batch = {Tokenize("first sentence here"),
+                                            Tokenize("the second one is longer than the first"),
+                                            Tokenize("third")};
+  ForwardOptions all;
+  all.attention_layers = {1};
+  all.attention_scores = true;
+  auto everything = model().Forward(batch, all);
+  ASSERT_TRUE(everything.ok()) << everything.status();
+
+  ForwardOptions some = all;
+  some.attention_sequences = {false, true, false};
+  auto selected = model().Forward(batch, some);
+  ASSERT_TRUE(selected.ok()) << selected.status();
+  const LayerAttention& layer = *selected->Attention(1);
+  ASSERT_EQ(layer.sequences.size(), 3u);
+  EXPECT_EQ(layer.sequences[0].probs.numel(), 0);
+  EXPECT_EQ(layer.sequences[0].scores.numel(), 0);
+  EXPECT_EQ(layer.sequences[2].probs.numel(), 0);
+  const Tensor& expected = everything->Attention(1)->sequences[1].probs;
+  ASSERT_EQ(layer.sequences[1].probs.numel(), expected.numel());
+  EXPECT_EQ(MaxAbsDiff(layer.sequences[1].probs.data(), expected.data(), expected.numel()), 0.0);
+  EXPECT_EQ(MaxAbsDiff(selected->pooled.data(), everything->pooled.data(), 3 * 384), 0.0);
+
+  some.attention_sequences = {true, false};
+  auto mismatched = model().Forward(batch, some);
+  ASSERT_FALSE(mismatched.ok());
+  EXPECT_NE(mismatched.status().message().find("2 flags for 3 input sequences"), std::string::npos)
+      << mismatched.status();
+}
+
 TEST_F(EncoderTest, AttentionPartsAreConsistent) {
   ForwardOptions options;
   options.attention_layers = {0, 5};
