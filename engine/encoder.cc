@@ -75,11 +75,10 @@ absl::Status ValidateEncoderInput(const BertConfig& config, const std::vector<Se
       return absl::InvalidArgumentError(absl::StrCat("hidden state layer ", layer, " repeated"));
     }
   }
-  if (!options.attention_sequences.empty() &&
-      options.attention_sequences.size() != batch.size()) {
+  if (!options.attention_sequences.empty() && options.attention_sequences.size() != batch.size()) {
     return absl::InvalidArgumentError(
-        absl::StrCat("attention_sequences has ", options.attention_sequences.size(),
-                     " flags for ", batch.size(), " input sequences"));
+        absl::StrCat("attention_sequences has ", options.attention_sequences.size(), " flags for ",
+                     batch.size(), " input sequences"));
   }
   seen.clear();
   for (int layer : options.attention_layers) {
@@ -113,9 +112,8 @@ void KeepHiddenState(const ForwardOptions& options, int layer, const float* hidd
 struct ForwardWorkspace {
   std::optional<ExecContext> ctx;  // stream + oneDNN scratchpad
   FloatBuffer embeddings, hidden, qkv, context, linear_out, attn_out, intermediate;
-  // int8 path: quantised matmul inputs with their per-row scales, and the s32 accumulators
-  Int8Buffer hidden_q, context_q, attn_out_q, intermediate_q;
-  FloatBuffer hidden_scales, context_scales, attn_out_scales, intermediate_scales;
+  // int8 path: quantised matmul inputs, and the s32 accumulators
+  Int8Input hidden_q, context_q, attn_out_q, intermediate_q;
   Int32Buffer accumulators;
 };
 
@@ -190,31 +188,15 @@ ForwardResult RunForward(const BertConfig& config, const InferenceWeights& prepa
                    weights.embedding_norm_beta.data(), eps, hidden);
   KeepHiddenState(options, 0, hidden, M, H, &result);
 
-  // Quantised matmul inputs (Mp, K) with their per-row scales, and the s32 accumulators, for
-  // the linear layers that run in int8; the fp32 FFN intermediate (Mp, I) for those that don't.
+  // The fp32 FFN intermediate (Mp, I), and for the linear layers that run in int8 the s32
+  // accumulators (quantised inputs: ws.*_q, sized by QuantizeInput).
   const bool any_int8 = prepared.precision() == Precision::kInt8;
   float* intermediate = Grow(ws.intermediate, Mp * I);
-  int8_t *hidden_q = nullptr, *context_q = nullptr, *attn_out_q = nullptr,
-         *intermediate_q = nullptr;
-  float *hidden_scales = nullptr, *context_scales = nullptr, *attn_out_scales = nullptr,
-        *intermediate_scales = nullptr;
   int32_t* accumulators = nullptr;  // (Mp, max(3H, I))
   if (any_int8) {
-    hidden_q = Grow(ws.hidden_q, Mp * H);
-    context_q = Grow(ws.context_q, Mp * H);
-    attn_out_q = Grow(ws.attn_out_q, Mp * H);
-    intermediate_q = Grow(ws.intermediate_q, Mp * I);
-    hidden_scales = Grow(ws.hidden_scales, Mp);
-    context_scales = Grow(ws.context_scales, Mp);
-    attn_out_scales = Grow(ws.attn_out_scales, Mp);
-    intermediate_scales = Grow(ws.intermediate_scales, Mp);
     accumulators = Grow(ws.accumulators, Mp * std::max(3 * H, I));
-    ZeroPaddingRows(hidden_q, M, Mp, H);
-    ZeroPaddingRows(context_q, M, Mp, H);
-    ZeroPaddingRows(attn_out_q, M, Mp, H);
-    ZeroPaddingRows(intermediate_q, M, Mp, I);
     if (prepared.layer(0).qkv.precision() == Precision::kInt8) {
-      QuantizeRows(hidden, M, H, hidden_q, hidden_scales);
+      prepared.layer(0).qkv.QuantizeInput(hidden, M, &ws.hidden_q);
     }
   }
   auto is_int8 = [](const PreparedLinear& linear) {
@@ -227,9 +209,10 @@ ForwardResult RunForward(const BertConfig& config, const InferenceWeights& prepa
     const InferenceLayer& layer = prepared.layer(layer_index);
     // qkv (M, 3H) = hidden · W_qkv^T + b_qkv
     if (is_int8(layer.qkv)) {
-      layer.qkv.ForwardInt8(ctx, hidden_q, M, accumulators);
-      DequantizeRows({accumulators, hidden_scales, layer.qkv.weight_scales(), layer.qkv.bias()}, M,
-                     3 * H, qkv);
+      layer.qkv.ForwardInt8(ctx, ws.hidden_q, M, accumulators);
+      DequantizeRows(
+          {accumulators, ws.hidden_q.scales.data(), layer.qkv.weight_scales(), layer.qkv.bias()}, M,
+          3 * H, qkv);
     } else {
       layer.qkv.Forward(ctx, hidden, M, LinearEpilogue::kNone, qkv);
     }
@@ -277,50 +260,47 @@ ForwardResult RunForward(const BertConfig& config, const InferenceWeights& prepa
 
     // attn_out (M, H) = LayerNorm(hidden + context · W_o^T + b_o), plus its int8 copy when
     // the FFN input layer runs in int8
-    int8_t* next_q = is_int8(layer.ffn_in) ? attn_out_q : nullptr;
     if (is_int8(layer.attn_output)) {
-      QuantizeRows(context, M, H, context_q, context_scales);
-      layer.attn_output.ForwardInt8(ctx, context_q, M, accumulators);
+      layer.attn_output.QuantizeInput(context, M, &ws.context_q);
+      layer.attn_output.ForwardInt8(ctx, ws.context_q, M, accumulators);
       DequantizeAddLayerNormQuantizeRows(
-          {accumulators, context_scales, layer.attn_output.weight_scales(),
+          {accumulators, ws.context_q.scales.data(), layer.attn_output.weight_scales(),
            layer.attn_output.bias()},
-          hidden, M, H, lw.attn_norm_gamma.data(), lw.attn_norm_beta.data(), eps, attn_out, next_q,
-          attn_out_scales);
+          hidden, M, H, lw.attn_norm_gamma.data(), lw.attn_norm_beta.data(), eps, attn_out, nullptr,
+          nullptr);
     } else {
       layer.attn_output.Forward(ctx, context, M, LinearEpilogue::kNone, linear_out);
       AddLayerNormRows(linear_out, hidden, M, H, lw.attn_norm_gamma.data(),
                        lw.attn_norm_beta.data(), eps, attn_out);
-      if (next_q != nullptr) QuantizeRows(attn_out, M, H, next_q, attn_out_scales);
     }
-    // intermediate (M, I) = gelu(attn_out · W_i^T + b_i), straight to int8 when the FFN output
-    // layer runs in int8
-    next_q = is_int8(layer.ffn_out) ? intermediate_q : nullptr;
+    if (is_int8(layer.ffn_in)) layer.ffn_in.QuantizeInput(attn_out, M, &ws.attn_out_q);
+    // intermediate (M, I) = gelu(attn_out · W_i^T + b_i), plus its int8 copy when the FFN
+    // output layer runs in int8
     if (is_int8(layer.ffn_in)) {
-      layer.ffn_in.ForwardInt8(ctx, attn_out_q, M, accumulators);
-      DequantizeGeluRows(
-          {accumulators, attn_out_scales, layer.ffn_in.weight_scales(), layer.ffn_in.bias()}, M, I,
-          next_q == nullptr ? intermediate : nullptr, next_q, intermediate_scales);
+      layer.ffn_in.ForwardInt8(ctx, ws.attn_out_q, M, accumulators);
+      DequantizeGeluRows({accumulators, ws.attn_out_q.scales.data(), layer.ffn_in.weight_scales(),
+                          layer.ffn_in.bias()},
+                         M, I, intermediate, nullptr, nullptr);
     } else {
       layer.ffn_in.Forward(ctx, attn_out, M, LinearEpilogue::kGelu, intermediate);
-      if (next_q != nullptr) QuantizeRows(intermediate, M, I, next_q, intermediate_scales);
     }
     // hidden (M, H) = LayerNorm(attn_out + intermediate · W_f^T + b_f), plus its int8 copy when
     // the next layer's QKV runs in int8
-    next_q =
-        layer_index + 1 < config.num_hidden_layers && is_int8(prepared.layer(layer_index + 1).qkv)
-            ? hidden_q
-            : nullptr;
     if (is_int8(layer.ffn_out)) {
-      layer.ffn_out.ForwardInt8(ctx, intermediate_q, M, accumulators);
-      DequantizeAddLayerNormQuantizeRows(
-          {accumulators, intermediate_scales, layer.ffn_out.weight_scales(), layer.ffn_out.bias()},
-          attn_out, M, H, lw.ffn_norm_gamma.data(), lw.ffn_norm_beta.data(), eps, hidden, next_q,
-          hidden_scales);
+      layer.ffn_out.QuantizeInput(intermediate, M, &ws.intermediate_q);
+      layer.ffn_out.ForwardInt8(ctx, ws.intermediate_q, M, accumulators);
+      DequantizeAddLayerNormQuantizeRows({accumulators, ws.intermediate_q.scales.data(),
+                                          layer.ffn_out.weight_scales(), layer.ffn_out.bias()},
+                                         attn_out, M, H, lw.ffn_norm_gamma.data(),
+                                         lw.ffn_norm_beta.data(), eps, hidden, nullptr, nullptr);
     } else {
       layer.ffn_out.Forward(ctx, intermediate, M, LinearEpilogue::kNone, linear_out);
       AddLayerNormRows(linear_out, attn_out, M, H, lw.ffn_norm_gamma.data(),
                        lw.ffn_norm_beta.data(), eps, hidden);
-      if (next_q != nullptr) QuantizeRows(hidden, M, H, next_q, hidden_scales);
+    }
+    if (layer_index + 1 < config.num_hidden_layers &&
+        is_int8(prepared.layer(layer_index + 1).qkv)) {
+      prepared.layer(layer_index + 1).qkv.QuantizeInput(hidden, M, &ws.hidden_q);
     }
     KeepHiddenState(options, layer_index + 1, hidden, M, H, &result);
   }

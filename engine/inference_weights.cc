@@ -6,7 +6,7 @@ namespace {
 
 PreparedLinear PrepareLinear(const Tensor& weight, const Tensor& bias, Precision precision,
                              bool pack) {
-  if (precision == Precision::kInt8) return PreparedLinear::Int8(weight, bias);
+  if (precision == Precision::kInt8) return PreparedLinear::Int8Outliers(weight, bias);
   return pack ? PreparedLinear::Fp32Packed(weight, bias) : PreparedLinear::Fp32View(weight, bias);
 }
 

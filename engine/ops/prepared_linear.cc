@@ -1,11 +1,18 @@
 #include "engine/ops/prepared_linear.h"
 
+#include <sys/mman.h>
+
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <new>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "engine/ops/avx512_math.h"
+#include "engine/ops/cpu_kernels.h"
 
 namespace attn {
 
@@ -19,9 +26,66 @@ int Int8WeightLevel() {
   return __builtin_cpu_supports("avx512vnni") ? 127 : 63;
 }
 
+// Per-output-channel quantisation of W (N, K) to [-level, level] (see the header).
+void QuantizeWeightRows(const Tensor& weight, float level, Int8Buffer* qweights,
+                        std::vector<float>* scales) {
+  const int64_t N = weight.dim(0), K = weight.dim(1);
+  qweights->resize(N * K);
+  scales->resize(N);
+  for (int64_t n = 0; n < N; ++n) {
+    const float* row = weight.data() + n * K;
+    float max_abs = 0.0f;
+    for (int64_t k = 0; k < K; ++k) max_abs = std::max(max_abs, std::fabs(row[k]));
+    (*scales)[n] = max_abs / level;
+    const float inv = max_abs > 0.0f ? level / max_abs : 0.0f;
+    int8_t* out = qweights->data() + n * K;
+    for (int64_t k = 0; k < K; ++k) {
+      out[k] = static_cast<int8_t>(std::clamp(std::nearbyint(row[k] * inv), -level, level));
+    }
+  }
+}
+
 memory::desc Int8RowMajorDesc(int64_t rows, int64_t cols, memory::data_type type) {
   return memory::desc({rows, cols}, type, memory::dims{cols, 1});
 }
+
+// Packed fp32 weights are carved, one after another, out of 2 MB-aligned slabs advised for
+// transparent huge pages (the system default is often `madvise`), so consecutive layers share
+// huge pages instead of each starting on 4 KB ones. A slab lives while any slice of it does.
+class PackedWeightSlab {
+ public:
+  static constexpr size_t kHugePage = size_t{2} << 20;
+  static constexpr size_t kSlabBytes = size_t{32} << 20;
+
+  // An uninitialised buffer of `bytes`, 64-byte aligned, owned by its slab.
+  static std::shared_ptr<float> Allocate(size_t bytes) {
+    bytes = (bytes + 63) / 64 * 64;
+    static absl::Mutex mutex(absl::kConstInit);
+    static std::shared_ptr<PackedWeightSlab>* current = new std::shared_ptr<PackedWeightSlab>();
+    absl::MutexLock lock(&mutex);
+    std::shared_ptr<PackedWeightSlab>& slab = *current;
+    if (slab == nullptr || slab->used_ + bytes > slab->size_) {
+      slab = std::make_shared<PackedWeightSlab>(std::max(kSlabBytes, bytes));
+    }
+    float* data = reinterpret_cast<float*>(slab->base_ + slab->used_);
+    slab->used_ += bytes;
+    return std::shared_ptr<float>(slab, data);  // aliasing: keeps the slab alive
+  }
+
+  explicit PackedWeightSlab(size_t bytes) : size_((bytes + kHugePage - 1) / kHugePage * kHugePage) {
+    base_ = static_cast<char*>(std::aligned_alloc(kHugePage, size_));
+    if (base_ == nullptr) throw std::bad_alloc();
+    madvise(base_, size_, MADV_HUGEPAGE);  // a hint: 4 KB pages still work if refused
+  }
+  ~PackedWeightSlab() { std::free(base_); }
+  PackedWeightSlab(const PackedWeightSlab&) = delete;
+  PackedWeightSlab& operator=(const PackedWeightSlab&) = delete;
+
+ private:
+  char* base_ = nullptr;
+  size_t size_ = 0;
+  size_t used_ = 0;
+};
 
 }  // namespace
 
@@ -64,9 +128,9 @@ PreparedLinear PreparedLinear::Fp32Packed(const Tensor& weight, const Tensor& bi
     for (int64_t rows : {int64_t{1}, int64_t{4096}}) {
       if (absl::StartsWith(make_pd(rows, packed_desc).impl_info_str(), "ref")) return linear;
     }
-    FloatBuffer packed((packed_desc.get_size() + sizeof(float) - 1) / sizeof(float));
+    std::shared_ptr<float> packed = PackedWeightSlab::Allocate(packed_desc.get_size());
     memory src(linear.weights_desc_, engine, const_cast<float*>(weight.data()));
-    memory dst(packed_desc, engine, packed.data());
+    memory dst(packed_desc, engine, packed.get());
     dnnl::stream stream(engine);
     dnnl::reorder(src, dst).execute(stream, src, dst);
     stream.wait();
@@ -86,28 +150,273 @@ PreparedLinear PreparedLinear::Int8(const Tensor& weight, const Tensor& bias) {
   linear.out_features_ = N;
   linear.in_features_ = K;
   linear.bias_ = bias.data();
-  const float level = static_cast<float>(Int8WeightLevel());
-  linear.qweights_.resize(N * K);
-  linear.scales_.resize(N);
-  for (int64_t n = 0; n < N; ++n) {
-    const float* row = weight.data() + n * K;
-    float max_abs = 0.0f;
-    for (int64_t k = 0; k < K; ++k) max_abs = std::max(max_abs, std::fabs(row[k]));
-    linear.scales_[n] = max_abs / level;
-    const float inv = max_abs > 0.0f ? level / max_abs : 0.0f;
-    int8_t* out = linear.qweights_.data() + n * K;
-    for (int64_t k = 0; k < K; ++k) {
-      out[k] = static_cast<int8_t>(std::clamp(std::nearbyint(row[k] * inv), -level, level));
-    }
-  }
+  QuantizeWeightRows(weight, static_cast<float>(Int8WeightLevel()), &linear.qweights_,
+                     &linear.scales_);
   // (N, K) row-major read as (K, N) with strides (1, K).
   linear.weights_desc_ = memory::desc({K, N}, memory::data_type::s8, memory::dims{1, K});
   return linear;
 }
 
+namespace {
+
+// Row-elements below which an OpenMP region costs more than it saves.
+constexpr int64_t kParallelInt8Elements = 1 << 14;
+
+// One row of QuantizeInput's output.
+struct InputRowOut {
+  uint8_t* q;
+  float* scale;
+  int32_t* zero_point;
+  int32_t* count;
+  int32_t* cols;
+  float* values;
+};
+
+// Running minimum and maximum of the quantised part of a row.
+struct Range {
+  float low = 0.0f, high = 0.0f;  // always contains 0, so 0 is a level (q = zero point)
+  void Add(float v) {
+    low = std::min(low, v);
+    high = std::max(high, v);
+  }
+};
+
+// Keeps the kMaxOutliers largest |x| of the `found` candidates (indices into x) as the row's
+// outliers; the others go back into `range`.
+void ChooseOutliers(const float* x, int32_t* candidates, int found, Range* range,
+                    const InputRowOut& out) {
+  if (found > Int8Input::kMaxOutliers) {
+    std::partial_sort(candidates, candidates + Int8Input::kMaxOutliers, candidates + found,
+                      [&](int32_t a, int32_t b) { return std::fabs(x[a]) > std::fabs(x[b]); });
+    for (int i = Int8Input::kMaxOutliers; i < found; ++i) range->Add(x[candidates[i]]);
+    found = Int8Input::kMaxOutliers;
+  }
+  *out.count = found;
+  for (int i = 0; i < found; ++i) {
+    out.cols[i] = candidates[i];
+    out.values[i] = x[candidates[i]];
+  }
+}
+
+// Scale and zero point of the levels [0, level] over `range`. A row whose every non-zero is an
+// outlier still gets a positive scale: it sets the units of the outliers' products.
+float InputScale(Range range, float level, const InputRowOut& out) {
+  for (int i = 0; i < *out.count; ++i) {
+    if (range.high == range.low) range.Add(out.values[i]);
+  }
+  const float scale = (range.high - range.low) / level;
+  *out.scale = scale;
+  *out.zero_point =
+      scale > 0.0f
+          ? static_cast<int32_t>(std::clamp(std::nearbyint(-range.low / scale), 0.0f, level))
+          : 0;
+  return scale > 0.0f ? 1.0f / scale : 0.0f;
+}
+
+void QuantizeInputRowPortable(const float* x, int64_t K, float level, const InputRowOut& out) {
+  float sum_sq = 0.0f;
+  for (int64_t k = 0; k < K; ++k) sum_sq += x[k] * x[k];
+  const float threshold = Int8Input::kOutlierRatio * std::sqrt(sum_sq / static_cast<float>(K));
+  int32_t candidates[64];
+  int found = 0;
+  Range range;
+  for (int64_t k = 0; k < K; ++k) {
+    if (std::fabs(x[k]) > threshold && found < 64) {
+      candidates[found++] = static_cast<int32_t>(k);
+    } else {
+      range.Add(x[k]);
+    }
+  }
+  ChooseOutliers(x, candidates, found, &range, out);
+  const float inv = InputScale(range, level, out);
+  const float zero = static_cast<float>(*out.zero_point);
+  for (int64_t k = 0; k < K; ++k) {
+    out.q[k] = static_cast<uint8_t>(std::clamp(std::nearbyint(x[k] * inv) + zero, 0.0f, level));
+  }
+  for (int i = 0; i < *out.count; ++i) out.q[out.cols[i]] = static_cast<uint8_t>(*out.zero_point);
+}
+
+ATTN_AVX512 void QuantizeInputRowAvx512(const float* x, int64_t K, float level,
+                                        const InputRowOut& out) {
+  __m512 sum_sq = _mm512_setzero_ps();
+  for (int64_t k = 0; k < K; k += 16) {
+    const __m512 v = _mm512_maskz_loadu_ps(avx512::TailMask(K - k), x + k);
+    sum_sq = _mm512_fmadd_ps(v, v, sum_sq);
+  }
+  const float threshold =
+      Int8Input::kOutlierRatio * std::sqrt(_mm512_reduce_add_ps(sum_sq) / static_cast<float>(K));
+  const __m512 threshold_v = _mm512_set1_ps(threshold);
+  int32_t candidates[64];
+  int found = 0;
+  __m512 low = _mm512_setzero_ps(), high = _mm512_setzero_ps();
+  for (int64_t k = 0; k < K; k += 16) {
+    const __mmask16 tail = avx512::TailMask(K - k);
+    const __m512 v = _mm512_maskz_loadu_ps(tail, x + k);
+    const __mmask16 above =
+        _mm512_mask_cmp_ps_mask(tail, _mm512_abs_ps(v), threshold_v, _CMP_GT_OQ);
+    __mmask16 collected = 0;  // candidates past 64 (impossible below K = 64 * 36) stay in q
+    for (__mmask16 rest = above; rest != 0 && found < 64; rest &= rest - 1) {
+      candidates[found++] = static_cast<int32_t>(k + __builtin_ctz(rest));
+      collected |= rest & static_cast<__mmask16>(-rest);
+    }
+    const __mmask16 kept = tail & static_cast<__mmask16>(~collected);
+    low = _mm512_mask_min_ps(low, kept, low, v);
+    high = _mm512_mask_max_ps(high, kept, high, v);
+  }
+  Range range{_mm512_reduce_min_ps(low), _mm512_reduce_max_ps(high)};
+  ChooseOutliers(x, candidates, found, &range, out);
+  const __m512 inv = _mm512_set1_ps(InputScale(range, level, out));
+  const __m512i zero = _mm512_set1_epi32(*out.zero_point);
+  const __m512i top = _mm512_set1_epi32(static_cast<int32_t>(level));
+  for (int64_t k = 0; k < K; k += 16) {
+    const __mmask16 tail = avx512::TailMask(K - k);
+    // cvtps2dq rounds half to even, as nearbyint; outliers are clamped here and reset below.
+    __m512i v = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_maskz_loadu_ps(tail, x + k), inv));
+    v = _mm512_min_epi32(_mm512_max_epi32(_mm512_add_epi32(v, zero), _mm512_setzero_si512()), top);
+    _mm512_mask_cvtepi32_storeu_epi8(out.q + k, tail, v);
+  }
+  for (int i = 0; i < *out.count; ++i) out.q[out.cols[i]] = static_cast<uint8_t>(*out.zero_point);
+}
+
+// One accumulator row: acc[n] -= zero_point * sum_k Wq[n, k] (the matmul saw q, not q - zero),
+// plus round(sum_i values[i] * W[n, cols[i]] / (row_scale * col_scale[n])), the outliers.
+struct AccumulatorFix {
+  const float* transposed_weights;  // (K, N)
+  const int32_t* weight_sums;       // (N)
+  const float* inverse_col_scales;  // (N)
+  int64_t N;
+};
+
+void FixAccumulatorRowPortable(const AccumulatorFix& fix, int32_t zero_point, int count,
+                               const int32_t* cols, const float* values, float inv_row_scale,
+                               int32_t* acc) {
+  for (int64_t n = 0; n < fix.N; ++n) {
+    float sum = 0.0f;
+    for (int i = 0; i < count; ++i) sum += values[i] * fix.transposed_weights[cols[i] * fix.N + n];
+    const float units = std::clamp(sum * inv_row_scale * fix.inverse_col_scales[n], -1e9f, 1e9f);
+    acc[n] += static_cast<int32_t>(std::nearbyint(units)) - zero_point * fix.weight_sums[n];
+  }
+}
+
+ATTN_AVX512 void FixAccumulatorRowAvx512(const AccumulatorFix& fix, int32_t zero_point, int count,
+                                         const int32_t* cols, const float* values,
+                                         float inv_row_scale, int32_t* acc) {
+  const __m512 limit = _mm512_set1_ps(1e9f), neg_limit = _mm512_set1_ps(-1e9f);
+  const __m512i zero = _mm512_set1_epi32(zero_point);
+  for (int64_t n = 0; n < fix.N; n += 16) {
+    const __mmask16 tail = avx512::TailMask(fix.N - n);
+    __m512i total = _mm512_sub_epi32(
+        _mm512_maskz_loadu_epi32(tail, acc + n),
+        _mm512_mullo_epi32(zero, _mm512_maskz_loadu_epi32(tail, fix.weight_sums + n)));
+    if (count > 0) {
+      __m512 sum = _mm512_setzero_ps();
+      for (int i = 0; i < count; ++i) {
+        sum = _mm512_fmadd_ps(
+            _mm512_set1_ps(values[i]),
+            _mm512_maskz_loadu_ps(tail, fix.transposed_weights + cols[i] * fix.N + n), sum);
+      }
+      __m512 units = _mm512_mul_ps(_mm512_mul_ps(sum, _mm512_set1_ps(inv_row_scale)),
+                                   _mm512_maskz_loadu_ps(tail, fix.inverse_col_scales + n));
+      units = _mm512_max_ps(_mm512_min_ps(units, limit), neg_limit);
+      total = _mm512_add_epi32(total, _mm512_cvtps_epi32(units));
+    }
+    _mm512_mask_storeu_epi32(acc + n, tail, total);
+  }
+}
+
+}  // namespace
+
+PreparedLinear PreparedLinear::Int8Outliers(const Tensor& weight, const Tensor& bias) {
+  PreparedLinear linear = Int8(weight, bias);
+  const int64_t N = linear.out_features_, K = linear.in_features_;
+  // u8 inputs: 8-bit weights, and 8-bit inputs only where VNNI sums without saturation.
+  linear.input_level_ = Int8WeightLevel() == 127 ? 255.0f : 127.0f;
+  QuantizeWeightRows(weight, 127.0f, &linear.qweights_, &linear.scales_);
+  linear.weight_sums_.assign(N, 0);
+  linear.inverse_scales_.resize(N);
+  for (int64_t n = 0; n < N; ++n) {
+    for (int64_t k = 0; k < K; ++k) linear.weight_sums_[n] += linear.qweights_[n * K + k];
+    linear.inverse_scales_[n] = linear.scales_[n] > 0.0f ? 1.0f / linear.scales_[n] : 0.0f;
+  }
+  linear.transposed_weights_.resize(K * N);
+  for (int64_t n = 0; n < N; ++n) {
+    for (int64_t k = 0; k < K; ++k)
+      linear.transposed_weights_[k * N + n] = weight.data()[n * K + k];
+  }
+  return linear;
+}
+
+void PreparedLinear::QuantizeInput(const float* x, int64_t rows, Int8Input* input) const {
+  const int64_t mrows = MatmulRows(rows), K = in_features_;
+  constexpr int kMax = Int8Input::kMaxOutliers;
+  if (static_cast<int64_t>(input->q.size()) < mrows * K) input->q.resize(mrows * K);
+  if (static_cast<int64_t>(input->scales.size()) < mrows) input->scales.resize(mrows);
+  if (static_cast<int64_t>(input->zero_points.size()) < rows) {
+    input->zero_points.resize(rows);
+    input->outlier_counts.resize(rows);
+    input->outlier_cols.resize(rows * kMax);
+    input->outlier_values.resize(rows * kMax);
+  }
+  std::fill(input->q.begin() + rows * K, input->q.begin() + mrows * K, uint8_t{0});
+  std::fill(input->scales.begin() + rows, input->scales.begin() + mrows, 0.0f);
+  const bool avx512 = UseAvx512Kernels();
+#pragma omp parallel for schedule(static) if (rows * K >= kParallelInt8Elements)
+  for (int64_t m = 0; m < rows; ++m) {
+    const InputRowOut out{input->q.data() + m * K,
+                          input->scales.data() + m,
+                          input->zero_points.data() + m,
+                          input->outlier_counts.data() + m,
+                          input->outlier_cols.data() + m * kMax,
+                          input->outlier_values.data() + m * kMax};
+    if (avx512) {
+      QuantizeInputRowAvx512(x + m * K, K, input_level_, out);
+    } else {
+      QuantizeInputRowPortable(x + m * K, K, input_level_, out);
+    }
+  }
+}
+
+void PreparedLinear::ForwardInt8(ExecContext& ctx, const Int8Input& input, int64_t rows,
+                                 int32_t* acc) const {
+  const int64_t mrows = MatmulRows(rows), K = in_features_, N = out_features_;
+  const memory::desc x_desc = Int8RowMajorDesc(mrows, K, memory::data_type::u8);
+  const memory::desc acc_desc = Int8RowMajorDesc(mrows, N, memory::data_type::s32);
+  const std::string key = absl::StrCat("int8_linear_fwd:", mrows, "x", K, "x", N, ":u8");
+  const CachedPrimitive cached = ctx.runtime().GetOrCreate(key, [&] {
+    dnnl::primitive_attr attr;
+    attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+    dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(x_desc, weights_desc_, acc_desc), attr,
+                                    ctx.engine());
+    return CachedPrimitive{dnnl::matmul(pd), pd.scratchpad_desc()};
+  });
+  ctx.Execute(
+      cached,
+      {{DNNL_ARG_SRC, dnnl::memory(x_desc, ctx.engine(), const_cast<uint8_t*>(input.q.data()))},
+       {DNNL_ARG_WEIGHTS,
+        dnnl::memory(weights_desc_, ctx.engine(), const_cast<void*>(weights_data()))},
+       {DNNL_ARG_DST, dnnl::memory(acc_desc, ctx.engine(), acc)}});
+  const AccumulatorFix fix{transposed_weights_.data(), weight_sums_.data(), inverse_scales_.data(),
+                           N};
+  const bool avx512 = UseAvx512Kernels();
+  constexpr int kMax = Int8Input::kMaxOutliers;
+#pragma omp parallel for schedule(static) if (rows * N >= kParallelInt8Elements)
+  for (int64_t m = 0; m < rows; ++m) {
+    if (input.scales[m] == 0.0f) continue;  // an all-zero row: q = 0, no outliers
+    const int32_t* cols = input.outlier_cols.data() + m * kMax;
+    const float* values = input.outlier_values.data() + m * kMax;
+    if (avx512) {
+      FixAccumulatorRowAvx512(fix, input.zero_points[m], input.outlier_counts[m], cols, values,
+                              1.0f / input.scales[m], acc + m * N);
+    } else {
+      FixAccumulatorRowPortable(fix, input.zero_points[m], input.outlier_counts[m], cols, values,
+                                1.0f / input.scales[m], acc + m * N);
+    }
+  }
+}
+
 const void* PreparedLinear::weights_data() const {
   if (precision_ == Precision::kInt8) return qweights_.data();
-  return packed_.empty() ? static_cast<const void*>(view_) : packed_.data();
+  return packed_ == nullptr ? static_cast<const void*>(view_) : packed_.get();
 }
 
 void PreparedLinear::Forward(ExecContext& ctx, const float* x, int64_t rows,

@@ -2,18 +2,25 @@
 //   y (M, N) = x (M, K) · W^T + b,   W (N, K) as stored by Hugging Face.
 //
 // fp32: W copied into the blocked layout oneDNN's matmul asks for (format_tag::any), so no call
-//       repacks it; bias and GELU run as post-ops.
+//       repacks it; bias and GELU run as post-ops. The copies are laid end to end in slabs
+//       backed by transparent huge pages: a batch-1 forward streams all 42 MB of them from
+//       memory, and with 4 KB pages every page of that stream is a TLB miss (a two-level page
+//       walk in a VM).
 // int8: W quantised per output channel, symmetric: scale[n] = max_k |W[n, k]| / L,
 //       Wq[n, k] = round(W[n, k] / scale[n]) in [-L, L], with L = 63 on CPUs without AVX-512
 //       VNNI (their u8 x s8 multiply-add sums pairs into saturating 16 bits; 7-bit weights keep
 //       2 * 255 * 63 below 2^15) and L = 127 with VNNI. The matmul gives s32 accumulators; the
 //       row kernels (engine/ops/cpu_kernels.h) apply the activation and weight scales and bias.
+//       The encoder uses Int8Outliers: u8 inputs quantised per token with their outlier elements
+//       kept in fp32 (see Int8Input), and L = 127.
 //
 // Row counts are rounded up (MatmulRows) so a server seeing every batch size builds a bounded
 // set of primitives; callers size their buffers with MatmulRows(M) rows.
+
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "engine/dnnl_context.h"
@@ -25,6 +32,25 @@ namespace attn {
 
 using Int8Buffer = std::vector<int8_t, AlignedAllocator<int8_t>>;
 using Int32Buffer = std::vector<int32_t, AlignedAllocator<int32_t>>;
+
+using Uint8Buffer = std::vector<uint8_t, AlignedAllocator<uint8_t>>;
+
+// A per-token quantised input of an int8 linear layer (PreparedLinear::QuantizeInput),
+// asymmetric: x[m, k] ~= (q[m, k] - zero_points[m]) * scales[m] with q in [0, L_in] (u8). BERT's
+// LayerNorm and GELU outputs carry a few elements per row 20-40x the row's RMS (largest on
+// [CLS] and [SEP]); scaling the row by them would leave the other elements a handful of levels.
+// So the elements above kOutlierRatio x RMS (at most kMaxOutliers per row, the largest) are not
+// quantised (q = zero point) but kept in fp32, and ForwardInt8 adds their products.
+struct Int8Input {
+  static constexpr float kOutlierRatio = 6.0f;
+  static constexpr int kMaxOutliers = 8;
+  Uint8Buffer q;                        // (MatmulRows(rows), K)
+  FloatBuffer scales;                   // (MatmulRows(rows))
+  std::vector<int32_t> zero_points;     // (rows)
+  std::vector<int32_t> outlier_counts;  // (rows)
+  std::vector<int32_t> outlier_cols;    // (rows, kMaxOutliers)
+  std::vector<float> outlier_values;    // (rows, kMaxOutliers)
+};
 
 // Rows the matmul runs on for M rows of input: M itself up to 8, then multiples of 8 up to 64,
 // then 8 steps per power of two (at most 1/8 padding). Rows [M, MatmulRows(M)) of an input must
@@ -42,6 +68,10 @@ class PreparedLinear {
   static PreparedLinear Fp32Packed(const Tensor& weight, const Tensor& bias);
   // int8 per-output-channel quantisation (see above). `bias` is read in place.
   static PreparedLinear Int8(const Tensor& weight, const Tensor& bias);
+  // int8 for inputs quantised by QuantizeInput (outliers apart, so it keeps an fp32 W^T for
+  // them). The inputs are u8, so L = 127 even without VNNI: the non-VNNI kernels then see
+  // u8 <= L_in = 127 (L_in = 255 with VNNI), and 2 * 127 * 127 < 2^15.
+  static PreparedLinear Int8Outliers(const Tensor& weight, const Tensor& bias);
 
   Precision precision() const { return precision_; }
   int64_t in_features() const { return in_features_; }                  // K
@@ -49,13 +79,18 @@ class PreparedLinear {
   const float* bias() const { return bias_; }                           // (N)
   const float* weight_scales() const { return scales_.data(); }         // int8: (N)
   const int8_t* quantized_weights() const { return qweights_.data(); }  // int8: (N, K)
-  bool packed() const { return !packed_.empty(); }
+  bool packed() const { return packed_ != nullptr; }
 
   // fp32: y (rows, N) = epilogue(x (rows, K) · W^T + b). x and y hold MatmulRows(rows) rows.
   void Forward(ExecContext& ctx, const float* x, int64_t rows, LinearEpilogue epilogue,
                float* y) const;
   // int8: acc (rows, N) = xq (rows, K) · Wq^T in s32. xq and acc hold MatmulRows(rows) rows.
   void ForwardInt8(ExecContext& ctx, const int8_t* xq, int64_t rows, int32_t* acc) const;
+  // Int8Outliers: quantises x (rows, K) into `input` (buffers grown as needed, padding rows
+  // zeroed), then acc (rows, N) = (q - zero point) · Wq^T plus the outliers' products, in
+  // units of input.scales[m] * weight_scales()[n].
+  void QuantizeInput(const float* x, int64_t rows, Int8Input* input) const;
+  void ForwardInt8(ExecContext& ctx, const Int8Input& input, int64_t rows, int32_t* acc) const;
 
  private:
   Precision precision_ = Precision::kFp32;
@@ -66,9 +101,15 @@ class PreparedLinear {
 
   dnnl::memory::desc weights_desc_;  // (K, N) as oneDNN reads it
   const float* view_ = nullptr;      // fp32 view: the caller's (N, K) tensor
-  FloatBuffer packed_;
+  // Packed fp32 weights: a slice of a slab shared with other layers' (see PackedWeightSlab).
+  std::shared_ptr<const float> packed_;
   Int8Buffer qweights_;
   std::vector<float> scales_;
+  // Int8Outliers only
+  float input_level_ = 127.0f;         // L_in, the largest input level
+  FloatBuffer transposed_weights_;     // (K, N) fp32, for the outliers' products
+  std::vector<int32_t> weight_sums_;   // sum_k Wq[n, k], for the zero points
+  std::vector<float> inverse_scales_;  // 1 / weight scale (0 for an all-zero row)
 };
 
 }  // namespace attn
