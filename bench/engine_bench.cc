@@ -15,12 +15,14 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <fstream>
 #include <map>
 #include <memory>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/flags/flag.h"
@@ -45,6 +47,12 @@ ABSL_FLAG(std::string, workload, "", "One-shot: workload name in --inputs.");
 ABSL_FLAG(int, runs, 5, "One-shot: timed runs; the median is reported.");
 ABSL_FLAG(int, warmup, 2, "One-shot: untimed runs first (primitive creation, caches).");
 ABSL_FLAG(int, threads, 0, "OpenMP threads; 0 = all cores.");
+ABSL_FLAG(int, pause_ms, 0,
+          "One-shot: sleep this long before each run, as the harness does between engines "
+          "(thread pools go idle).");
+ABSL_FLAG(int, evict_mb, 0,
+          "One-shot: before each run, write a buffer of this many MB, as the other engines' "
+          "runs between ours do in the harness (weights no longer in cache).");
 ABSL_FLAG(bool, worker, false, "Serve the JSON-lines worker protocol on stdin/stdout.");
 
 namespace {
@@ -221,8 +229,13 @@ int OneShot(const EngineUnderTest& engine) {
     std::fprintf(stderr, "need --runs >= 1 and --warmup >= 0\n");
     return 1;
   }
+  std::vector<char> evict(static_cast<size_t>(std::max(0, absl::GetFlag(FLAGS_evict_mb))) << 20);
   std::vector<double> seconds;
   for (int i = 0; i < warmup + runs; ++i) {
+    for (size_t b = 0; b < evict.size(); b += 64) ++evict[b];
+    if (absl::GetFlag(FLAGS_pause_ms) > 0) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(absl::GetFlag(FLAGS_pause_ms)));
+    }
     absl::StatusOr<double> elapsed =
         attn::bench::TimeOnce([&] { return engine.ForwardDiscarding(batch); });
     if (!elapsed.ok()) {

@@ -10,8 +10,9 @@ void EmbeddingForward(const Tensor& word_embeddings, const Tensor& position_embe
                       float* out) {
   const int64_t rows = static_cast<int64_t>(token_ids.size());
   const int64_t hidden = word_embeddings.dim(1);
-  // A gather: memory-bound, so a plain parallel loop is as fast as any primitive.
-#pragma omp parallel for schedule(static)
+  // A gather: memory-bound, so a plain parallel loop is as fast as any primitive. Not worth
+  // waking a thread for a few rows (batch-1 latency).
+#pragma omp parallel for schedule(static) if (rows * hidden >= (1 << 14))
   for (int64_t m = 0; m < rows; ++m) {
     const float* word = word_embeddings.data() + int64_t{token_ids[m]} * hidden;
     const float* position = position_embeddings.data() + int64_t{positions[m]} * hidden;
