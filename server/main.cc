@@ -274,7 +274,7 @@ class StoreWatcher {
       Warn(absl::StrCat("cannot list: ", versions.status().message()));
       return;
     }
-    for (const std::string& reason : skipped) Warn(absl::StrCat("skipped ", reason));
+    for (const std::string& reason : skipped) Warn(reason);  // "'name' skipped: why"
     for (const StoredVersion& stored : *versions) {
       if (registry_->Contains(stored.version)) continue;
       absl::StatusOr<bool> served = registry_->Discover(UnloadedVersion(stored));
