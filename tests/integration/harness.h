@@ -92,6 +92,8 @@ class ServerProcess {
   int metrics_port() const { return metrics_port_; }
   pid_t ready_pid() const { return ready_pid_; }
   std::string address() const;
+  // False when Start() failed before spawning (e.g. no attnserve binary): process() is invalid.
+  bool spawned() const { return process_ != nullptr; }
   Subprocess& process() { return *process_; }
 
   // A new channel with no message size limits (the tests ask for large attention maps) and no

@@ -35,6 +35,11 @@ class SharedServerEnvironment : public ::testing::Environment {
 
   void TearDown() override {
     if (g_shared_server == nullptr) return;
+    if (!g_shared_server->spawned()) {  // SetUp already reported why
+      delete g_shared_server;
+      g_shared_server = nullptr;
+      return;
+    }
     const bool was_running = g_shared_server->process().Running();
     const int status = g_shared_server->process().Stop(std::chrono::seconds(35));
     // A clean SIGTERM exit is part of the contract, also for an idle server.
