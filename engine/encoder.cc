@@ -258,41 +258,40 @@ ForwardResult RunForward(const BertConfig& config, const InferenceWeights& prepa
     PackedAttentionForward(attention_shape, qkv, result.seq_offsets, context,
                            layer_attention != nullptr ? &outputs : nullptr);
 
-    // attn_out (M, H) = LayerNorm(hidden + context · W_o^T + b_o), plus its int8 copy when
-    // the FFN input layer runs in int8
+    // attn_out (M, H) = LayerNorm(hidden + context · W_o^T + b_o), then quantised as the FFN
+    // input layer's input when that layer runs in int8
     if (is_int8(layer.attn_output)) {
       layer.attn_output.QuantizeInput(context, M, &ws.context_q);
       layer.attn_output.ForwardInt8(ctx, ws.context_q, M, accumulators);
-      DequantizeAddLayerNormQuantizeRows(
-          {accumulators, ws.context_q.scales.data(), layer.attn_output.weight_scales(),
-           layer.attn_output.bias()},
-          hidden, M, H, lw.attn_norm_gamma.data(), lw.attn_norm_beta.data(), eps, attn_out, nullptr,
-          nullptr);
+      DequantizeAddLayerNormRows({accumulators, ws.context_q.scales.data(),
+                                  layer.attn_output.weight_scales(), layer.attn_output.bias()},
+                                 hidden, M, H, lw.attn_norm_gamma.data(), lw.attn_norm_beta.data(),
+                                 eps, attn_out);
     } else {
       layer.attn_output.Forward(ctx, context, M, LinearEpilogue::kNone, linear_out);
       AddLayerNormRows(linear_out, hidden, M, H, lw.attn_norm_gamma.data(),
                        lw.attn_norm_beta.data(), eps, attn_out);
     }
     if (is_int8(layer.ffn_in)) layer.ffn_in.QuantizeInput(attn_out, M, &ws.attn_out_q);
-    // intermediate (M, I) = gelu(attn_out · W_i^T + b_i), plus its int8 copy when the FFN
-    // output layer runs in int8
+    // intermediate (M, I) = gelu(attn_out · W_i^T + b_i), in fp32 (the FFN output layer
+    // quantises it itself when it runs in int8)
     if (is_int8(layer.ffn_in)) {
       layer.ffn_in.ForwardInt8(ctx, ws.attn_out_q, M, accumulators);
       DequantizeGeluRows({accumulators, ws.attn_out_q.scales.data(), layer.ffn_in.weight_scales(),
                           layer.ffn_in.bias()},
-                         M, I, intermediate, nullptr, nullptr);
+                         M, I, intermediate);
     } else {
       layer.ffn_in.Forward(ctx, attn_out, M, LinearEpilogue::kGelu, intermediate);
     }
-    // hidden (M, H) = LayerNorm(attn_out + intermediate · W_f^T + b_f), plus its int8 copy when
-    // the next layer's QKV runs in int8
+    // hidden (M, H) = LayerNorm(attn_out + intermediate · W_f^T + b_f), then quantised as the
+    // next layer's QKV input when that layer runs in int8
     if (is_int8(layer.ffn_out)) {
       layer.ffn_out.QuantizeInput(intermediate, M, &ws.intermediate_q);
       layer.ffn_out.ForwardInt8(ctx, ws.intermediate_q, M, accumulators);
-      DequantizeAddLayerNormQuantizeRows({accumulators, ws.intermediate_q.scales.data(),
-                                          layer.ffn_out.weight_scales(), layer.ffn_out.bias()},
-                                         attn_out, M, H, lw.ffn_norm_gamma.data(),
-                                         lw.ffn_norm_beta.data(), eps, hidden, nullptr, nullptr);
+      DequantizeAddLayerNormRows({accumulators, ws.intermediate_q.scales.data(),
+                                  layer.ffn_out.weight_scales(), layer.ffn_out.bias()},
+                                 attn_out, M, H, lw.ffn_norm_gamma.data(), lw.ffn_norm_beta.data(),
+                                 eps, hidden);
     } else {
       layer.ffn_out.Forward(ctx, intermediate, M, LinearEpilogue::kNone, linear_out);
       AddLayerNormRows(linear_out, attn_out, M, H, lw.ffn_norm_gamma.data(),

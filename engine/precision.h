@@ -7,8 +7,9 @@ namespace attn {
 
 enum class Precision {
   kFp32,  // fp32 everywhere (the reference path; matches Hugging Face to ~1e-5)
-  kInt8,  // linear layers on s8 weights (per output channel) x s8 activations (per token);
-          // attention, softmax, LayerNorm, GELU and the residual stream stay fp32
+  kInt8,  // linear layers on s8 weights (per output channel) x u8 activations (per token, with a
+          // zero point; outliers kept in fp32); attention, softmax, LayerNorm, GELU and the
+          // residual stream stay fp32
 };
 
 // "float32" or "int8": the name GetModelInfo and the metrics report.

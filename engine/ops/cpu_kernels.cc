@@ -1,9 +1,7 @@
 #include "engine/ops/cpu_kernels.h"
 
-#include <algorithm>
 #include <atomic>
 #include <cmath>
-#include <vector>
 
 #include "engine/ops/avx512_math.h"
 
@@ -40,17 +38,6 @@ void AddLayerNormRowPortable(const float* x, const float* residual, int64_t cols
   for (int64_t j = 0; j < cols; ++j) sq += (y[j] - mean) * (y[j] - mean);
   const float rstd = 1.0f / std::sqrt(sq / static_cast<float>(cols) + eps);
   for (int64_t j = 0; j < cols; ++j) y[j] = (y[j] - mean) * rstd * gamma[j] + beta[j];
-}
-
-void QuantizeRowPortable(const float* x, int64_t cols, int8_t* q, float* scale) {
-  float max_abs = 0.0f;
-  for (int64_t j = 0; j < cols; ++j) max_abs = std::max(max_abs, std::fabs(x[j]));
-  *scale = max_abs / 127.0f;
-  const float inv = max_abs > 0.0f ? 127.0f / max_abs : 0.0f;
-  for (int64_t j = 0; j < cols; ++j) {
-    const float v = std::nearbyint(x[j] * inv);  // round half to even, as cvtps2dq
-    q[j] = static_cast<int8_t>(std::clamp(v, -127.0f, 127.0f));
-  }
 }
 
 float DequantizePortable(const Int8Accumulators& in, int64_t m, int64_t cols, int64_t j) {
@@ -97,23 +84,6 @@ ATTN_AVX512 void AddLayerNormRowAvx512(const float* x, const float* residual, in
     sum = _mm512_add_ps(sum, v);
   }
   LayerNormInPlaceAvx512(y, cols, gamma, beta, eps, sum);
-}
-
-ATTN_AVX512 void QuantizeRowAvx512(const float* x, int64_t cols, int8_t* q, float* scale) {
-  __m512 max_abs = _mm512_setzero_ps();
-  for (int64_t j = 0; j < cols; j += 16) {
-    const __mmask16 k = avx512::TailMask(cols - j);
-    max_abs = _mm512_max_ps(max_abs, _mm512_abs_ps(_mm512_maskz_loadu_ps(k, x + j)));
-  }
-  const float m = _mm512_reduce_max_ps(max_abs);
-  *scale = m / 127.0f;
-  const __m512 inv = _mm512_set1_ps(m > 0.0f ? 127.0f / m : 0.0f);
-  for (int64_t j = 0; j < cols; j += 16) {
-    const __mmask16 k = avx512::TailMask(cols - j);
-    // cvtps2dq rounds half to even; the saturating narrow keeps [-127, 127] (|x * inv| <= 127).
-    const __m512i v = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_maskz_loadu_ps(k, x + j), inv));
-    _mm512_mask_cvtsepi32_storeu_epi8(q + j, k, v);
-  }
 }
 
 ATTN_AVX512 __m512 DequantizeAvx512(const Int8Accumulators& in, int64_t m, int64_t cols, int64_t j,
@@ -179,18 +149,6 @@ void AddLayerNormRows(const float* x, const float* residual, int64_t rows, int64
   }
 }
 
-void QuantizeRows(const float* x, int64_t rows, int64_t cols, int8_t* q, float* scales) {
-  const bool avx512 = UseAvx512Kernels();
-#pragma omp parallel for schedule(static) if (rows * cols >= kParallelElements)
-  for (int64_t m = 0; m < rows; ++m) {
-    if (avx512) {
-      QuantizeRowAvx512(x + m * cols, cols, q + m * cols, scales + m);
-    } else {
-      QuantizeRowPortable(x + m * cols, cols, q + m * cols, scales + m);
-    }
-  }
-}
-
 void DequantizeRows(const Int8Accumulators& in, int64_t rows, int64_t cols, float* y) {
   const bool avx512 = UseAvx512Kernels();
 #pragma omp parallel for schedule(static) if (rows * cols >= kParallelElements)
@@ -203,43 +161,33 @@ void DequantizeRows(const Int8Accumulators& in, int64_t rows, int64_t cols, floa
   }
 }
 
-void DequantizeGeluRows(const Int8Accumulators& in, int64_t rows, int64_t cols, float* y, int8_t* q,
-                        float* q_scales) {
+void DequantizeGeluRows(const Int8Accumulators& in, int64_t rows, int64_t cols, float* y) {
   const bool avx512 = UseAvx512Kernels();
-#pragma omp parallel if (rows * cols >= kParallelElements)
-  {
-    std::vector<float> scratch(y == nullptr ? cols : 0);  // a row that never leaves the cache
-#pragma omp for schedule(static)
-    for (int64_t m = 0; m < rows; ++m) {
-      float* row = y != nullptr ? y + m * cols : scratch.data();
-      if (avx512) {
-        DequantizeGeluRowAvx512(in, m, cols, row);
-        if (q != nullptr) QuantizeRowAvx512(row, cols, q + m * cols, q_scales + m);
-      } else {
-        for (int64_t j = 0; j < cols; ++j)
-          row[j] = GeluErfPortable(DequantizePortable(in, m, cols, j));
-        if (q != nullptr) QuantizeRowPortable(row, cols, q + m * cols, q_scales + m);
-      }
+#pragma omp parallel for schedule(static) if (rows * cols >= kParallelElements)
+  for (int64_t m = 0; m < rows; ++m) {
+    float* row = y + m * cols;
+    if (avx512) {
+      DequantizeGeluRowAvx512(in, m, cols, row);
+    } else {
+      for (int64_t j = 0; j < cols; ++j)
+        row[j] = GeluErfPortable(DequantizePortable(in, m, cols, j));
     }
   }
 }
 
-void DequantizeAddLayerNormQuantizeRows(const Int8Accumulators& in, const float* residual,
-                                        int64_t rows, int64_t cols, const float* gamma,
-                                        const float* beta, float eps, float* y, int8_t* q,
-                                        float* q_scales) {
+void DequantizeAddLayerNormRows(const Int8Accumulators& in, const float* residual, int64_t rows,
+                                int64_t cols, const float* gamma, const float* beta, float eps,
+                                float* y) {
   const bool avx512 = UseAvx512Kernels();
 #pragma omp parallel for schedule(static) if (rows * cols >= kParallelElements)
   for (int64_t m = 0; m < rows; ++m) {
     float* out = y + m * cols;
     if (avx512) {
       DequantizeAddLayerNormRowAvx512(in, m, residual + m * cols, cols, gamma, beta, eps, out);
-      if (q != nullptr) QuantizeRowAvx512(out, cols, q + m * cols, q_scales + m);
     } else {
       const float* r = residual + m * cols;  // may alias out: read before each write
       for (int64_t j = 0; j < cols; ++j) out[j] = DequantizePortable(in, m, cols, j) + r[j];
       AddLayerNormRowPortable(out, nullptr, cols, gamma, beta, eps, out);
-      if (q != nullptr) QuantizeRowPortable(out, cols, q + m * cols, q_scales + m);
     }
   }
 }

@@ -1,7 +1,6 @@
-// Row-wise CPU kernels of the inference fast path: LayerNorm (with the residual add fused),
-// per-token int8 quantisation, and the epilogues that turn an int8 matmul's s32 accumulators
-// back into fp32 (dequantise + bias, then GELU or residual + LayerNorm, then re-quantise for the
-// next matmul) in one pass over each row while it is in cache.
+// Row-wise CPU kernels of the inference fast path: LayerNorm (with the residual add fused), and
+// the epilogues that turn an int8 matmul's s32 accumulators back into fp32 (dequantise + bias,
+// then GELU or residual + LayerNorm) in one pass over each row while it is in cache.
 //
 // Each function runs one OpenMP parallel loop over rows. On CPUs with AVX-512 the inner loops are
 // hand-vectorised; elsewhere portable loops compute the same formulas.
@@ -21,11 +20,6 @@ void SetAvx512KernelsEnabledForTesting(bool enabled);
 void AddLayerNormRows(const float* x, const float* residual, int64_t rows, int64_t cols,
                       const float* gamma, const float* beta, float eps, float* y);
 
-// Symmetric per-row (per-token) int8 quantisation:
-//   scale[m] = max_j |x[m, j]| / 127,   q[m, j] = round(x[m, j] / scale[m])  in [-127, 127]
-// An all-zero row gets scale 0 and q = 0.
-void QuantizeRows(const float* x, int64_t rows, int64_t cols, int8_t* q, float* scales);
-
 // The dequantised matmul output v[m, n] = acc[m, n] * row_scale[m] * col_scale[n] + bias[n].
 struct Int8Accumulators {
   const int32_t* acc = nullptr;       // (rows, cols)
@@ -37,16 +31,12 @@ struct Int8Accumulators {
 // y (rows, cols) = v
 void DequantizeRows(const Int8Accumulators& in, int64_t rows, int64_t cols, float* y);
 
-// g = gelu_erf(v), written as fp32 y (if y is not null) and/or quantised as
-// q, q_scales = QuantizeRows(g) (if q is not null): the FFN intermediate straight to int8.
-void DequantizeGeluRows(const Int8Accumulators& in, int64_t rows, int64_t cols, float* y, int8_t* q,
-                        float* q_scales);
+// y (rows, cols) = gelu_erf(v)
+void DequantizeGeluRows(const Int8Accumulators& in, int64_t rows, int64_t cols, float* y);
 
-// y = LayerNorm(v + residual) * gamma + beta; q, q_scales = QuantizeRows(y) unless q is null.
-// y may alias residual.
-void DequantizeAddLayerNormQuantizeRows(const Int8Accumulators& in, const float* residual,
-                                        int64_t rows, int64_t cols, const float* gamma,
-                                        const float* beta, float eps, float* y, int8_t* q,
-                                        float* q_scales);
+// y = LayerNorm(v + residual) * gamma + beta. y may alias residual.
+void DequantizeAddLayerNormRows(const Int8Accumulators& in, const float* residual, int64_t rows,
+                                int64_t cols, const float* gamma, const float* beta, float eps,
+                                float* y);
 
 }  // namespace attn

@@ -20,10 +20,10 @@ using dnnl::memory;
 
 namespace {
 
-// The largest |Wq| the CPU's int8 matmul handles without 16-bit saturation (see the header).
-int Int8WeightLevel() {
+// Whether the CPU's u8 x s8 multiply-add sums without 16-bit saturation (see the header).
+bool CpuHasVnni() {
   __builtin_cpu_init();
-  return __builtin_cpu_supports("avx512vnni") ? 127 : 63;
+  return __builtin_cpu_supports("avx512vnni");
 }
 
 // Per-output-channel quantisation of W (N, K) to [-level, level] (see the header).
@@ -140,20 +140,6 @@ PreparedLinear PreparedLinear::Fp32Packed(const Tensor& weight, const Tensor& bi
   } catch (const dnnl::error&) {
     return Fp32View(weight, bias);  // no better layout available: read the tensor as it is
   }
-  return linear;
-}
-
-PreparedLinear PreparedLinear::Int8(const Tensor& weight, const Tensor& bias) {
-  PreparedLinear linear;
-  linear.precision_ = Precision::kInt8;
-  const int64_t N = weight.dim(0), K = weight.dim(1);
-  linear.out_features_ = N;
-  linear.in_features_ = K;
-  linear.bias_ = bias.data();
-  QuantizeWeightRows(weight, static_cast<float>(Int8WeightLevel()), &linear.qweights_,
-                     &linear.scales_);
-  // (N, K) row-major read as (K, N) with strides (1, K).
-  linear.weights_desc_ = memory::desc({K, N}, memory::data_type::s8, memory::dims{1, K});
   return linear;
 }
 
@@ -327,11 +313,17 @@ ATTN_AVX512 void FixAccumulatorRowAvx512(const AccumulatorFix& fix, int32_t zero
 }  // namespace
 
 PreparedLinear PreparedLinear::Int8Outliers(const Tensor& weight, const Tensor& bias) {
-  PreparedLinear linear = Int8(weight, bias);
-  const int64_t N = linear.out_features_, K = linear.in_features_;
+  PreparedLinear linear;
+  linear.precision_ = Precision::kInt8;
+  const int64_t N = weight.dim(0), K = weight.dim(1);
+  linear.out_features_ = N;
+  linear.in_features_ = K;
+  linear.bias_ = bias.data();
   // u8 inputs: 8-bit weights, and 8-bit inputs only where VNNI sums without saturation.
-  linear.input_level_ = Int8WeightLevel() == 127 ? 255.0f : 127.0f;
+  linear.input_level_ = CpuHasVnni() ? 255.0f : 127.0f;
   QuantizeWeightRows(weight, 127.0f, &linear.qweights_, &linear.scales_);
+  // (N, K) row-major read as (K, N) with strides (1, K).
+  linear.weights_desc_ = memory::desc({K, N}, memory::data_type::s8, memory::dims{1, K});
   linear.weight_sums_.assign(N, 0);
   linear.inverse_scales_.resize(N);
   for (int64_t n = 0; n < N; ++n) {
@@ -446,25 +438,6 @@ void PreparedLinear::Forward(ExecContext& ctx, const float* x, int64_t rows,
                                                        const_cast<void*>(weights_data()))},
                        {DNNL_ARG_BIAS, ctx.Wrap(b_desc, bias_)},
                        {DNNL_ARG_DST, ctx.Wrap(y_desc, y)}});
-}
-
-void PreparedLinear::ForwardInt8(ExecContext& ctx, const int8_t* xq, int64_t rows,
-                                 int32_t* acc) const {
-  const int64_t mrows = MatmulRows(rows), K = in_features_, N = out_features_;
-  const memory::desc x_desc = Int8RowMajorDesc(mrows, K, memory::data_type::s8);
-  const memory::desc acc_desc = Int8RowMajorDesc(mrows, N, memory::data_type::s32);
-  const std::string key = absl::StrCat("int8_linear_fwd:", mrows, "x", K, "x", N);
-  const CachedPrimitive cached = ctx.runtime().GetOrCreate(key, [&] {
-    dnnl::primitive_attr attr;
-    attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
-    dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(x_desc, weights_desc_, acc_desc), attr,
-                                    ctx.engine());
-    return CachedPrimitive{dnnl::matmul(pd), pd.scratchpad_desc()};
-  });
-  ctx.Execute(cached, {{DNNL_ARG_SRC, dnnl::memory(x_desc, ctx.engine(), const_cast<int8_t*>(xq))},
-                       {DNNL_ARG_WEIGHTS, dnnl::memory(weights_desc_, ctx.engine(),
-                                                       const_cast<void*>(weights_data()))},
-                       {DNNL_ARG_DST, dnnl::memory(acc_desc, ctx.engine(), acc)}});
 }
 
 }  // namespace attn

@@ -6,13 +6,14 @@
 //       backed by transparent huge pages: a batch-1 forward streams all 42 MB of them from
 //       memory, and with 4 KB pages every page of that stream is a TLB miss (a two-level page
 //       walk in a VM).
-// int8: W quantised per output channel, symmetric: scale[n] = max_k |W[n, k]| / L,
-//       Wq[n, k] = round(W[n, k] / scale[n]) in [-L, L], with L = 63 on CPUs without AVX-512
-//       VNNI (their u8 x s8 multiply-add sums pairs into saturating 16 bits; 7-bit weights keep
-//       2 * 255 * 63 below 2^15) and L = 127 with VNNI. The matmul gives s32 accumulators; the
-//       row kernels (engine/ops/cpu_kernels.h) apply the activation and weight scales and bias.
-//       The encoder uses Int8Outliers: u8 inputs quantised per token with their outlier elements
-//       kept in fp32 (see Int8Input), and L = 127.
+// int8 (Int8Outliers): W quantised per output channel, symmetric, to 8 bits:
+//       scale[n] = max_k |W[n, k]| / 127,  Wq[n, k] = round(W[n, k] / scale[n]) in [-127, 127].
+//       Inputs are quantised per token by QuantizeInput to u8 with a zero point (see Int8Input),
+//       their outlier elements kept in fp32. The levels are 0..127 on CPUs without AVX-512 VNNI
+//       (their u8 x s8 multiply-add sums pairs into saturating 16 bits, and
+//       2 * 127 * 127 < 2^15) and 0..255 with VNNI. The matmul gives s32 accumulators, which
+//       ForwardInt8 corrects for the zero points and the outliers; the row kernels
+//       (engine/ops/cpu_kernels.h) then apply the input and weight scales and the bias.
 //
 // Row counts are rounded up (MatmulRows) so a server seeing every batch size builds a bounded
 // set of primitives; callers size their buffers with MatmulRows(M) rows.
@@ -66,11 +67,8 @@ class PreparedLinear {
   static PreparedLinear Fp32View(const Tensor& weight, const Tensor& bias);
   // fp32 copy in the matmul's preferred layout (falls back to a view if none is better).
   static PreparedLinear Fp32Packed(const Tensor& weight, const Tensor& bias);
-  // int8 per-output-channel quantisation (see above). `bias` is read in place.
-  static PreparedLinear Int8(const Tensor& weight, const Tensor& bias);
-  // int8 for inputs quantised by QuantizeInput (outliers apart, so it keeps an fp32 W^T for
-  // them). The inputs are u8, so L = 127 even without VNNI: the non-VNNI kernels then see
-  // u8 <= L_in = 127 (L_in = 255 with VNNI), and 2 * 127 * 127 < 2^15.
+  // int8 per-output-channel quantisation (see above), for inputs quantised by QuantizeInput
+  // (outliers apart, so it also keeps an fp32 W^T for them). `bias` is read in place.
   static PreparedLinear Int8Outliers(const Tensor& weight, const Tensor& bias);
 
   Precision precision() const { return precision_; }
@@ -84,9 +82,7 @@ class PreparedLinear {
   // fp32: y (rows, N) = epilogue(x (rows, K) · W^T + b). x and y hold MatmulRows(rows) rows.
   void Forward(ExecContext& ctx, const float* x, int64_t rows, LinearEpilogue epilogue,
                float* y) const;
-  // int8: acc (rows, N) = xq (rows, K) · Wq^T in s32. xq and acc hold MatmulRows(rows) rows.
-  void ForwardInt8(ExecContext& ctx, const int8_t* xq, int64_t rows, int32_t* acc) const;
-  // Int8Outliers: quantises x (rows, K) into `input` (buffers grown as needed, padding rows
+  // int8: quantises x (rows, K) into `input` (buffers grown as needed, padding rows
   // zeroed), then acc (rows, N) = (q - zero point) · Wq^T plus the outliers' products, in
   // units of input.scales[m] * weight_scales()[n].
   void QuantizeInput(const float* x, int64_t rows, Int8Input* input) const;
@@ -105,7 +101,6 @@ class PreparedLinear {
   std::shared_ptr<const float> packed_;
   Int8Buffer qweights_;
   std::vector<float> scales_;
-  // Int8Outliers only
   float input_level_ = 127.0f;         // L_in, the largest input level
   FloatBuffer transposed_weights_;     // (K, N) fp32, for the outliers' products
   std::vector<int32_t> weight_sums_;   // sum_k Wq[n, k], for the zero points

@@ -1,7 +1,7 @@
 // The inference fast path's kernels against naive double-precision loops: packed attention over
 // variable-length sequences (AVX-512 and portable code), LayerNorm with the residual fused,
-// per-token int8 quantisation and the int8 epilogues, and the prepared (packed fp32, int8)
-// linear layers.
+// the int8 epilogues, and the prepared fp32 (view, packed) linear layers; the int8 linear
+// layers are tested in int8_encoder_test.cc.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -161,34 +161,6 @@ TEST_P(KernelPathTest, AddLayerNormMatchesNaive) {
   }
 }
 
-TEST_P(KernelPathTest, QuantizeRowsRoundsToNearestAndKeepsTheRowMaximum) {
-  const int64_t rows = 4, cols = 45;
-  std::mt19937 rng(5);
-  Tensor x = RandomTensor({rows, cols}, rng);
-  std::fill_n(x.data() + 2 * cols, cols, 0.0f);  // an all-zero row
-  std::vector<int8_t> q(rows * cols);
-  std::vector<float> scales(rows);
-  QuantizeRows(x.data(), rows, cols, q.data(), scales.data());
-  for (int64_t m = 0; m < rows; ++m) {
-    double max_abs = 0;
-    for (int64_t j = 0; j < cols; ++j)
-      max_abs = std::max(max_abs, double{std::fabs(x.data()[m * cols + j])});
-    EXPECT_NEAR(scales[m], max_abs / 127.0, 1e-7);
-    int peak = 0;
-    for (int64_t j = 0; j < cols; ++j) {
-      const int8_t v = q[m * cols + j];
-      peak = std::max(peak, std::abs(int{v}));
-      if (max_abs == 0) {
-        ASSERT_EQ(v, 0);
-        continue;
-      }
-      // Within half a step of x / scale (plus float rounding of the product).
-      ASSERT_LE(std::abs(v - x.data()[m * cols + j] * 127.0 / max_abs), 0.5 + 1e-4);
-    }
-    EXPECT_EQ(peak, max_abs == 0 ? 0 : 127);
-  }
-}
-
 TEST_P(KernelPathTest, Int8EpiloguesMatchNaive) {
   const int64_t rows = 5, cols = 40;
   std::mt19937 rng(9);
@@ -214,27 +186,22 @@ TEST_P(KernelPathTest, Int8EpiloguesMatchNaive) {
   DequantizeRows(in, rows, cols, y.data());
   EXPECT_LT(MaxAbsDiff(y.data(), expected), 1e-3);
 
-  // + GELU, then quantised: dequantising q must give gelu(v) within half a step.
-  std::vector<int8_t> q(rows * cols);
-  std::vector<float> q_scales(rows);
+  // + GELU.
   Tensor gelu_out({rows, cols});
-  DequantizeGeluRows(in, rows, cols, gelu_out.data(), q.data(), q_scales.data());
+  DequantizeGeluRows(in, rows, cols, gelu_out.data());
   for (int64_t m = 0; m < rows; ++m) {
     for (int64_t j = 0; j < cols; ++j) {
       const double v = value(m, j);
       const double gelu = 0.5 * v * (1.0 + std::erf(v / std::sqrt(2.0)));
       ASSERT_NEAR(gelu_out.data()[m * cols + j], gelu, 1e-5 * (1 + std::abs(gelu)))
           << m << "," << j;
-      ASSERT_NEAR(q[m * cols + j] * double{q_scales[m]}, gelu,
-                  0.5 * q_scales[m] + 1e-4 * std::abs(gelu) + 1e-5)
-          << m << "," << j;
     }
   }
 
-  // + residual + LayerNorm (in place over the residual), then quantised.
+  // + residual + LayerNorm (in place over the residual, as the encoder uses it).
   Tensor out = residual;
-  DequantizeAddLayerNormQuantizeRows(in, out.data(), rows, cols, gamma.data(), beta.data(), 1e-12f,
-                                     out.data(), q.data(), q_scales.data());
+  DequantizeAddLayerNormRows(in, out.data(), rows, cols, gamma.data(), beta.data(), 1e-12f,
+                             out.data());
   for (int64_t m = 0; m < rows; ++m) {
     double mean = 0, var = 0;
     for (int64_t j = 0; j < cols; ++j) mean += value(m, j) + residual.data()[m * cols + j];
@@ -248,8 +215,6 @@ TEST_P(KernelPathTest, Int8EpiloguesMatchNaive) {
       const double v = value(m, j) + residual.data()[m * cols + j];
       const double ln = (v - mean) / std::sqrt(var + 1e-12) * gamma.data()[j] + beta.data()[j];
       ASSERT_NEAR(out.data()[m * cols + j], ln, 1e-4 * (1 + std::abs(ln)));
-      ASSERT_NEAR(q[m * cols + j] * double{q_scales[m]}, ln,
-                  0.5 * q_scales[m] + 1e-4 * (1 + std::abs(ln)));
     }
   }
 }
@@ -276,7 +241,7 @@ TEST(MatmulRowsTest, PadsAtMostAnEighthWithFewShapes) {
 }
 
 // The prepared linear layers against a double-precision x · W^T + b on the rows that matter.
-TEST(PreparedLinearTest, PackedFp32AndInt8MatchNaive) {
+TEST(PreparedLinearTest, PackedFp32MatchesNaive) {
   const int64_t K = 96, N = 80;
   std::mt19937 rng(11);
   const Tensor weight = RandomTensor({N, K}, rng, 0.1f), bias = RandomTensor({N}, rng);
@@ -300,42 +265,6 @@ TEST(PreparedLinearTest, PackedFp32AndInt8MatchNaive) {
       Tensor y({mrows, N});
       linear.Forward(ctx, x.data(), rows, LinearEpilogue::kNone, y.data());
       EXPECT_LT(MaxAbsDiff(y.data(), expected), 1e-4) << "rows " << rows << " packed " << packed;
-    }
-
-    // int8: the s32 accumulators are exact integer dot products of the quantised operands,
-    // and dequantising them approximates the fp32 layer to quantisation precision.
-    const PreparedLinear linear = PreparedLinear::Int8(weight, bias);
-    std::vector<int8_t> xq(mrows * K);
-    std::vector<float> x_scales(mrows);
-    QuantizeRows(x.data(), mrows, K, xq.data(), x_scales.data());
-    std::vector<int32_t> acc(mrows * N);
-    linear.ForwardInt8(ctx, xq.data(), rows, acc.data());
-    for (int64_t m = 0; m < rows; ++m) {
-      for (int64_t n = 0; n < N; ++n) {
-        int64_t exact = 0;
-        for (int64_t k = 0; k < K; ++k) {
-          const int w = linear.quantized_weights()[n * K + k];
-          ASSERT_LE(std::abs(w), 127);
-          exact += int64_t{xq[m * K + k]} * w;
-        }
-        ASSERT_EQ(acc[m * N + n], exact) << m << "," << n;
-      }
-    }
-    // Each operand is off by at most half its step (x: x_scale, W: weight scale), so
-    // |y - y_ref| <= sum_k |x| ws/2 + |W| xs/2 + xs ws/4, plus float rounding.
-    Tensor y({rows, N});
-    DequantizeRows({acc.data(), x_scales.data(), linear.weight_scales(), linear.bias()}, rows, N,
-                   y.data());
-    for (int64_t m = 0; m < rows; ++m) {
-      for (int64_t n = 0; n < N; ++n) {
-        const double xs = x_scales[m], ws = linear.weight_scales()[n];
-        double bound = 1e-4;
-        for (int64_t k = 0; k < K; ++k) {
-          bound += std::fabs(x.data()[m * K + k]) * ws / 2 +
-                   std::fabs(weight.data()[n * K + k]) * xs / 2 + xs * ws / 4;
-        }
-        ASSERT_LE(std::abs(y.data()[m * N + n] - expected[m * N + n]), bound) << m << "," << n;
-      }
     }
   }
 }
