@@ -21,6 +21,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "attnserve/v1/encoder.pb.h"
@@ -52,16 +53,25 @@ const attn::SequenceAttention& AttentionOf(const attn::ForwardResult& result, in
   return attention->sequences[sequence];
 }
 
-void RunEncode(const attnserve::v1::EncodeRequest& request) {
-  auto plan = attn::server::PrepareEncode(*g_model, request, kLimits);
+// A request either fails validation with INVALID_ARGUMENT, or its plan runs in the engine
+// without error. Returns the engine's result for a valid plan, nullopt otherwise.
+template <typename Plan>
+std::optional<attn::ForwardResult> ForwardIfValid(const absl::StatusOr<Plan>& plan) {
   if (!plan.ok()) {
     FUZZ_CHECK(plan.status().code() == absl::StatusCode::kInvalidArgument, "%s",
                plan.status().ToString().c_str());
-    return;
+    return std::nullopt;
   }
   auto result = g_model->Forward(plan->inputs.sequences, plan->forward);
   FUZZ_CHECK(result.ok(), "validated request failed in the engine: %s",
              result.status().ToString().c_str());
+  return std::move(*result);
+}
+
+void RunEncode(const attnserve::v1::EncodeRequest& request) {
+  auto plan = attn::server::PrepareEncode(*g_model, request, kLimits);
+  std::optional<attn::ForwardResult> result = ForwardIfValid(plan);
+  if (!result) return;
   const int64_t H = g_model->config().hidden_size;
   const int last_layer = g_model->config().num_hidden_layers;
   const attn::Tensor* last = result->HiddenState(last_layer);
@@ -90,14 +100,8 @@ void RunEncode(const attnserve::v1::EncodeRequest& request) {
 
 void RunAttention(const attnserve::v1::AttentionMapRequest& request) {
   auto plan = attn::server::PrepareAttention(*g_model, request, kLimits);
-  if (!plan.ok()) {
-    FUZZ_CHECK(plan.status().code() == absl::StatusCode::kInvalidArgument, "%s",
-               plan.status().ToString().c_str());
-    return;
-  }
-  auto result = g_model->Forward(plan->inputs.sequences, plan->forward);
-  FUZZ_CHECK(result.ok(), "validated request failed in the engine: %s",
-             result.status().ToString().c_str());
+  std::optional<attn::ForwardResult> result = ForwardIfValid(plan);
+  if (!result) return;
   const int heads = g_model->config().num_attention_heads;
   for (int head : plan->heads) FUZZ_CHECK(head >= 0 && head < heads, "head %d", head);
   for (size_t i = 0; i < plan->inputs.sequences.size(); ++i) {
