@@ -1,5 +1,7 @@
 #include "engine/ops/linear.h"
 
+#include <omp.h>
+
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
@@ -42,23 +44,29 @@ void LinearForward(ExecContext& ctx, const float* x, int64_t rows, const Tensor&
 
 namespace {
 
-// db (N) (+)= sum over rows of dy (M, N). Threads own disjoint column blocks and each column is
-// summed in row order, so the result is bitwise independent of the thread count.
+// db (N) (+)= sum over rows of dy (M, N). Each thread owns a contiguous range of columns and
+// walks the rows in order, reading each row's slice contiguously: every column is summed in
+// row order, so the result is bitwise independent of the thread count.
 void SumRows(const float* dy, int64_t rows, int64_t cols, bool accumulate, float* db) {
-  constexpr int64_t kBlock = 32;  // two AVX-512 vectors: enough work per row, many blocks
-  const int64_t blocks = (cols + kBlock - 1) / kBlock;
-#pragma omp parallel for schedule(static) if (rows * cols >= (1 << 16))
-  for (int64_t block = 0; block < blocks; ++block) {
-    const int64_t begin = block * kBlock;
-    const int64_t width = std::min(kBlock, cols - begin);
-    float acc[kBlock] = {};
-    for (int64_t m = 0; m < rows; ++m) {
-      const float* row = dy + m * cols + begin;
+  constexpr int64_t kWidth = 512;  // partial sums per pass: 2 KiB, stays in L1
+#pragma omp parallel if (rows * cols >= (1 << 16))
+  {
+    const int64_t threads = omp_get_num_threads(), thread = omp_get_thread_num();
+    // Range boundaries on 16-float (cache line) multiples.
+    const int64_t lines = (cols + 15) / 16;
+    const int64_t range_begin = std::min(cols, lines * thread / threads * 16);
+    const int64_t range_end = std::min(cols, lines * (thread + 1) / threads * 16);
+    for (int64_t begin = range_begin; begin < range_end; begin += kWidth) {
+      const int64_t width = std::min(kWidth, range_end - begin);
+      float acc[kWidth] = {};
+      for (int64_t m = 0; m < rows; ++m) {
+        const float* row = dy + m * cols + begin;
 #pragma omp simd
-      for (int64_t j = 0; j < width; ++j) acc[j] += row[j];
+        for (int64_t j = 0; j < width; ++j) acc[j] += row[j];
+      }
+      float* out = db + begin;
+      for (int64_t j = 0; j < width; ++j) out[j] = accumulate ? out[j] + acc[j] : acc[j];
     }
-    float* out = db + begin;
-    for (int64_t j = 0; j < width; ++j) out[j] = accumulate ? out[j] + acc[j] : acc[j];
   }
 }
 

@@ -1,5 +1,6 @@
 #include "engine/training/encoder_backward.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -263,8 +264,25 @@ BertWeights ZerosLike(const BertWeights& weights) {
 
 namespace {
 
+// grads->word_embeddings (+)= the scatter of d_static; zeroes the rows the previous call left
+// non-zero first (the whole table when that is unknown) and records this call's rows.
+void WordEmbeddingBackward(const TrainingForward& f, const float* d_static, int64_t H,
+                           Tensor* dword, BackwardWorkspace* ws) {
+  if (ws->word_rows_valid) {
+    for (const int32_t row : ws->word_rows) std::fill_n(dword->data() + row * H, H, 0.0f);
+  } else {
+    std::fill(dword->values().begin(), dword->values().end(), 0.0f);
+  }
+  ws->word_rows.assign(f.token_ids.begin(), f.token_ids.end());
+  std::sort(ws->word_rows.begin(), ws->word_rows.end());
+  ws->word_rows.erase(std::unique(ws->word_rows.begin(), ws->word_rows.end()), ws->word_rows.end());
+  ws->word_rows_valid = true;
+  EmbeddingBackward(d_static, H, f.token_ids, f.type_ids, f.positions, dword, nullptr, nullptr);
+}
+
 void RunBackward(const BertConfig& config, const BertWeights& weights, const TrainingForward& f,
-                 const float* d_output, BertWeights* grads, bool compute_embedding_grads) {
+                 const float* d_output, BertWeights* grads, bool compute_embedding_grads,
+                 BackwardWorkspace* ws) {
   ExecContext ctx;
   const int64_t H = config.hidden_size, I = config.intermediate_size;
   const float eps = config.layer_norm_eps;
@@ -272,11 +290,22 @@ void RunBackward(const BertConfig& config, const BertWeights& weights, const Tra
   const float p_attention = f.options.attention_dropout;
   const int64_t M = f.total_tokens();
 
-  Tensor d_hidden({M, H});  // gradient w.r.t. the current layer's output
+  // Every buffer is fully written before it is read.
+  Tensor& d_hidden = ws->d_hidden;  // gradient w.r.t. the current layer's output
+  Tensor& d_sum = ws->d_sum;
+  Tensor& d_attn_out = ws->d_attn_out;
+  Tensor& d_context = ws->d_context;
+  Tensor& d_input = ws->d_input;
+  Tensor& d_ffn_act = ws->d_ffn_act;
+  Tensor& d_ffn_pre = ws->d_ffn_pre;
+  Tensor& d_qkv = ws->d_qkv;
+  for (Tensor* t : {&d_hidden, &d_sum, &d_attn_out, &d_context, &d_input}) {
+    ShapeForOutput(t, {M, H});
+  }
+  ShapeForOutput(&d_ffn_act, {M, I});
+  ShapeForOutput(&d_ffn_pre, {M, I});
+  ShapeForOutput(&d_qkv, {M, 3 * H});
   std::memcpy(d_hidden.data(), d_output, sizeof(float) * M * H);
-  Tensor d_sum({M, H}), d_attn_out({M, H}), d_context({M, H}), d_input({M, H});
-  Tensor d_ffn_act({M, I}), d_ffn_pre({M, I});
-  Tensor d_qkv({M, 3 * H});
 
   for (int l = config.num_hidden_layers - 1; l >= 0; --l) {
     const LayerWeights& w = weights.layers[l];
@@ -324,14 +353,13 @@ void RunBackward(const BertConfig& config, const BertWeights& weights, const Tra
                     /*accumulate=*/false);
   if (compute_embedding_grads) {
     // static = word[id] + position[pos] + type[type]: scatter-add into the tables.
-    std::fill(grads->word_embeddings.values().begin(), grads->word_embeddings.values().end(), 0.f);
+    WordEmbeddingBackward(f, d_sum.data(), H, &grads->word_embeddings, ws);
     std::fill(grads->position_embeddings.values().begin(),
               grads->position_embeddings.values().end(), 0.f);
     std::fill(grads->token_type_embeddings.values().begin(),
               grads->token_type_embeddings.values().end(), 0.f);
-    EmbeddingBackward(d_sum.data(), H, f.token_ids, f.type_ids, f.positions,
-                      &grads->word_embeddings, &grads->position_embeddings,
-                      &grads->token_type_embeddings);
+    EmbeddingBackward(d_sum.data(), H, f.token_ids, f.type_ids, f.positions, nullptr,
+                      &grads->position_embeddings, &grads->token_type_embeddings);
   }
 }
 
@@ -340,11 +368,20 @@ void RunBackward(const BertConfig& config, const BertWeights& weights, const Tra
 absl::Status EncoderBackward(const BertConfig& config, const BertWeights& weights,
                              const TrainingForward& forward, const float* d_output,
                              BertWeights* grads, bool compute_embedding_grads) {
+  BackwardWorkspace workspace;
+  return EncoderBackward(config, weights, forward, d_output, grads, compute_embedding_grads,
+                         &workspace);
+}
+
+absl::Status EncoderBackward(const BertConfig& config, const BertWeights& weights,
+                             const TrainingForward& forward, const float* d_output,
+                             BertWeights* grads, bool compute_embedding_grads,
+                             BackwardWorkspace* workspace) {
   if (grads->layers.size() != weights.layers.size()) {
     return absl::InvalidArgumentError("gradient buffers are not shaped like the weights");
   }
   try {
-    RunBackward(config, weights, forward, d_output, grads, compute_embedding_grads);
+    RunBackward(config, weights, forward, d_output, grads, compute_embedding_grads, workspace);
   } catch (const dnnl::error& e) {
     return absl::InternalError(absl::StrCat("oneDNN error in the backward pass: ", e.what()));
   } catch (const std::bad_alloc&) {

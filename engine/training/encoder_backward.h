@@ -83,11 +83,32 @@ absl::Status EncoderForwardTraining(const BertConfig& config, const BertWeights&
 // Zero-filled tensors shaped like `weights` (gradient buffers).
 BertWeights ZerosLike(const BertWeights& weights);
 
+// What the backward reuses from one call to the next; a trainer keeps one per job.
+struct BackwardWorkspace {
+  // Gradient buffers, reallocated only when the batch's token count changes.
+  Tensor d_hidden, d_sum, d_attn_out, d_context, d_input;  // (M, H)
+  Tensor d_ffn_act, d_ffn_pre;                             // (M, I)
+  Tensor d_qkv;                                            // (M, 3H)
+  // After a call with embedding gradients into the same `grads`: the rows of
+  // grads->word_embeddings that may be non-zero (the batch's token ids, ascending, unique);
+  // every other row is zero. The next call then clears only these rows (a batch uses a few
+  // hundred of 30,522), and the optimizer can skip the rest (ParamEntry::nonzero_rows).
+  std::vector<int32_t> word_rows;
+  bool word_rows_valid = false;  // false: the next call clears the whole table
+};
+
 // Backward from d_output (M, H) (the gradient of the loss w.r.t. the last layer's output) to
 // every parameter. `grads` must be shaped like `weights` (ZerosLike); it is overwritten.
 // compute_embedding_grads = false skips the embedding tables (their gradient stays zero).
 absl::Status EncoderBackward(const BertConfig& config, const BertWeights& weights,
                              const TrainingForward& forward, const float* d_output,
                              BertWeights* grads, bool compute_embedding_grads = true);
+
+// As above with buffers kept in *workspace. Between calls with the same workspace, `grads`
+// must only be changed where workspace->word_rows allows (e.g. scaled by clipping).
+absl::Status EncoderBackward(const BertConfig& config, const BertWeights& weights,
+                             const TrainingForward& forward, const float* d_output,
+                             BertWeights* grads, bool compute_embedding_grads,
+                             BackwardWorkspace* workspace);
 
 }  // namespace attn

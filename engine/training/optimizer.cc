@@ -119,29 +119,69 @@ void ZeroGrads(absl::Span<const ParamEntry> params) {
   for (const ParamEntry& e : params) std::fill(e.grad->values().begin(), e.grad->values().end(), 0);
 }
 
-double GlobalGradNorm(absl::Span<const ParamEntry> params) {
-  // Sums of squares over fixed chunks of each tensor, added in chunk order: the same result for
-  // any thread count.
-  double sq = 0.0;
-  for (const ParamEntry& e : params) {
-    const float* g = e.grad->data();
-    const int64_t n = e.grad->numel();
-    const int64_t chunks = (n + kNormChunk - 1) / kNormChunk;
-    std::vector<double> partial(chunks);
-#pragma omp parallel for schedule(static) if (n >= kParallelElements)
-    for (int64_t c = 0; c < chunks; ++c) {
-      double chunk_sq = 0.0;
-      for (int64_t k = c * kNormChunk; k < std::min(n, (c + 1) * kNormChunk); ++k) {
+namespace {
+
+// Adds the sum of squares of e's gradient to *sq as fixed chunks of kNormChunk elements, each
+// summed in element order and added in chunk order: the same result for any thread count.
+// With nonzero_rows, only those rows are read: a skipped zero adds nothing to a chunk's sum
+// (x + 0.0 == x), so the result is bit-identical to the dense walk.
+void AddSumOfSquares(const ParamEntry& e, double* sq) {
+  const float* g = e.grad->data();
+  const int64_t n = e.grad->numel();
+  if (e.nonzero_rows != nullptr) {
+    const int64_t row_len = n / e.grad->dim(0);
+    int64_t chunk = 0;
+    double chunk_sq = 0.0;
+    for (const int32_t row : *e.nonzero_rows) {
+      for (int64_t k = row * row_len; k < (row + 1) * row_len; ++k) {
+        if (k / kNormChunk != chunk) {
+          *sq += chunk_sq;
+          chunk_sq = 0.0;
+          chunk = k / kNormChunk;
+        }
         chunk_sq += double{g[k]} * g[k];
       }
-      partial[c] = chunk_sq;
     }
-    for (double p : partial) sq += p;
+    *sq += chunk_sq;
+    return;
   }
+  const int64_t chunks = (n + kNormChunk - 1) / kNormChunk;
+  std::vector<double> partial(chunks);
+#pragma omp parallel for schedule(static) if (n >= kParallelElements)
+  for (int64_t c = 0; c < chunks; ++c) {
+    double chunk_sq = 0.0;
+    for (int64_t k = c * kNormChunk; k < std::min(n, (c + 1) * kNormChunk); ++k) {
+      chunk_sq += double{g[k]} * g[k];
+    }
+    partial[c] = chunk_sq;
+  }
+  for (double p : partial) *sq += p;
+}
+
+// Calls fn(begin, end) over element ranges of e that may hold non-zero gradients: the listed
+// rows, or the whole tensor in chunks.
+template <typename Fn>
+void ForEachNonzeroRange(const ParamEntry& e, Fn fn) {
+  const int64_t n = e.grad->numel();
+  if (e.nonzero_rows != nullptr) {
+    const int64_t row_len = n / e.grad->dim(0);
+    for (const int32_t row : *e.nonzero_rows) fn(row * row_len, (row + 1) * row_len);
+    return;
+  }
+  const int64_t chunks = (n + kNormChunk - 1) / kNormChunk;
+#pragma omp parallel for schedule(static) if (n >= kParallelElements)
+  for (int64_t c = 0; c < chunks; ++c) fn(c * kNormChunk, std::min(n, (c + 1) * kNormChunk));
+}
+
+}  // namespace
+
+double GlobalGradNorm(absl::Span<const ParamEntry> params) {
+  double sq = 0.0;
+  for (const ParamEntry& e : params) AddSumOfSquares(e, &sq);
   return std::sqrt(sq);
 }
 
-absl::StatusOr<double> ClipGradNorm(absl::Span<const ParamEntry> params, double max_norm) {
+absl::StatusOr<GradClip> ComputeGradClip(absl::Span<const ParamEntry> params, double max_norm) {
   if (!(max_norm > 0.0)) {
     return absl::InvalidArgumentError(absl::StrFormat("max_norm must be > 0, got %g", max_norm));
   }
@@ -167,15 +207,23 @@ absl::StatusOr<double> ClipGradNorm(absl::Span<const ParamEntry> params, double 
   // coefficient can sit one fp32 ulp away, which moves AdamW's first step by a few ulps where
   // |g| is near eps; this way a norm that rounds to torch's fp32 value gives identical grads.
   const float coef = (1.0f / (static_cast<float>(norm) + 1e-6f)) * static_cast<float>(max_norm);
-  if (coef < 1.0f) {  // torch multiplies by clamp(coef, max=1): a no-op when coef >= 1
+  // torch multiplies by clamp(coef, max=1): a no-op when coef >= 1
+  return GradClip{norm, std::min(coef, 1.0f)};
+}
+
+absl::StatusOr<double> ClipGradNorm(absl::Span<const ParamEntry> params, double max_norm) {
+  absl::StatusOr<GradClip> clip = ComputeGradClip(params, max_norm);
+  if (!clip.ok()) return clip.status();
+  const float coef = clip->coef;
+  if (coef < 1.0f) {
     for (const ParamEntry& e : params) {
       float* g = e.grad->data();
-      const int64_t n = e.grad->numel();
-#pragma omp parallel for schedule(static) if (n >= kParallelElements)
-      for (int64_t k = 0; k < n; ++k) g[k] *= coef;
+      ForEachNonzeroRange(e, [&](int64_t begin, int64_t end) {
+        for (int64_t k = begin; k < end; ++k) g[k] *= coef;
+      });
     }
   }
-  return norm;
+  return clip->norm;
 }
 
 double LinearScheduleLr(double base_lr, int64_t step, int64_t warmup_steps, int64_t total_steps) {
@@ -230,9 +278,42 @@ absl::StatusOr<AdamW> AdamW::Create(std::vector<ParamEntry> params, AdamWOptions
   return AdamW(std::move(params), options);
 }
 
-absl::Status AdamW::Step(double lr) {
+namespace {
+
+// Scalars of one parameter's update, as torch's single-tensor AdamW computes them in Python
+// (double), rounded to fp32 where they reach a fp32 kernel.
+struct AdamWScalars {
+  float decay_factor;  // 1 - lr * wd, or exactly 1 for an undecayed tensor (p * 1 == p)
+  float b1, one_minus_b1, b2, one_minus_b2;
+  float eps;
+  float neg_step_size;  // -lr / (1 - b1^t)
+  float bc2_sqrt;       // sqrt(1 - b2^t)
+  float grad_scale;     // the clipping coefficient, or exactly 1
+};
+
+// p, m, v (n) updated in place from g (n). Element-wise: the split across threads and SIMD
+// lanes cannot change any result (vector sqrt and division round like the scalar ones).
+void AdamWUpdate(const AdamWScalars& s, int64_t n, const float* g, float* p, float* m, float* v) {
+#pragma omp simd
+  for (int64_t k = 0; k < n; ++k) {
+    const float grad = g[k] * s.grad_scale;                    // clip_grad_norm_'s g.mul_(coef)
+    p[k] *= s.decay_factor;                                    // param.mul_(1 - lr * wd)
+    m[k] = m[k] * s.b1 + s.one_minus_b1 * grad;                // exp_avg.mul_(b1).add_(g, 1-b1)
+    v[k] = v[k] * s.b2 + s.one_minus_b2 * grad * grad;         // exp_avg_sq...addcmul_(g, g, 1-b2)
+    const float denom = std::sqrt(v[k]) / s.bc2_sqrt + s.eps;  // (v.sqrt() / bc2_sqrt).add_(eps)
+    p[k] += s.neg_step_size * m[k] / denom;                    // param.addcdiv_(m, denom, -step)
+  }
+}
+
+}  // namespace
+
+absl::Status AdamW::Step(double lr, float grad_scale) {
   if (!(lr >= 0.0) || !std::isfinite(lr)) {
     return absl::InvalidArgumentError(absl::StrFormat("AdamW step lr must be >= 0, got %g", lr));
+  }
+  if (!(grad_scale >= 0.0f && grad_scale <= 1.0f)) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("AdamW gradient scale must be in [0, 1], got %g", grad_scale));
   }
   // Check everything before touching anything, so a failed Step leaves no half-update.
   for (const ParamEntry& e : params_) {
@@ -241,43 +322,75 @@ absl::Status AdamW::Step(double lr) {
           absl::StrFormat("gradient of %s has shape %s, parameter has %s", e.name,
                           e.grad->ShapeString(), e.param->ShapeString()));
     }
+    if (e.nonzero_rows != nullptr) {
+      const int64_t rows = e.param->dim(0);
+      int64_t previous = -1;
+      for (const int32_t row : *e.nonzero_rows) {
+        if (row <= previous || row >= rows) {
+          return absl::FailedPreconditionError(absl::StrFormat(
+              "non-zero gradient rows of %s must be ascending, unique and in [0, %d); got %d "
+              "after %d",
+              e.name, rows, row, previous));
+        }
+        previous = row;
+      }
+    }
   }
   const double b1 = options_.beta1, b2 = options_.beta2;
-  // Scalars as torch's single-tensor AdamW computes them in Python (double), rounded to fp32
-  // where they reach a fp32 kernel.
+  AdamWScalars scalars;
+  scalars.b1 = static_cast<float>(b1);
+  scalars.one_minus_b1 = static_cast<float>(1.0 - b1);
+  scalars.b2 = static_cast<float>(b2);
+  scalars.one_minus_b2 = static_cast<float>(1.0 - b2);
+  scalars.eps = static_cast<float>(options_.eps);
+  scalars.grad_scale = grad_scale;
   const float decay_factor = static_cast<float>(1.0 - lr * options_.weight_decay);
-  const float b1f = static_cast<float>(b1), one_minus_b1 = static_cast<float>(1.0 - b1);
-  const float b2f = static_cast<float>(b2), one_minus_b2 = static_cast<float>(1.0 - b2);
-  const float eps = static_cast<float>(options_.eps);
   for (size_t i = 0; i < params_.size(); ++i) {
     const ParamEntry& e = params_[i];
     State& st = state_[i];
     if (st.exp_avg.shape() != e.param->shape()) {  // lazily, on the parameter's first step
       st.exp_avg = Tensor(e.param->shape());
       st.exp_avg_sq = Tensor(e.param->shape());
+      st.live_rows.clear();
       st.step = 0;
     }
     ++st.step;
     const double t = static_cast<double>(st.step);
-    const double bias_correction1 = 1.0 - std::pow(b1, t);
-    const double bias_correction2 = 1.0 - std::pow(b2, t);
-    const float neg_step_size = static_cast<float>(-(lr / bias_correction1));
-    const float bc2_sqrt = static_cast<float>(std::sqrt(bias_correction2));
+    AdamWScalars s = scalars;
+    s.decay_factor = e.decay ? decay_factor : 1.0f;
+    s.neg_step_size = static_cast<float>(-(lr / (1.0 - std::pow(b1, t))));
+    s.bc2_sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(b2, t)));
 
     float* p = e.param->data();
     const float* g = e.grad->data();
     float* m = st.exp_avg.data();
     float* v = st.exp_avg_sq.data();
     const int64_t n = e.param->numel();
-    // Element-wise: the split across threads and SIMD lanes cannot change any result (vector
-    // sqrt and division round like the scalar ones).
-#pragma omp parallel for simd schedule(static) if (n >= kParallelElements)
-    for (int64_t k = 0; k < n; ++k) {
-      if (e.decay) p[k] *= decay_factor;               // param.mul_(1 - lr * wd)
-      m[k] = m[k] * b1f + one_minus_b1 * g[k];         // exp_avg.mul_(b1).add_(g, alpha=1-b1)
-      v[k] = v[k] * b2f + one_minus_b2 * g[k] * g[k];  // exp_avg_sq.mul_(b2).addcmul_(g, g, 1-b2)
-      const float denom = std::sqrt(v[k]) / bc2_sqrt + eps;  // (v.sqrt() / bc2_sqrt).add_(eps)
-      p[k] += neg_step_size * m[k] / denom;                  // param.addcdiv_(m, denom, -step)
+    // A row with m = v = 0 and g = 0 gets m = v = 0, denom = eps and p += (-step * 0) / eps,
+    // which adds a zero: only the decay changes p. With eps = 0 that would be 0/0, so no skip.
+    if (e.nonzero_rows != nullptr && s.eps > 0.0f) {
+      const int64_t rows = e.param->dim(0), row_len = n / rows;
+      if (static_cast<int64_t>(st.live_rows.size()) != rows) st.live_rows.assign(rows, 0);
+      for (const int32_t row : *e.nonzero_rows) st.live_rows[row] = 1;
+      const uint8_t* live = st.live_rows.data();
+#pragma omp parallel for schedule(static) if (n >= kParallelElements)
+      for (int64_t row = 0; row < rows; ++row) {
+        const int64_t at = row * row_len;
+        if (live[row]) {
+          AdamWUpdate(s, row_len, g + at, p + at, m + at, v + at);
+        } else {
+#pragma omp simd
+          for (int64_t k = at; k < at + row_len; ++k) p[k] *= s.decay_factor;
+        }
+      }
+      continue;
+    }
+    constexpr int64_t kBlock = 1 << 12;
+    const int64_t blocks = (n + kBlock - 1) / kBlock;
+#pragma omp parallel for schedule(static) if (n >= kParallelElements)
+    for (int64_t b = 0; b < blocks; ++b) {
+      const int64_t at = b * kBlock;
+      AdamWUpdate(s, std::min(kBlock, n - at), g + at, p + at, m + at, v + at);
     }
   }
   ++step_count_;

@@ -29,6 +29,11 @@ struct ParamEntry {
   Tensor* param;
   Tensor* grad;  // same shape as param
   bool decay;    // apply decoupled weight decay (false for biases and LayerNorm gamma/beta)
+  // When set: the rows (first dimension) whose gradient may be non-zero, ascending and unique;
+  // every other row's gradient is exactly zero. The norm, clipping and AdamW then skip the
+  // zero rows wherever that changes no bit of the result. For the word embeddings, where a
+  // batch uses a few hundred of 30,522 rows. Must stay alive while the optimizer uses it.
+  const std::vector<int32_t>* nonzero_rows = nullptr;
 };
 
 // Which parameters fine-tuning updates.
@@ -65,6 +70,15 @@ void ZeroGrads(absl::Span<const ParamEntry> params);
 // parameter with a non-finite gradient and leaves the gradients untouched: the caller must
 // abort (the step would corrupt the weights). max_norm must be > 0.
 absl::StatusOr<double> ClipGradNorm(absl::Span<const ParamEntry> params, double max_norm);
+
+// ClipGradNorm's decision without touching the gradients: the pre-clip norm and the factor
+// `coef` (1 when the norm is within max_norm) that AdamW::Step(lr, coef) applies as it reads
+// each gradient, saving a pass over them. Same errors as ClipGradNorm.
+struct GradClip {
+  double norm = 0.0;
+  float coef = 1.0f;
+};
+absl::StatusOr<GradClip> ComputeGradClip(absl::Span<const ParamEntry> params, double max_norm);
 
 // The global L2 norm of the gradients, without clipping (NaN/Inf propagate).
 double GlobalGradNorm(absl::Span<const ParamEntry> params);
@@ -103,9 +117,13 @@ class AdamW {
   // (non-null, grad shape == param shape, unique names).
   static absl::StatusOr<AdamW> Create(std::vector<ParamEntry> params, AdamWOptions options = {});
 
-  // One update of every parameter at learning rate `lr` (typically from LinearScheduleLr).
-  // Moment buffers m and v are allocated (zeroed) on a parameter's first step.
-  absl::Status Step(double lr);
+  // One update of every parameter at learning rate `lr` (typically from LinearScheduleLr),
+  // reading each gradient as g * grad_scale (GradClip::coef: the same fp32 product
+  // ClipGradNorm would have stored; grads themselves are not modified).
+  // Moment buffers m and v are allocated (zeroed) on a parameter's first step. For an entry
+  // with nonzero_rows, a row whose gradient has been zero at every step so far has m = v = 0,
+  // and its update is exactly the decay p *= 1 - lr * wd (when eps > 0): only that is done.
+  absl::Status Step(double lr, float grad_scale = 1.0f);
   // One update at options().lr.
   absl::Status Step() { return Step(options_.lr); }
 
@@ -119,6 +137,9 @@ class AdamW {
     int64_t step = 0;
     Tensor exp_avg;     // m
     Tensor exp_avg_sq;  // v
+    // For an entry with nonzero_rows: 1 for each row that has had a non-zero gradient row
+    // listed (its m, v may be non-zero); empty otherwise.
+    std::vector<uint8_t> live_rows;
   };
   const State& state(size_t i) const { return state_[i]; }
 

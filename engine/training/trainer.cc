@@ -67,6 +67,12 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(std::shared_ptr<const M
   absl::StatusOr<std::vector<ParamEntry>> params = CollectTrainableParameters(
       &trainer->weights_, &trainer->grads_, options.trainable, head, head_grads);
   if (!params.ok()) return params.status();
+  for (ParamEntry& entry : *params) {
+    // Rows of unused tokens have zero gradients: the norm and AdamW skip them exactly.
+    if (entry.grad == &trainer->grads_.word_embeddings) {
+      entry.nonzero_rows = &trainer->backward_.word_rows;
+    }
+  }
   absl::StatusOr<AdamW> optimizer = AdamW::Create(std::move(*params), options.adamw);
   if (!optimizer.ok()) return optimizer.status();
   trainer->optimizer_.emplace(std::move(*optimizer));
@@ -195,22 +201,24 @@ absl::StatusOr<StepResult> Trainer::Step(const TrainingBatch& batch) {
     PoolBackward(forward->output.data(), H, forward->seq_offsets, pooling, d_pooled.data(),
                  d_output.data());
     const bool embedding_grads = options_.trainable == TrainableSet::kAll;
-    if (absl::Status status =
-            EncoderBackward(config, weights_, *forward, d_output.data(), &grads_, embedding_grads);
+    if (absl::Status status = EncoderBackward(config, weights_, *forward, d_output.data(), &grads_,
+                                              embedding_grads, &backward_);
         !status.ok()) {
       return status;
     }
   }
 
   StepResult result;
+  float grad_scale = 1.0f;  // the clipping coefficient, applied as AdamW reads the gradients
   if (options_.max_grad_norm > 0) {
-    absl::StatusOr<double> norm = ClipGradNorm(optimizer_->params(), options_.max_grad_norm);
-    if (!norm.ok()) {
+    absl::StatusOr<GradClip> clip = ComputeGradClip(optimizer_->params(), options_.max_grad_norm);
+    if (!clip.ok()) {
       return absl::OutOfRangeError(absl::StrCat("gradient is not finite at step ", steps_ + 1, " (",
-                                                norm.status().message(),
+                                                clip.status().message(),
                                                 "); the weights are unchanged"));
     }
-    result.grad_norm = *norm;
+    result.grad_norm = clip->norm;
+    grad_scale = clip->coef;
   } else {
     result.grad_norm = GlobalGradNorm(optimizer_->params());
     if (!std::isfinite(result.grad_norm)) {
@@ -227,7 +235,9 @@ absl::StatusOr<StepResult> Trainer::Step(const TrainingBatch& batch) {
             ? options_.adamw.lr * static_cast<double>(steps_) / options_.warmup_steps
             : options_.adamw.lr;
   }
-  if (absl::Status stepped = optimizer_->Step(result.learning_rate); !stepped.ok()) return stepped;
+  if (absl::Status stepped = optimizer_->Step(result.learning_rate, grad_scale); !stepped.ok()) {
+    return stepped;
+  }
 
   ++steps_;
   result.step = steps_;

@@ -98,6 +98,9 @@ class Trainer {
   // The last step's activations, kept so the next step reuses the buffers (EncoderForwardTraining
   // with a TrainingForward*): the same peak memory, without ~0.3 GB of fresh pages per step.
   TrainingForward forward_;
+  // The backward's buffers, and which word-embedding gradient rows are non-zero (the
+  // optimizer's entry for the word embeddings points at backward_.word_rows).
+  BackwardWorkspace backward_;
 };
 
 }  // namespace attn

@@ -8,6 +8,7 @@
 
 #include <cmath>
 #include <random>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -112,6 +113,46 @@ TEST(EncoderBackwardTest, MatchesFiniteDifferencesWithDropout) {
   options.seed = 1234;
   options.step = 3;
   CheckGradients(options);
+}
+
+TEST(EncoderBackwardTest, WorkspaceReuseGivesTheSameGradientsAsFreshCalls) {
+  // A trainer reuses one workspace and one set of gradient buffers: the second call clears
+  // only the word rows the first one used, and the result must equal a fresh computation.
+  const BertConfig config = TinyConfig();
+  std::mt19937 rng(17);
+  const BertWeights weights = RandomWeights(config, rng);
+  const std::vector<std::vector<SequenceInput>> batches = {
+      {{{1, 5, 9, 5, 2}, {}}, {{1, 22, 2}, {}}},
+      {{{1, 7, 2}, {0, 1, 1}}, {{3, 4, 5, 6, 2}, {}}, {{1, 9, 9, 2}, {}}},
+      {{{1, 2}, {}}}};
+  BertWeights reused = ZerosLike(weights);
+  BackwardWorkspace workspace;
+  for (size_t i = 0; i < batches.size(); ++i) {
+    auto forward = EncoderForwardTraining(config, weights, batches[i], {});
+    ASSERT_TRUE(forward.ok()) << forward.status();
+    Tensor d_output(forward->output.shape());
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    for (float& v : d_output.values()) v = normal(rng);
+    BertWeights fresh = ZerosLike(weights);
+    ASSERT_TRUE(EncoderBackward(config, weights, *forward, d_output.data(), &fresh).ok());
+    ASSERT_TRUE(
+        EncoderBackward(config, weights, *forward, d_output.data(), &reused, true, &workspace)
+            .ok());
+    const auto expected = EngineTensors(&fresh), got = EngineTensors(&reused);
+    for (size_t t = 0; t < expected.size(); ++t) {
+      EXPECT_EQ(got[t].second->values(), expected[t].second->values())
+          << "batch " << i << " " << expected[t].first;
+    }
+    // The recorded rows are the batch's token ids, and every other word row is zero.
+    std::set<int32_t> ids(forward->token_ids.begin(), forward->token_ids.end());
+    EXPECT_EQ(workspace.word_rows, std::vector<int32_t>(ids.begin(), ids.end()));
+    for (int64_t row = 0; row < config.vocab_size; ++row) {
+      if (ids.count(static_cast<int32_t>(row))) continue;
+      for (int64_t c = 0; c < config.hidden_size; ++c) {
+        ASSERT_EQ(reused.word_embeddings.data()[row * config.hidden_size + c], 0.0f) << row;
+      }
+    }
+  }
 }
 
 TEST(EncoderBackwardTest, TrainingForwardWithoutDropoutEqualsInference) {

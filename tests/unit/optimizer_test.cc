@@ -214,6 +214,109 @@ TEST(ClipGradNormTest, NonFiniteNormIsAnErrorNamingTheTensor) {
             absl::StatusCode::kInvalidArgument);
 }
 
+TEST(ClipGradNormTest, ComputeGradClipThenScaledStepEqualsClipThenStep) {
+  // The trainer folds the clip into AdamW's read of the gradients: bit-identical weights.
+  std::mt19937 rng(5);
+  const Tensor w0 = RandomTensor({64, 8}, rng), g0 = RandomTensor({64, 8}, rng, 3.0f);
+  Tensor w_clip = w0, g_clip = g0, w_fold = w0, g_fold = g0;
+  const std::vector<ParamEntry> clipped = {{"w", &w_clip, &g_clip, true}};
+  const std::vector<ParamEntry> folded = {{"w", &w_fold, &g_fold, true}};
+  AdamW opt_clip = *AdamW::Create(clipped), opt_fold = *AdamW::Create(folded);
+
+  absl::StatusOr<double> norm = ClipGradNorm(clipped, 1.0);
+  absl::StatusOr<GradClip> clip = ComputeGradClip(folded, 1.0);
+  ASSERT_TRUE(norm.ok() && clip.ok());
+  EXPECT_EQ(*norm, clip->norm);
+  ASSERT_LT(clip->coef, 1.0f);
+  EXPECT_EQ(g_fold.values(), g0.values());  // ComputeGradClip leaves the gradients alone
+  ASSERT_TRUE(opt_clip.Step(1e-3).ok());
+  ASSERT_TRUE(opt_fold.Step(1e-3, clip->coef).ok());
+  EXPECT_EQ(w_fold.values(), w_clip.values());
+  EXPECT_EQ(opt_fold.state(0).exp_avg_sq.values(), opt_clip.state(0).exp_avg_sq.values());
+
+  Tensor p({1}), g({1}, {1.0f});
+  AdamW opt = *AdamW::Create({{"p", &p, &g, true}});
+  EXPECT_EQ(opt.Step(1e-3, 1.5f).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(opt.Step(1e-3, std::nanf("")).code(), absl::StatusCode::kInvalidArgument);
+}
+
+// ------------------------------------------------------------------------------------------
+// Row-sparse gradients (ParamEntry::nonzero_rows): the same bits as the dense walk.
+
+TEST(SparseRowsTest, NormClipAndAdamWAreBitIdenticalToDense) {
+  // 3000 rows of 24: the norm's 16384-element chunks straddle rows, and rows come and go.
+  constexpr int64_t kRows = 3000, kCols = 24;
+  std::mt19937 rng(9);
+  const Tensor w0 = RandomTensor({kRows, kCols}, rng);
+  Tensor w_dense = w0, g_dense({kRows, kCols}), w_sparse = w0, g_sparse({kRows, kCols});
+  Tensor b_dense = RandomTensor({5}, rng), b_sparse = b_dense, gb_dense({5}), gb_sparse({5});
+  std::vector<int32_t> rows;
+  const std::vector<ParamEntry> dense = {{"emb", &w_dense, &g_dense, true},
+                                         {"bias", &b_dense, &gb_dense, false}};
+  std::vector<ParamEntry> sparse = {{"emb", &w_sparse, &g_sparse, true},
+                                    {"bias", &b_sparse, &gb_sparse, false}};
+  sparse[0].nonzero_rows = &rows;
+  AdamW opt_dense = *AdamW::Create(dense), opt_sparse = *AdamW::Create(sparse);
+
+  std::uniform_int_distribution<int32_t> pick(0, kRows - 1);
+  const double lrs[] = {0.0, 1e-2, 5e-3, 2e-2, 1e-2};  // lr 0 first, as with warm-up
+  for (int step = 0; step < 5; ++step) {
+    std::fill(g_dense.values().begin(), g_dense.values().end(), 0.0f);
+    std::fill(g_sparse.values().begin(), g_sparse.values().end(), 0.0f);
+    std::set<int32_t> used;
+    for (int k = 0; k < 40; ++k) used.insert(pick(rng));
+    used.insert(step == 0 ? 0 : kRows - 1);  // first and last rows too
+    rows.assign(used.begin(), used.end());
+    std::normal_distribution<float> normal(0.0f, step == 2 ? 50.0f : 0.5f);  // step 2 clips
+    for (const int32_t row : rows) {
+      for (int64_t c = 0; c < kCols; ++c) {
+        g_dense.data()[row * kCols + c] = g_sparse.data()[row * kCols + c] = normal(rng);
+      }
+    }
+    g_dense.data()[rows[0] * kCols] = g_sparse.data()[rows[0] * kCols] = 0.0f;  // zeros inside
+    for (int64_t i = 0; i < 5; ++i) gb_dense.data()[i] = gb_sparse.data()[i] = normal(rng);
+
+    ASSERT_EQ(GlobalGradNorm(sparse), GlobalGradNorm(dense)) << "step " << step;
+    absl::StatusOr<double> norm_dense = ClipGradNorm(dense, 1.0);
+    absl::StatusOr<GradClip> clip_sparse = ComputeGradClip(sparse, 1.0);
+    ASSERT_TRUE(norm_dense.ok() && clip_sparse.ok());
+    ASSERT_EQ(clip_sparse->norm, *norm_dense);
+    ASSERT_TRUE(opt_dense.Step(lrs[step]).ok());
+    ASSERT_TRUE(opt_sparse.Step(lrs[step], clip_sparse->coef).ok());
+    ASSERT_EQ(w_sparse.values(), w_dense.values()) << "step " << step;
+    ASSERT_EQ(b_sparse.values(), b_dense.values()) << "step " << step;
+    ASSERT_EQ(opt_sparse.state(0).exp_avg.values(), opt_dense.state(0).exp_avg.values());
+    ASSERT_EQ(opt_sparse.state(0).exp_avg_sq.values(), opt_dense.state(0).exp_avg_sq.values());
+  }
+  // A row never listed only decayed; the sparse clip scales only listed rows, like the dense.
+  int32_t never = 0;
+  while (opt_sparse.state(0).live_rows[never]) ++never;
+  EXPECT_NE(w_sparse.data()[never * kCols], w0.data()[never * kCols]);
+  const std::vector<int32_t> listed = rows;
+  for (float& g : g_sparse.values()) g = 0.0f;
+  for (const int32_t row : listed) g_sparse.data()[row * kCols] = 10.0f;
+  g_dense = g_sparse;
+  gb_dense = gb_sparse;
+  ASSERT_TRUE(ClipGradNorm(sparse, 1.0).ok());
+  ASSERT_TRUE(ClipGradNorm(dense, 1.0).ok());
+  EXPECT_EQ(g_sparse.values(), g_dense.values());
+}
+
+TEST(SparseRowsTest, MalformedRowListIsRejectedBeforeAnyUpdate) {
+  Tensor w({4, 2}, {1, 2, 3, 4, 5, 6, 7, 8}), g({4, 2});
+  for (const std::vector<int32_t>& bad : {std::vector<int32_t>{2, 1}, {1, 1}, {4}, {-1}}) {
+    std::vector<int32_t> rows = bad;
+    std::vector<ParamEntry> params = {{"emb", &w, &g, true}};
+    params[0].nonzero_rows = &rows;
+    AdamW opt = *AdamW::Create(params);
+    const Tensor before = w;
+    absl::Status status = opt.Step(1e-2);
+    EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition) << status;
+    EXPECT_NE(status.message().find("emb"), std::string::npos) << status;
+    EXPECT_EQ(w.values(), before.values());
+  }
+}
+
 // ------------------------------------------------------------------------------------------
 // TrainableSet
 
