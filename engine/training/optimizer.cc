@@ -7,6 +7,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "engine/ops/avx512_math.h"
+#include "engine/ops/cpu_kernels.h"
 
 namespace attn {
 namespace {
@@ -291,10 +293,10 @@ struct AdamWScalars {
   float grad_scale;     // the clipping coefficient, or exactly 1
 };
 
-// p, m, v (n) updated in place from g (n). Element-wise: the split across threads and SIMD
-// lanes cannot change any result (vector sqrt and division round like the scalar ones).
-void AdamWUpdate(const AdamWScalars& s, int64_t n, const float* g, float* p, float* m, float* v) {
-#pragma omp simd
+// p, m, v (n) updated in place from g (n), one element at a time: the reference the AVX-512
+// kernel must match bit for bit. (GCC keeps this loop scalar: std::sqrt may set errno.)
+void AdamWUpdatePortable(const AdamWScalars& s, int64_t n, const float* g, float* p, float* m,
+                         float* v) {
   for (int64_t k = 0; k < n; ++k) {
     const float grad = g[k] * s.grad_scale;                    // clip_grad_norm_'s g.mul_(coef)
     p[k] *= s.decay_factor;                                    // param.mul_(1 - lr * wd)
@@ -302,6 +304,42 @@ void AdamWUpdate(const AdamWScalars& s, int64_t n, const float* g, float* p, flo
     v[k] = v[k] * s.b2 + s.one_minus_b2 * grad * grad;         // exp_avg_sq...addcmul_(g, g, 1-b2)
     const float denom = std::sqrt(v[k]) / s.bc2_sqrt + s.eps;  // (v.sqrt() / bc2_sqrt).add_(eps)
     p[k] += s.neg_step_size * m[k] / denom;                    // param.addcdiv_(m, denom, -step)
+  }
+}
+
+// The same operations in the same order, 16 lanes at a time. Vector sqrt, division and
+// products round exactly like the scalar ones, and this file is compiled without
+// floating-point contraction (engine/CMakeLists.txt), so no multiply-add is fused.
+ATTN_AVX512 void AdamWUpdateAvx512(const AdamWScalars& s, int64_t n, const float* g, float* p,
+                                   float* m, float* v) {
+  const __m512 grad_scale = _mm512_set1_ps(s.grad_scale);
+  const __m512 decay_factor = _mm512_set1_ps(s.decay_factor);
+  const __m512 b1 = _mm512_set1_ps(s.b1), one_minus_b1 = _mm512_set1_ps(s.one_minus_b1);
+  const __m512 b2 = _mm512_set1_ps(s.b2), one_minus_b2 = _mm512_set1_ps(s.one_minus_b2);
+  const __m512 bc2_sqrt = _mm512_set1_ps(s.bc2_sqrt), eps = _mm512_set1_ps(s.eps);
+  const __m512 neg_step_size = _mm512_set1_ps(s.neg_step_size);
+  for (int64_t k = 0; k < n; k += 16) {
+    const __mmask16 lanes = avx512::TailMask(n - k);
+    const __m512 grad = _mm512_mul_ps(_mm512_maskz_loadu_ps(lanes, g + k), grad_scale);
+    const __m512 decayed = _mm512_mul_ps(_mm512_maskz_loadu_ps(lanes, p + k), decay_factor);
+    const __m512 m_new = _mm512_add_ps(_mm512_mul_ps(_mm512_maskz_loadu_ps(lanes, m + k), b1),
+                                       _mm512_mul_ps(one_minus_b1, grad));
+    const __m512 v_new = _mm512_add_ps(_mm512_mul_ps(_mm512_maskz_loadu_ps(lanes, v + k), b2),
+                                       _mm512_mul_ps(_mm512_mul_ps(one_minus_b2, grad), grad));
+    const __m512 denom = _mm512_add_ps(_mm512_div_ps(_mm512_sqrt_ps(v_new), bc2_sqrt), eps);
+    const __m512 p_new =
+        _mm512_add_ps(decayed, _mm512_div_ps(_mm512_mul_ps(neg_step_size, m_new), denom));
+    _mm512_mask_storeu_ps(m + k, lanes, m_new);
+    _mm512_mask_storeu_ps(v + k, lanes, v_new);
+    _mm512_mask_storeu_ps(p + k, lanes, p_new);
+  }
+}
+
+void AdamWUpdate(const AdamWScalars& s, int64_t n, const float* g, float* p, float* m, float* v) {
+  if (UseAvx512Kernels()) {
+    AdamWUpdateAvx512(s, n, g, p, m, v);
+  } else {
+    AdamWUpdatePortable(s, n, g, p, m, v);
   }
 }
 

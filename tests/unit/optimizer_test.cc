@@ -19,6 +19,7 @@
 
 #include "absl/strings/match.h"
 #include "engine/model_config.h"
+#include "engine/ops/cpu_kernels.h"
 #include "engine/safetensors.h"
 #include "engine/weights.h"
 #include "nlohmann/json.hpp"
@@ -238,6 +239,33 @@ TEST(ClipGradNormTest, ComputeGradClipThenScaledStepEqualsClipThenStep) {
   AdamW opt = *AdamW::Create({{"p", &p, &g, true}});
   EXPECT_EQ(opt.Step(1e-3, 1.5f).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(opt.Step(1e-3, std::nanf("")).code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(AdamWTest, Avx512KernelIsBitIdenticalToThePortableOne) {
+  if (!UseAvx512Kernels()) GTEST_SKIP() << "no AVX-512 on this CPU";
+  std::mt19937 rng(21);
+  const Tensor w0 = RandomTensor({1000, 37}, rng), b0 = RandomTensor({37}, rng);  // odd tails
+  Tensor w_vec = w0, w_ref = w0, b_vec = b0, b_ref = b0, dw({1000, 37}), db({37});
+  AdamWOptions options;
+  options.lr = 1e-2;
+  options.weight_decay = 0.1;
+  AdamW vec = *AdamW::Create({{"w", &w_vec, &dw, true}, {"b", &b_vec, &db, false}}, options);
+  AdamW ref = *AdamW::Create({{"w", &w_ref, &dw, true}, {"b", &b_ref, &db, false}}, options);
+  for (int step = 0; step < 4; ++step) {
+    for (float& g : dw.values())
+      g = std::normal_distribution<float>(0, step == 1 ? 1e-8f : 0.3f)(rng);
+    for (float& g : db.values()) g = std::normal_distribution<float>(0, 0.3f)(rng);
+    dw.data()[5] = 0.0f;
+    const float scale = step == 2 ? 0.37f : 1.0f;
+    ASSERT_TRUE(vec.Step(1e-2, scale).ok());
+    SetAvx512KernelsEnabledForTesting(false);
+    const absl::Status portable = ref.Step(1e-2, scale);
+    SetAvx512KernelsEnabledForTesting(true);
+    ASSERT_TRUE(portable.ok());
+    ASSERT_EQ(w_vec.values(), w_ref.values()) << "step " << step;
+    ASSERT_EQ(b_vec.values(), b_ref.values()) << "step " << step;
+    ASSERT_EQ(vec.state(0).exp_avg_sq.values(), ref.state(0).exp_avg_sq.values());
+  }
 }
 
 // ------------------------------------------------------------------------------------------
