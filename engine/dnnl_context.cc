@@ -69,6 +69,11 @@ void ExecContext::Execute(const CachedPrimitive& cached,
   stream_.wait();
 }
 
+float* ExecContext::OperandBuffer(int64_t floats) {
+  if (static_cast<int64_t>(operand_.size()) < floats) operand_.resize(floats);
+  return operand_.data();
+}
+
 dnnl::memory::desc RowMajorDesc(const dnnl::memory::dims& dims) {
   dnnl::memory::dims strides(dims.size(), 1);
   for (int i = static_cast<int>(dims.size()) - 2; i >= 0; --i) {

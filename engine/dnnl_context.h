@@ -61,10 +61,15 @@ class ExecContext {
   // Executes `cached` with `args` plus this context's scratchpad, and waits.
   void Execute(const CachedPrimitive& cached, std::unordered_map<int, dnnl::memory> args);
 
+  // At least `floats` of working memory for an op's rearranged operand; valid until the next
+  // call. Grows and never shrinks: keep the context to reuse it.
+  float* OperandBuffer(int64_t floats);
+
  private:
   DnnlRuntime& runtime_;
   dnnl::stream stream_;
   FloatBuffer scratchpad_;
+  FloatBuffer operand_;
 };
 
 // Builds a plain row-major f32 desc from dims.

@@ -72,6 +72,38 @@ void SumRows(const float* dy, int64_t rows, int64_t cols, bool accumulate, float
 
 }  // namespace
 
+namespace {
+
+// out (cols, rows) (+)= in (rows, cols)^T, in 32 x 32 tiles so both sides stay in cache.
+void Transpose(const float* in, int64_t rows, int64_t cols, bool accumulate, float* out) {
+  constexpr int64_t kTile = 32;
+  const int64_t row_tiles = (rows + kTile - 1) / kTile;
+#pragma omp parallel for schedule(static) if (rows * cols >= (1 << 16))
+  for (int64_t tile = 0; tile < row_tiles; ++tile) {
+    const int64_t r_end = std::min(rows, (tile + 1) * kTile);
+    for (int64_t c0 = 0; c0 < cols; c0 += kTile) {
+      const int64_t c_end = std::min(cols, c0 + kTile);
+      for (int64_t c = c0; c < c_end; ++c) {
+        float* dst = out + c * rows;
+        for (int64_t r = tile * kTile; r < r_end; ++r) {
+          dst[r] = accumulate ? dst[r] + in[r * cols + c] : in[r * cols + c];
+        }
+      }
+    }
+  }
+}
+
+// oneDNN 2.6's brgemm matmul is slow when B is a plain row-major matrix with fewer rows than
+// columns: at 2,048 tokens, dx = dy · W and dW = dy^T · x of MiniLM's FFN output layer
+// (N = 384 < K = 1536) ran 12-25% slower than the same products with B transposed. For such
+// layers (and enough rows to pay for the transposes) dx uses a transposed copy of W and dW is
+// computed transposed, dW^T = x^T · dy, then transposed into place.
+bool TransposedBackward(int64_t rows, int64_t out_features, int64_t in_features) {
+  return rows >= 256 && out_features < in_features;
+}
+
+}  // namespace
+
 void LinearBackward(ExecContext& ctx, const float* x, int64_t rows, const Tensor& weight,
                     const float* dy, float* dx, Tensor* dweight, Tensor* dbias, bool accumulate) {
   const int64_t out_features = weight.dim(0);  // N
@@ -85,12 +117,21 @@ void LinearBackward(ExecContext& ctx, const float* x, int64_t rows, const Tensor
   }
   const memory::desc x_desc = RowMajorDesc({rows, in_features});    // (M, K)
   const memory::desc dy_desc = RowMajorDesc({rows, out_features});  // (M, N)
+  const bool transposed = TransposedBackward(rows, out_features, in_features);
 
   if (dx != nullptr) {
-    // forward: y = x · W^T   =>   dx (M, K) = dy (M, N) · W (N, K); W is used as stored.
-    const memory::desc w_desc = RowMajorDesc({out_features, in_features});
-    const std::string key =
-        absl::StrCat("linear_bwd_data:", rows, "x", in_features, "x", out_features);
+    // forward: y = x · W^T   =>   dx (M, K) = dy (M, N) · W (N, K): W as stored, or W^T (K, N)
+    // row-major read with strides (1, N).
+    const float* w = weight.data();
+    memory::desc w_desc = RowMajorDesc({out_features, in_features});
+    if (transposed) {
+      float* w_transposed = ctx.OperandBuffer(out_features * in_features);
+      Transpose(weight.data(), out_features, in_features, /*accumulate=*/false, w_transposed);
+      w = w_transposed;
+      w_desc = StridedDesc({out_features, in_features}, {1, out_features});
+    }
+    const std::string key = absl::StrCat("linear_bwd_data:", rows, "x", in_features, "x",
+                                         out_features, transposed ? ":wt" : "");
     const CachedPrimitive cached = ctx.runtime().GetOrCreate(key, [&] {
       dnnl::primitive_attr attr;
       attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
@@ -99,11 +140,30 @@ void LinearBackward(ExecContext& ctx, const float* x, int64_t rows, const Tensor
       return CachedPrimitive{dnnl::matmul(pd), pd.scratchpad_desc()};
     });
     ctx.Execute(cached, {{DNNL_ARG_SRC, ctx.Wrap(dy_desc, dy)},
-                         {DNNL_ARG_WEIGHTS, ctx.Wrap(w_desc, weight.data())},
+                         {DNNL_ARG_WEIGHTS, ctx.Wrap(w_desc, w)},
                          {DNNL_ARG_DST, ctx.Wrap(x_desc, dx)}});
   }
 
-  if (dweight != nullptr) {
+  if (dweight != nullptr && transposed) {
+    // dW^T (K, N) = x^T (K, M) · dy (M, N), x^T read with strides (1, K); then dW (+)= its
+    // transpose.
+    const memory::desc xt_desc = StridedDesc({in_features, rows}, {1, in_features});
+    const memory::desc dwt_desc = RowMajorDesc({in_features, out_features});
+    const std::string key =
+        absl::StrCat("linear_bwd_weights_t:", rows, "x", in_features, "x", out_features);
+    const CachedPrimitive cached = ctx.runtime().GetOrCreate(key, [&] {
+      dnnl::primitive_attr attr;
+      attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+      dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(xt_desc, dy_desc, dwt_desc), attr,
+                                      ctx.engine());
+      return CachedPrimitive{dnnl::matmul(pd), pd.scratchpad_desc()};
+    });
+    float* dw_transposed = ctx.OperandBuffer(out_features * in_features);
+    ctx.Execute(cached, {{DNNL_ARG_SRC, ctx.Wrap(xt_desc, x)},
+                         {DNNL_ARG_WEIGHTS, ctx.Wrap(dy_desc, dy)},
+                         {DNNL_ARG_DST, ctx.Wrap(dwt_desc, dw_transposed)}});
+    Transpose(dw_transposed, in_features, out_features, accumulate, dweight->data());
+  } else if (dweight != nullptr) {
     // forward: y[m, n] = sum_k x[m, k] W[n, k]   =>   dW (N, K) (+)= dy^T (N, M) · x (M, K).
     // dy^T is dy's bytes read with strides (1, N); accumulation is a sum post-op on dW.
     const memory::desc dyt_desc = StridedDesc({out_features, rows}, {1, out_features});

@@ -283,7 +283,8 @@ void WordEmbeddingBackward(const TrainingForward& f, const float* d_static, int6
 void RunBackward(const BertConfig& config, const BertWeights& weights, const TrainingForward& f,
                  const float* d_output, BertWeights* grads, bool compute_embedding_grads,
                  BackwardWorkspace* ws) {
-  ExecContext ctx;
+  if (ws->context == nullptr) ws->context = std::make_unique<ExecContext>();
+  ExecContext& ctx = *ws->context;
   const int64_t H = config.hidden_size, I = config.intermediate_size;
   const float eps = config.layer_norm_eps;
   const float p_hidden = f.options.hidden_dropout;

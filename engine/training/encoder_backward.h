@@ -15,9 +15,11 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "engine/dnnl_context.h"
 #include "engine/encoder.h"
 #include "engine/model_config.h"
 #include "engine/tensor.h"
@@ -85,6 +87,8 @@ BertWeights ZerosLike(const BertWeights& weights);
 
 // What the backward reuses from one call to the next; a trainer keeps one per job.
 struct BackwardWorkspace {
+  // oneDNN stream, scratchpad and operand buffer, kept so no step allocates them again.
+  std::unique_ptr<ExecContext> context;
   // Gradient buffers, reallocated only when the batch's token count changes.
   Tensor d_hidden, d_sum, d_attn_out, d_context, d_input;  // (M, H)
   Tensor d_ffn_act, d_ffn_pre;                             // (M, I)

@@ -192,10 +192,12 @@ INSTANTIATE_TEST_SUITE_P(SmallShapes, LinearBackwardTest,
                                            LinearShape{1, 4, 3}, LinearShape{1, 1, 1}));
 
 // Model-sized shapes (oneDNN picks blocked/JIT kernels, db takes the OpenMP path) against the
-// closed-form gradients in double.
+// closed-form gradients in double. {300, 1536, 384} and {256, 96, 64} have fewer outputs than
+// inputs and enough rows for the transposed dx/dW formulation.
 TEST(LinearBackwardLargeTest, MatchesNaiveClosedForm) {
-  for (const LinearShape s : {LinearShape{64, 384, 96}, LinearShape{37, 1536, 384},
-                              LinearShape{256, 64, 384}, LinearShape{300, 384, 1536}}) {
+  for (const LinearShape s :
+       {LinearShape{64, 384, 96}, LinearShape{37, 1536, 384}, LinearShape{256, 64, 384},
+        LinearShape{300, 384, 1536}, LinearShape{300, 1536, 384}, LinearShape{256, 96, 64}}) {
     std::mt19937 rng(static_cast<unsigned>(s.rows));
     const Tensor x = RandomTensor({s.rows, s.in}, rng);
     const Tensor w = RandomTensor({s.out, s.in}, rng, 0.05f);
@@ -218,6 +220,14 @@ TEST(LinearBackwardLargeTest, MatchesNaiveClosedForm) {
     EXPECT_LT(RelativeError(dx.data(), dx_ref), kTolerance) << s.rows << "x" << s.in;
     EXPECT_LT(RelativeError(dw.data(), dw_ref), kTolerance) << s.rows << "x" << s.in;
     EXPECT_LT(RelativeError(db.data(), db_ref), kTolerance) << s.rows << "x" << s.in;
+
+    // accumulate adds to what dW and db held.
+    Tensor dw_acc = RandomTensor({s.out, s.in}, rng), db_acc = RandomTensor({s.out}, rng);
+    for (int64_t i = 0; i < dw_acc.numel(); ++i) dw_ref[i] += dw_acc.data()[i];
+    for (int64_t i = 0; i < db_acc.numel(); ++i) db_ref[i] += db_acc.data()[i];
+    LinearBackward(ctx, x.data(), s.rows, w, dy.data(), nullptr, &dw_acc, &db_acc, true);
+    EXPECT_LT(RelativeError(dw_acc.data(), dw_ref), kTolerance) << s.rows << "x" << s.in;
+    EXPECT_LT(RelativeError(db_acc.data(), db_ref), kTolerance) << s.rows << "x" << s.in;
   }
 }
 
