@@ -9,6 +9,7 @@
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 
+#include <cmath>
 #include <cstdint>
 
 #define ATTN_AVX512 __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,fma,avx2")))
@@ -64,6 +65,34 @@ ATTN_AVX512 inline __m512 GeluErf(__m512 x) {
   const __m512 erf = _mm512_or_ps(erf_abs, sign);
   return _mm512_mul_ps(_mm512_mul_ps(x, _mm512_set1_ps(0.5f)),
                        _mm512_add_ps(erf, _mm512_set1_ps(1.0f)));
+}
+
+// LayerNorm of one row, given the lane-wise sums of its elements (the caller's first pass):
+//   mean = sum / cols; variance = mean of (x - mean)^2 (a second pass, not E[x^2] - mean^2);
+//   y = (x - mean) * (1 / sqrt(variance + eps)) * gamma + beta.
+// y may alias x. Training and inference share it, so both round alike. Returns the variance
+// and stores the mean in *mean.
+ATTN_AVX512 inline float NormalizeRow(const float* x, int64_t cols, __m512 sum, const float* gamma,
+                                      const float* beta, float eps, float* y, float* mean) {
+  *mean = _mm512_reduce_add_ps(sum) / static_cast<float>(cols);
+  const __m512 mean_vec = _mm512_set1_ps(*mean);
+  __m512 sq = _mm512_setzero_ps();
+  for (int64_t j = 0; j < cols; j += 16) {
+    const __mmask16 k = TailMask(cols - j);
+    const __m512 d = _mm512_maskz_sub_ps(k, _mm512_maskz_loadu_ps(k, x + j), mean_vec);
+    sq = _mm512_fmadd_ps(d, d, sq);
+  }
+  const float variance = _mm512_reduce_add_ps(sq) / static_cast<float>(cols);
+  const __m512 rstd = _mm512_set1_ps(1.0f / std::sqrt(variance + eps));
+  for (int64_t j = 0; j < cols; j += 16) {
+    const __mmask16 k = TailMask(cols - j);
+    const __m512 xhat =
+        _mm512_mul_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, x + j), mean_vec), rstd);
+    _mm512_mask_storeu_ps(y + j, k,
+                          _mm512_fmadd_ps(xhat, _mm512_maskz_loadu_ps(k, gamma + j),
+                                          _mm512_maskz_loadu_ps(k, beta + j)));
+  }
+  return variance;
 }
 
 }  // namespace avx512

@@ -48,31 +48,6 @@ float DequantizePortable(const Int8Accumulators& in, int64_t m, int64_t cols, in
 // ---------------------------------------------------------------------------------------------
 // AVX-512 row kernels: the same formulas, 16 lanes at a time, masked tails.
 
-ATTN_AVX512 float ReduceAdd(__m512 v) { return _mm512_reduce_add_ps(v); }
-
-// Normalises y (cols, already holding x + residual) in place; returns nothing.
-ATTN_AVX512 void LayerNormInPlaceAvx512(float* y, int64_t cols, const float* gamma,
-                                        const float* beta, float eps, __m512 sum_vec) {
-  const float mean = ReduceAdd(sum_vec) / static_cast<float>(cols);
-  const __m512 mean_vec = _mm512_set1_ps(mean);
-  __m512 sq = _mm512_setzero_ps();
-  for (int64_t j = 0; j < cols; j += 16) {
-    const __mmask16 k = avx512::TailMask(cols - j);
-    const __m512 d = _mm512_maskz_sub_ps(k, _mm512_maskz_loadu_ps(k, y + j), mean_vec);
-    sq = _mm512_fmadd_ps(d, d, sq);
-  }
-  const float rstd = 1.0f / std::sqrt(ReduceAdd(sq) / static_cast<float>(cols) + eps);
-  const __m512 rstd_vec = _mm512_set1_ps(rstd);
-  for (int64_t j = 0; j < cols; j += 16) {
-    const __mmask16 k = avx512::TailMask(cols - j);
-    const __m512 d = _mm512_sub_ps(_mm512_maskz_loadu_ps(k, y + j), mean_vec);
-    const __m512 out =
-        _mm512_fmadd_ps(_mm512_mul_ps(d, rstd_vec), _mm512_maskz_loadu_ps(k, gamma + j),
-                        _mm512_maskz_loadu_ps(k, beta + j));
-    _mm512_mask_storeu_ps(y + j, k, out);
-  }
-}
-
 ATTN_AVX512 void AddLayerNormRowAvx512(const float* x, const float* residual, int64_t cols,
                                        const float* gamma, const float* beta, float eps, float* y) {
   __m512 sum = _mm512_setzero_ps();
@@ -83,7 +58,8 @@ ATTN_AVX512 void AddLayerNormRowAvx512(const float* x, const float* residual, in
     _mm512_mask_storeu_ps(y + j, k, v);
     sum = _mm512_add_ps(sum, v);
   }
-  LayerNormInPlaceAvx512(y, cols, gamma, beta, eps, sum);
+  float mean;
+  avx512::NormalizeRow(y, cols, sum, gamma, beta, eps, y, &mean);
 }
 
 ATTN_AVX512 __m512 DequantizeAvx512(const Int8Accumulators& in, int64_t m, int64_t cols, int64_t j,
@@ -122,7 +98,8 @@ ATTN_AVX512 void DequantizeAddLayerNormRowAvx512(const Int8Accumulators& in, int
     _mm512_mask_storeu_ps(y + j, k, v);
     sum = _mm512_add_ps(sum, v);
   }
-  LayerNormInPlaceAvx512(y, cols, gamma, beta, eps, sum);
+  float mean;
+  avx512::NormalizeRow(y, cols, sum, gamma, beta, eps, y, &mean);
 }
 
 float GeluErfPortable(float x) { return 0.5f * x * (1.0f + std::erf(x * 0.70710678118654752f)); }

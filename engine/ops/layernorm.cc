@@ -89,26 +89,7 @@ ATTN_AVX512 void ForwardRowAvx512(const float* x, int64_t cols, const float* gam
   for (int64_t j = 0; j < cols; j += 16) {
     sum = _mm512_add_ps(sum, _mm512_maskz_loadu_ps(avx512::TailMask(cols - j), x + j));
   }
-  const float mean = _mm512_reduce_add_ps(sum) / static_cast<float>(cols);
-  const __m512 mean_vec = _mm512_set1_ps(mean);
-  __m512 sq = _mm512_setzero_ps();
-  for (int64_t j = 0; j < cols; j += 16) {
-    const __mmask16 k = avx512::TailMask(cols - j);
-    const __m512 d = _mm512_maskz_sub_ps(k, _mm512_maskz_loadu_ps(k, x + j), mean_vec);
-    sq = _mm512_fmadd_ps(d, d, sq);
-  }
-  const float variance = _mm512_reduce_add_ps(sq) / static_cast<float>(cols);
-  const __m512 rstd = _mm512_set1_ps(1.0f / std::sqrt(variance + eps));
-  for (int64_t j = 0; j < cols; j += 16) {
-    const __mmask16 k = avx512::TailMask(cols - j);
-    const __m512 xhat =
-        _mm512_mul_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, x + j), mean_vec), rstd);
-    _mm512_mask_storeu_ps(y + j, k,
-                          _mm512_fmadd_ps(xhat, _mm512_maskz_loadu_ps(k, gamma + j),
-                                          _mm512_maskz_loadu_ps(k, beta + j)));
-  }
-  *mean_out = mean;
-  *variance_out = variance;
+  *variance_out = avx512::NormalizeRow(x, cols, sum, gamma, beta, eps, y, mean_out);
 }
 
 ATTN_AVX512 void BackwardRowAvx512(const float* x, const float* dy, int64_t cols,
