@@ -77,10 +77,14 @@ void Batcher::Stop() {
 void Batcher::Finish(const std::shared_ptr<JobState>& job, absl::Status status) {
   if (job->finished) return;
   job->finished = true;
+  {
+    // Before done(): a client holding its answer must not see its request still counted in
+    // attnserve_queue_depth (ServingTest scrapes right after its calls return).
+    absl::MutexLock lock(&mutex_);
+    --admitted_;
+    metrics_->SetQueueDepth(admitted_);
+  }
   job->job->done(std::move(status), std::move(job->output));
-  absl::MutexLock lock(&mutex_);
-  --admitted_;
-  metrics_->SetQueueDepth(admitted_);
 }
 
 bool Batcher::StillWanted(const std::shared_ptr<JobState>& job) {

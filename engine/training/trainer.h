@@ -69,6 +69,9 @@ class Trainer {
   // num_labels, head-only training without a classification objective).
   static absl::StatusOr<std::unique_ptr<Trainer>> Create(std::shared_ptr<const Model> base,
                                                          const TrainerOptions& options);
+  // The optimizer holds pointers into this object (weights, gradients, the backward's row list).
+  Trainer(const Trainer&) = delete;
+  Trainer& operator=(const Trainer&) = delete;
 
   // One optimisation step. InvalidArgument for a malformed batch (the weights are untouched);
   // a NaN/Inf loss or gradient returns an error and leaves the weights as they were before
