@@ -102,6 +102,26 @@ bool TransposedBackward(int64_t rows, int64_t out_features, int64_t in_features)
   return rows >= 256 && out_features < in_features;
 }
 
+// dst (+)= src · weights, descs in any strides; the primitive is cached under `key`.
+void RunMatmul(ExecContext& ctx, const std::string& key, const memory::desc& src_desc,
+               const float* src, const memory::desc& weights_desc, const float* weights,
+               const memory::desc& dst_desc, float* dst, bool accumulate) {
+  const CachedPrimitive cached =
+      ctx.runtime().GetOrCreate(absl::StrCat(key, accumulate ? ":acc" : ":set"), [&] {
+        dnnl::post_ops post_ops;
+        if (accumulate) post_ops.append_sum(1.0f);
+        dnnl::primitive_attr attr;
+        attr.set_post_ops(post_ops);
+        attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+        dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(src_desc, weights_desc, dst_desc), attr,
+                                        ctx.engine());
+        return CachedPrimitive{dnnl::matmul(pd), pd.scratchpad_desc()};
+      });
+  ctx.Execute(cached, {{DNNL_ARG_SRC, ctx.Wrap(src_desc, src)},
+                       {DNNL_ARG_WEIGHTS, ctx.Wrap(weights_desc, weights)},
+                       {DNNL_ARG_DST, ctx.Wrap(dst_desc, dst)}});
+}
+
 }  // namespace
 
 void LinearBackward(ExecContext& ctx, const float* x, int64_t rows, const Tensor& weight,
@@ -130,18 +150,10 @@ void LinearBackward(ExecContext& ctx, const float* x, int64_t rows, const Tensor
       w = w_transposed;
       w_desc = StridedDesc({out_features, in_features}, {1, out_features});
     }
-    const std::string key = absl::StrCat("linear_bwd_data:", rows, "x", in_features, "x",
-                                         out_features, transposed ? ":wt" : "");
-    const CachedPrimitive cached = ctx.runtime().GetOrCreate(key, [&] {
-      dnnl::primitive_attr attr;
-      attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
-      dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(dy_desc, w_desc, x_desc), attr,
-                                      ctx.engine());
-      return CachedPrimitive{dnnl::matmul(pd), pd.scratchpad_desc()};
-    });
-    ctx.Execute(cached, {{DNNL_ARG_SRC, ctx.Wrap(dy_desc, dy)},
-                         {DNNL_ARG_WEIGHTS, ctx.Wrap(w_desc, w)},
-                         {DNNL_ARG_DST, ctx.Wrap(x_desc, dx)}});
+    RunMatmul(ctx,
+              absl::StrCat("linear_bwd_data:", rows, "x", in_features, "x", out_features,
+                           transposed ? ":wt" : ""),
+              dy_desc, dy, w_desc, w, x_desc, dx, /*accumulate=*/false);
   }
 
   if (dweight != nullptr && transposed) {
@@ -149,40 +161,17 @@ void LinearBackward(ExecContext& ctx, const float* x, int64_t rows, const Tensor
     // transpose.
     const memory::desc xt_desc = StridedDesc({in_features, rows}, {1, in_features});
     const memory::desc dwt_desc = RowMajorDesc({in_features, out_features});
-    const std::string key =
-        absl::StrCat("linear_bwd_weights_t:", rows, "x", in_features, "x", out_features);
-    const CachedPrimitive cached = ctx.runtime().GetOrCreate(key, [&] {
-      dnnl::primitive_attr attr;
-      attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
-      dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(xt_desc, dy_desc, dwt_desc), attr,
-                                      ctx.engine());
-      return CachedPrimitive{dnnl::matmul(pd), pd.scratchpad_desc()};
-    });
     float* dw_transposed = ctx.OperandBuffer(out_features * in_features);
-    ctx.Execute(cached, {{DNNL_ARG_SRC, ctx.Wrap(xt_desc, x)},
-                         {DNNL_ARG_WEIGHTS, ctx.Wrap(dy_desc, dy)},
-                         {DNNL_ARG_DST, ctx.Wrap(dwt_desc, dw_transposed)}});
+    RunMatmul(ctx, absl::StrCat("linear_bwd_weights_t:", rows, "x", in_features, "x", out_features),
+              xt_desc, x, dy_desc, dy, dwt_desc, dw_transposed, /*accumulate=*/false);
     Transpose(dw_transposed, in_features, out_features, accumulate, dweight->data());
   } else if (dweight != nullptr) {
     // forward: y[m, n] = sum_k x[m, k] W[n, k]   =>   dW (N, K) (+)= dy^T (N, M) · x (M, K).
     // dy^T is dy's bytes read with strides (1, N); accumulation is a sum post-op on dW.
     const memory::desc dyt_desc = StridedDesc({out_features, rows}, {1, out_features});
     const memory::desc dw_desc = RowMajorDesc({out_features, in_features});
-    const std::string key = absl::StrCat("linear_bwd_weights:", rows, "x", in_features, "x",
-                                         out_features, ":", accumulate ? "acc" : "set");
-    const CachedPrimitive cached = ctx.runtime().GetOrCreate(key, [&] {
-      dnnl::post_ops post_ops;
-      if (accumulate) post_ops.append_sum(1.0f);
-      dnnl::primitive_attr attr;
-      attr.set_post_ops(post_ops);
-      attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
-      dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(dyt_desc, x_desc, dw_desc), attr,
-                                      ctx.engine());
-      return CachedPrimitive{dnnl::matmul(pd), pd.scratchpad_desc()};
-    });
-    ctx.Execute(cached, {{DNNL_ARG_SRC, ctx.Wrap(dyt_desc, dy)},
-                         {DNNL_ARG_WEIGHTS, ctx.Wrap(x_desc, x)},
-                         {DNNL_ARG_DST, ctx.Wrap(dw_desc, dweight->data())}});
+    RunMatmul(ctx, absl::StrCat("linear_bwd_weights:", rows, "x", in_features, "x", out_features),
+              dyt_desc, dy, x_desc, x, dw_desc, dweight->data(), accumulate);
   }
 
   if (dbias != nullptr) {
