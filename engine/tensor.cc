@@ -1,10 +1,29 @@
 #include "engine/tensor.h"
 
+#include <sys/mman.h>
+
+#include <cstdlib>
+#include <new>
 #include <stdexcept>
 
 #include "absl/strings/str_join.h"
 
 namespace attn {
+
+void* AllocateAligned(std::size_t bytes, std::size_t alignment) {
+  constexpr std::size_t kHugePage = std::size_t{2} << 20;
+  if (bytes >= 2 * kHugePage) {
+    bytes = (bytes + kHugePage - 1) / kHugePage * kHugePage;
+    void* p = std::aligned_alloc(kHugePage, bytes);
+    if (p == nullptr) throw std::bad_alloc();
+    madvise(p, bytes, MADV_HUGEPAGE);  // a hint: 4 KB pages still work if refused
+    return p;
+  }
+  bytes = (bytes + alignment - 1) / alignment * alignment;
+  void* p = std::aligned_alloc(alignment, bytes == 0 ? alignment : bytes);
+  if (p == nullptr) throw std::bad_alloc();
+  return p;
+}
 
 int64_t Tensor::NumElements(const std::vector<int64_t>& shape) {
   int64_t n = 1;
