@@ -10,9 +10,16 @@
 
 namespace attn {
 
+namespace {
+thread_local bool huge_pages = false;
+}  // namespace
+
+ScopedHugePages::ScopedHugePages() : previous_(huge_pages) { huge_pages = true; }
+ScopedHugePages::~ScopedHugePages() { huge_pages = previous_; }
+
 void* AllocateAligned(std::size_t bytes, std::size_t alignment) {
   constexpr std::size_t kHugePage = std::size_t{2} << 20;
-  if (bytes >= 2 * kHugePage) {
+  if (huge_pages && bytes >= 2 * kHugePage) {
     bytes = (bytes + kHugePage - 1) / kHugePage * kHugePage;
     void* p = std::aligned_alloc(kHugePage, bytes);
     if (p == nullptr) throw std::bad_alloc();

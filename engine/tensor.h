@@ -10,11 +10,26 @@
 
 namespace attn {
 
-// `bytes` (rounded up) aligned to `alignment`; std::bad_alloc when out of memory. Buffers of
-// 4 MiB and more are 2 MiB-aligned and advised for transparent huge pages: the training step
-// streams ~0.7 GB of weights, gradients, moments and activations, much of it through strided
-// (transposed) matmul reads that touch a new 4 KB page every row.
+// `bytes` (rounded up) aligned to `alignment`; std::bad_alloc when out of memory. While a
+// ScopedHugePages lives on the calling thread, buffers of 4 MiB and more are 2 MiB-aligned and
+// advised for transparent huge pages.
 void* AllocateAligned(std::size_t bytes, std::size_t alignment);
+
+// Huge pages for the large buffers this thread allocates while the scope lives. For long-lived
+// buffers only: the trainer's weights, gradients, moments and activations (~0.7 GB streamed
+// every step, much of it through strided matmul reads that touch a new 4 KB page per row).
+// Not for per-request buffers: faulting fresh huge pages on a busy machine can stall in
+// compaction (the mixed-length inference benchmark ran 40% slower with them).
+class ScopedHugePages {
+ public:
+  ScopedHugePages();
+  ~ScopedHugePages();
+  ScopedHugePages(const ScopedHugePages&) = delete;
+  ScopedHugePages& operator=(const ScopedHugePages&) = delete;
+
+ private:
+  bool previous_;
+};
 
 template <typename T, std::size_t kAlignment = 64>
 struct AlignedAllocator {

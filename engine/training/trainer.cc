@@ -50,6 +50,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(std::shared_ptr<const M
   }
   if (!(options.mnrl_scale > 0)) return absl::InvalidArgumentError("mnrl_scale must be > 0");
 
+  const ScopedHugePages huge_pages;  // the private weights, gradients and optimizer state
   auto trainer = std::unique_ptr<Trainer>(new Trainer());
   trainer->base_ = base;
   trainer->options_ = options;
@@ -128,6 +129,8 @@ absl::Status Trainer::ValidateBatch(const TrainingBatch& batch) const {
 
 absl::StatusOr<StepResult> Trainer::Step(const TrainingBatch& batch) {
   const auto start = std::chrono::steady_clock::now();
+  // Activations, backward buffers and AdamW moments are allocated at the first step and reused.
+  const ScopedHugePages huge_pages;
   if (absl::Status valid = ValidateBatch(batch); !valid.ok()) return valid;
   const BertConfig& config = base_->config();
   const int64_t H = config.hidden_size;
