@@ -112,7 +112,7 @@ int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "Closed-loop Encode load on a running attnserve: attn-load-gen --target localhost:50051 "
       "--clients 8 --duration-s 10 --sentences FILE");
-  attn::ShowProjectFlagsInHelp("attn-load-gen 0.1.0");
+  attn::ShowProjectFlagsInHelp(attn::ProgramVersion("attn-load-gen"));
   attn::AcceptDashedFlagNames(argc, argv);
   absl::ParseCommandLine(argc, argv);
   const int clients = absl::GetFlag(FLAGS_clients);

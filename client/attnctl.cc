@@ -1932,7 +1932,7 @@ int Main(int argc, char** argv) {
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage("command-line client for attnserve; see 'attnctl --help'");
   absl::FlagsUsageConfig config;
-  config.version_string = [] { return std::string("attnctl 0.1.0\n"); };
+  config.version_string = [] { return attn::ProgramVersion("attnctl") + "\n"; };
   absl::SetFlagsUsageConfig(config);
   return attn::client::Main(argc, argv);
 }

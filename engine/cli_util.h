@@ -3,9 +3,13 @@
 
 #include <cstring>
 #include <string>
+#include <vector>
 
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
 #include "absl/flags/usage_config.h"
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 
 namespace attn {
 
@@ -34,6 +38,26 @@ inline void ShowProjectFlagsInHelp(const std::string& version) {
   config.contains_helpshort_flags = config.contains_help_flags;
   config.version_string = [version] { return version + "\n"; };
   absl::SetFlagsUsageConfig(config);
+}
+
+// "<program> <version>", the version being CMake's project(VERSION): the attn_version target
+// defines ATTN_VERSION for the binaries that link it.
+inline std::string ProgramVersion(const char* program) {
+#ifndef ATTN_VERSION
+#error "link the attn_version target (it defines ATTN_VERSION)"
+#endif
+  return absl::StrCat(program, " ", ATTN_VERSION);
+}
+
+// Start-up shared by every binary: the usage text, --help listing this project's flags,
+// --version, both flag spellings. Parses the command line and returns the positional
+// arguments (argv[0] first); --help, --version and flag errors exit as Abseil does.
+inline std::vector<char*> StartProgram(int argc, char** argv, const char* program,
+                                       const char* usage) {
+  absl::SetProgramUsageMessage(usage);
+  ShowProjectFlagsInHelp(ProgramVersion(program));
+  AcceptDashedFlagNames(argc, argv);
+  return absl::ParseCommandLine(argc, argv);
 }
 
 }  // namespace attn

@@ -1,4 +1,5 @@
-// Fuzz target: Encode and AttentionMap request validation (server/request_prep.cc) followed by
+// Fuzz target: Encode and AttentionMap request conversion and validation (server/proto_convert.cc,
+// server/core/request_plan.cc) followed by
 // the engine work the server would do for an accepted request, on the checked-in tiny model
 // (fuzz/tiny_model: 2 layers, 2 heads, 16 positions), so a request that validation lets through
 // but the engine cannot handle shows up as a crash here instead of in the server.
@@ -7,7 +8,7 @@
 // upper 7 bits, where to split the bytes into two gRPC slices; the rest is that message
 // serialized. fuzz/make_seeds.py writes the seeds from text format with protoc.
 //
-// For an accepted request it checks what encoder_service.cc's response builders index without
+// For an accepted request it checks what server/core/results.cc's builders index without
 // checking: the forward result holds every hidden state and attention layer the plan reads,
 // heads are inside the model, and then it runs the same engine calls they make (pooling,
 // normalisation, head selection, top-k, mean over heads, rollout, wire encoding).
@@ -30,14 +31,16 @@
 #include "engine/model.h"
 #include "engine/ops/pooling.h"
 #include "fuzz/fuzz_check.h"
-#include "server/request_prep.h"
+#include "server/core/request_plan.h"
+#include "server/proto_convert.h"
+#include "server/request_parse.h"
 
 namespace {
 
 std::shared_ptr<const attn::Model> g_model;
 
 // Few inputs per request keep every forward small (at most 4 x 16 tokens).
-constexpr attn::server::RequestLimits kLimits{.max_inputs_per_request = 4};
+constexpr attn::server::core::RequestLimits kLimits{.max_inputs_per_request = 4};
 
 void Encode(const float* values, int64_t n, attn::WireDType dtype) {
   const std::string bytes = attn::EncodeFloats(values, n, dtype);
@@ -69,7 +72,7 @@ std::optional<attn::ForwardResult> ForwardIfValid(const absl::StatusOr<Plan>& pl
 }
 
 void RunEncode(const attnserve::v1::EncodeRequest& request) {
-  auto plan = attn::server::PrepareEncode(*g_model, request, kLimits);
+  auto plan = attn::server::core::PrepareEncode(*g_model, attn::server::ToCore(request), kLimits);
   std::optional<attn::ForwardResult> result = ForwardIfValid(plan);
   if (!result) return;
   const int64_t H = g_model->config().hidden_size;
@@ -99,7 +102,8 @@ void RunEncode(const attnserve::v1::EncodeRequest& request) {
 }
 
 void RunAttention(const attnserve::v1::AttentionMapRequest& request) {
-  auto plan = attn::server::PrepareAttention(*g_model, request, kLimits);
+  auto plan =
+      attn::server::core::PrepareAttention(*g_model, attn::server::ToCore(request), kLimits);
   std::optional<attn::ForwardResult> result = ForwardIfValid(plan);
   if (!result) return;
   const int heads = g_model->config().num_attention_heads;

@@ -8,6 +8,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "server/status_map.h"
 
 namespace attn::server {
 
@@ -47,26 +48,29 @@ bool ConstantTimeEquals(std::string_view presented, std::string_view secret) {
   return difference == 0;
 }
 
-grpc::Status CheckBearerToken(const grpc::ServerContextBase& context, const std::string& token) {
+absl::Status BearerTokenStatus(const grpc::ServerContextBase& context, const std::string& token) {
   const auto& metadata = context.client_metadata();
   auto it = metadata.find("authorization");
   if (it == metadata.end()) {
-    return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
-                        "the Trainer service needs the metadata 'authorization: Bearer <token>'");
+    return absl::UnauthenticatedError(
+        "the Trainer service needs the metadata 'authorization: Bearer <token>'");
   }
   // Debian's Abseil has its own string_view type, so the absl helpers get absl::string_view.
   const absl::string_view value(it->second.data(), it->second.size());
   constexpr absl::string_view kScheme = "bearer ";
   if (value.size() < kScheme.size() ||
       !absl::EqualsIgnoreCase(value.substr(0, kScheme.size()), kScheme)) {
-    return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
-                        "the authorization metadata must be 'Bearer <token>'");
+    return absl::UnauthenticatedError("the authorization metadata must be 'Bearer <token>'");
   }
   const absl::string_view presented = absl::StripAsciiWhitespace(value.substr(kScheme.size()));
   if (!ConstantTimeEquals(std::string_view(presented.data(), presented.size()), token)) {
-    return grpc::Status(grpc::StatusCode::PERMISSION_DENIED, "the bearer token is not valid");
+    return absl::PermissionDeniedError("the bearer token is not valid");
   }
-  return grpc::Status::OK;
+  return absl::OkStatus();
+}
+
+grpc::Status CheckBearerToken(const grpc::ServerContextBase& context, const std::string& token) {
+  return ToGrpcStatus(BearerTokenStatus(context, token));
 }
 
 }  // namespace attn::server

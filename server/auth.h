@@ -22,6 +22,8 @@ bool ConstantTimeEquals(std::string_view presented, std::string_view secret);
 
 // Checks the call's `authorization: Bearer <token>` metadata: OK, UNAUTHENTICATED (missing or
 // not a bearer token) or PERMISSION_DENIED (wrong token).
+absl::Status BearerTokenStatus(const grpc::ServerContextBase& context, const std::string& token);
+// The same as the gRPC status a call finishes with.
 grpc::Status CheckBearerToken(const grpc::ServerContextBase& context, const std::string& token);
 
 }  // namespace attn::server

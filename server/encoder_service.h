@@ -1,73 +1,29 @@
-// attnserve.v1.Encoder over the gRPC callback API: validate + tokenize on the gRPC thread, hand
-// the engine work to the batcher, build the response when the batch is done.
+// attnserve.v1.Encoder over the gRPC callback API: each method converts its request to the
+// serving core's struct (proto_convert.h), calls the core (server/core/serving_core.h) and
+// converts the response back. Methods are served from raw bytes (raw_method.h).
 #pragma once
 
-#include <atomic>
-#include <functional>
-#include <memory>
-
 #include "attnserve/v1/encoder.grpc.pb.h"
-#include "server/batcher.h"
+#include "server/core/serving_core.h"
 #include "server/metrics.h"
-#include "server/model_registry.h"
-#include "server/options.h"
-#include "server/request_prep.h"
 
 namespace attn::server {
 
 class EncoderService final : public attnserve::v1::Encoder::CallbackService {
  public:
-  // Registers every method as a raw-bytes handler (see ServeParsed).
-  EncoderService(const ServerOptions& options, ModelRegistry* registry, Batcher* batcher,
-                 Metrics* metrics);
+  // `max_message_bytes`: the largest request and response (--max-message-bytes).
+  EncoderService(core::ServingCore* core, int64_t max_message_bytes, Metrics* metrics);
 
  private:
-  // Writes the typed response into the bytes gRPC sends; runs just before an OK finish.
-  using SerializeFn = std::function<grpc::Status()>;
-  template <typename Request, typename Response>
-  using Handler = grpc::ServerUnaryReactor* (EncoderService::*)(grpc::CallbackServerContext*,
-                                                                const Request*, Response*,
-                                                                SerializeFn);
-  template <typename Request, typename Plan>
-  using PrepareFn = absl::StatusOr<Plan> (*)(const Model&, const Request&, const RequestLimits&);
-  template <typename Plan, typename Response>
-  using BuildFn = void (*)(const Model&, const Plan&, const JobOutput&, Response*);
+  // Encode and AttentionMap: the core answers on the batcher thread.
+  template <typename CoreRequest, typename CoreResponse>
+  using EngineCall = void (core::ServingCore::*)(const CoreRequest&, const core::CallControl&,
+                                                 core::ServingCore::Done<CoreResponse>);
+  template <typename Request, typename Response, typename CoreRequest, typename CoreResponse>
+  void ServeEngineCall(int index, const char* method, EngineCall<CoreRequest, CoreResponse> call);
 
-  // Serves the method called `method` from raw bytes: checks the size, parses the request
-  // itself and calls `handler`. gRPC's generated handler answers a request it cannot decode
-  // (invalid UTF-8 in a string, malformed bytes) with a bare UNIMPLEMENTED and no metrics; this
-  // answers INVALID_ARGUMENT naming the field and the problem, and counts the call.
-  template <typename Request, typename Response>
-  void ServeParsed(const char* method, Handler<Request, Response> handler);
-
-  grpc::ServerUnaryReactor* HandleEncode(grpc::CallbackServerContext* context,
-                                         const attnserve::v1::EncodeRequest* request,
-                                         attnserve::v1::EncodeResponse* response,
-                                         SerializeFn serialize);
-  grpc::ServerUnaryReactor* HandleAttentionMap(grpc::CallbackServerContext* context,
-                                               const attnserve::v1::AttentionMapRequest* request,
-                                               attnserve::v1::AttentionMapResponse* response,
-                                               SerializeFn serialize);
-  grpc::ServerUnaryReactor* HandleTokenize(grpc::CallbackServerContext* context,
-                                           const attnserve::v1::TokenizeRequest* request,
-                                           attnserve::v1::TokenizeResponse* response,
-                                           SerializeFn serialize);
-  grpc::ServerUnaryReactor* HandleGetModelInfo(grpc::CallbackServerContext* context,
-                                               const attnserve::v1::GetModelInfoRequest* request,
-                                               attnserve::v1::ModelInfo* response,
-                                               SerializeFn serialize);
-
-  // The shared path of Encode and AttentionMap: version check, `prepare` (validate +
-  // tokenize), submit to the batcher, then `build` the results when the batch is done.
-  template <typename Request, typename Response, typename Plan>
-  grpc::ServerUnaryReactor* RunEngineCall(const char* method, grpc::CallbackServerContext* context,
-                                          const Request* request, Response* response,
-                                          SerializeFn serialize, PrepareFn<Request, Plan> prepare,
-                                          BuildFn<Plan, Response> build);
-
-  const ServerOptions options_;
-  ModelRegistry* const registry_;
-  Batcher* const batcher_;
+  core::ServingCore* const core_;
+  const int64_t max_message_bytes_;
   Metrics* const metrics_;
 };
 

@@ -14,9 +14,11 @@
 #include <string>
 #include <string_view>
 
+#include "server/core/serving_metrics.h"
+
 namespace attn::server {
 
-class Metrics {
+class Metrics final : public ServingMetrics {
  public:
   Metrics();
 
@@ -25,15 +27,15 @@ class Metrics {
   // One finished RPC: attnserve_requests_total{method,code} and
   // attnserve_request_duration_seconds{method}.
   void RecordRequest(std::string_view method, grpc::StatusCode code, double seconds);
-  void RecordQueueTime(double seconds);
-  void RecordTokenizationTime(double seconds);
-  void RecordInferenceTime(double seconds);
+  void RecordQueueTime(double seconds) override;
+  void RecordTokenizationTime(double seconds) override;
+  void RecordInferenceTime(double seconds) override;
   // One packed engine batch.
-  void RecordBatch(int64_t inputs, int64_t tokens);
-  void SetQueueDepth(int64_t requests);
-  void AddTokens(int64_t tokens);
+  void RecordBatch(int64_t inputs, int64_t tokens) override;
+  void SetQueueDepth(int64_t requests) override;
+  void AddTokens(int64_t tokens) override;
   // A request dropped before it was computed: reason "cancelled" or "deadline".
-  void RecordDropped(std::string_view reason);
+  void RecordDropped(std::string_view reason) override;
   // attnserve_model_info{version, model_dir, precision, ...} 1 for the served version.
   void SetModelInfo(const std::string& version, const std::string& architecture,
                     const std::string& precision, int layers, int hidden, int heads);

@@ -1,9 +1,11 @@
-// Server settings, one struct with defaults; main() fills it from flags (see --help).
+// Server settings, one struct with defaults: the single source of every default (the flags in
+// options.cc show them in --help; the core's option structs get their values from here).
 #pragma once
 
 #include <cstdint>
 #include <string>
 
+#include "absl/status/statusor.h"
 #include "engine/precision.h"
 
 namespace attn::server {
@@ -21,7 +23,8 @@ struct ServerOptions {
   int64_t max_message_bytes = 64ll << 20;  // request and response size limit
   int threads = 0;                         // OpenMP threads for the engine; 0 = all cores
   Precision precision = Precision::kFp32;  // fp32, or int8 linear layers quantised at load
-  double drain_timeout_s = 30.0;  // SIGTERM: how long in-flight requests may take to finish
+  double drain_timeout_s = 30.0;   // SIGTERM: how long in-flight requests may take to finish
+  std::string log_level = "info";  // debug, info, warning or error
 
   // Fine-tuning. The Trainer service answers UNIMPLEMENTED unless a token is configured.
   std::string trainer_token_file;  // file holding the bearer token ("" = Trainer disabled)
@@ -38,5 +41,9 @@ struct ServerOptions {
   std::string tls_cert;
   std::string tls_key;
 };
+
+// The options given by the command-line flags (parsed already), validated: INVALID_ARGUMENT
+// naming the flag and its allowed values otherwise.
+absl::StatusOr<ServerOptions> OptionsFromFlags();
 
 }  // namespace attn::server

@@ -10,13 +10,6 @@ grpc::Status ToGrpcStatus(const absl::Status& status) {
   return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message()));
 }
 
-grpc::Status TrainingStepStatus(const absl::Status& status) {
-  if (status.code() == absl::StatusCode::kOutOfRange) {
-    return grpc::Status(grpc::StatusCode::ABORTED, std::string(status.message()));
-  }
-  return ToGrpcStatus(status);
-}
-
 std::string_view GrpcCodeName(grpc::StatusCode code) {
   switch (code) {
     case grpc::StatusCode::OK:

@@ -8,50 +8,39 @@
 #pragma once
 
 #include <cstdint>
-#include <deque>
-#include <functional>
 #include <optional>
 #include <string>
-#include <thread>
 
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "attnserve/v1/trainer.grpc.pb.h"
+#include "server/core/model_registry.h"
 #include "server/metrics.h"
-#include "server/model_registry.h"
 #include "server/options.h"
+#include "server/training_thread.h"
 
 namespace attn::server {
 
 class TrainerService final : public attnserve::v1::Trainer::CallbackService {
  public:
   // `token` unset = the service is disabled (every call answers UNIMPLEMENTED). Starts the
-  // training thread.
+  // training thread (training_thread.h); destroying the service stops it, so destroy it after
+  // the gRPC server has shut down. FineTune streams are served by fine_tune_reactor.cc.
   TrainerService(const ServerOptions& options, std::optional<std::string> token,
                  ModelRegistry* registry, Metrics* metrics);
-  // Stops the training thread; call after the gRPC server has shut down.
-  ~TrainerService() override;
 
   // The sequence number the next commit gets (1 + the highest one in the model store).
   void SetNextSequence(int64_t sequence);
-
-  // Serves FineTune from raw bytes (see FineTuneReactor in the .cc); registered by the
-  // constructor in place of the generated typed handler.
-  grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* NewFineTuneReactor(
-      grpc::CallbackServerContext* context);
 
  private:
   friend class FineTuneReactor;
 
   // OK, or UNIMPLEMENTED (no token configured), UNAUTHENTICATED or PERMISSION_DENIED.
-  grpc::Status Authorize(const grpc::CallbackServerContext& context) const;
+  absl::Status Authorize(const grpc::CallbackServerContext& context) const;
   // Claims the single job slot: a new job id, or FAILED_PRECONDITION naming the running job.
   absl::StatusOr<std::string> StartJob();
   void EndJob(const std::string& job_id);
   int64_t TakeSequence();
-  // Runs `task` on the training thread (in order).
-  void Post(std::function<void()> task);
-  void TrainingLoop();
   void FillVersions(attnserve::v1::ListVersionsResponse* response) const;
 
   // ListVersions, Rollback and SetServingVersion: each registered by the constructor (through
@@ -59,15 +48,15 @@ class TrainerService final : public attnserve::v1::Trainer::CallbackService {
   // could not decode get INVALID_ARGUMENT naming the problem, not a bare UNIMPLEMENTED. Called
   // after authorization and parsing; they fill `response` when they return OK.
   template <typename Request>
-  using VersionsHandler = grpc::Status (TrainerService::*)(
+  using VersionsHandler = absl::Status (TrainerService::*)(
       const Request& request, attnserve::v1::ListVersionsResponse* response);
   template <typename Request>
   void ServeVersionsMethod(const char* method, VersionsHandler<Request> handler);
-  grpc::Status HandleListVersions(const attnserve::v1::ListVersionsRequest& request,
+  absl::Status HandleListVersions(const attnserve::v1::ListVersionsRequest& request,
                                   attnserve::v1::ListVersionsResponse* response);
-  grpc::Status HandleRollback(const attnserve::v1::RollbackRequest& request,
+  absl::Status HandleRollback(const attnserve::v1::RollbackRequest& request,
                               attnserve::v1::ListVersionsResponse* response);
-  grpc::Status HandleSetServingVersion(const attnserve::v1::SetServingVersionRequest& request,
+  absl::Status HandleSetServingVersion(const attnserve::v1::SetServingVersionRequest& request,
                                        attnserve::v1::ListVersionsResponse* response);
 
   const ServerOptions options_;
@@ -79,9 +68,8 @@ class TrainerService final : public attnserve::v1::Trainer::CallbackService {
   std::string running_job_ ABSL_GUARDED_BY(mutex_);
   int64_t jobs_started_ ABSL_GUARDED_BY(mutex_) = 0;
   int64_t next_sequence_ ABSL_GUARDED_BY(mutex_) = 1;
-  std::deque<std::function<void()>> tasks_ ABSL_GUARDED_BY(mutex_);
-  bool stopping_ ABSL_GUARDED_BY(mutex_) = false;
-  std::thread training_thread_;
+  // Last: destroyed first, running the tasks still queued while the members they use live.
+  TrainingThread training_thread_;
 };
 
 }  // namespace attn::server

@@ -45,13 +45,11 @@ int Fail(const std::string& message) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage(
+  attn::StartProgram(
+      argc, argv, "attn-embed",
       "Embeds each line of stdin and prints one JSON object per line:\n"
       "  {\"index\": 0, \"text\": \"...\", \"num_tokens\": 9, \"embedding\": [384 floats]}\n"
       "Example: echo \"The king spoke to the queen.\" | attn-embed");
-  attn::ShowProjectFlagsInHelp("attn-embed 0.1.0");
-  attn::AcceptDashedFlagNames(argc, argv);
-  absl::ParseCommandLine(argc, argv);
 
   attn::LogLevel level;
   if (!attn::ParseLogLevel(absl::GetFlag(FLAGS_log_level), &level)) {

@@ -1,4 +1,4 @@
-#include "server/batcher.h"
+#include "server/core/batcher.h"
 
 #include <omp.h>
 
@@ -21,15 +21,10 @@ struct Batcher::JobState {
   bool started = false;
 };
 
-Batcher::Batcher(BatcherOptions options, Metrics* metrics)
+Batcher::Batcher(BatcherOptions options, ServingMetrics* metrics)
     : options_(options), metrics_(metrics), worker_([this] { Loop(); }) {}
 
 Batcher::~Batcher() { Stop(); }
-
-int64_t Batcher::admitted() const {
-  absl::MutexLock lock(&mutex_);
-  return admitted_;
-}
 
 absl::Status Batcher::Submit(std::shared_ptr<Job> job) {
   auto state = std::make_shared<JobState>();

@@ -21,7 +21,7 @@
 #include "absl/synchronization/mutex.h"
 #include "engine/encoder.h"
 #include "engine/model.h"
-#include "server/metrics.h"
+#include "server/core/serving_metrics.h"
 
 namespace attn::server {
 
@@ -66,15 +66,13 @@ struct BatcherOptions {
 
 class Batcher {
  public:
-  Batcher(BatcherOptions options, Metrics* metrics);
+  Batcher(BatcherOptions options, ServingMetrics* metrics);
   ~Batcher();
 
   // Queues the job. RESOURCE_EXHAUSTED when full, UNAVAILABLE after Stop().
   absl::Status Submit(std::shared_ptr<Job> job);
   // Stops admitting, finishes everything queued, joins the worker. Idempotent.
   void Stop();
-
-  int64_t admitted() const;
 
  private:
   struct JobState;
@@ -91,7 +89,7 @@ class Batcher {
   bool StillWanted(const std::shared_ptr<JobState>& job);
 
   const BatcherOptions options_;
-  Metrics* const metrics_;
+  ServingMetrics* const metrics_;
   mutable absl::Mutex mutex_;
   std::deque<Chunk> queue_ ABSL_GUARDED_BY(mutex_);
   int64_t admitted_ ABSL_GUARDED_BY(mutex_) = 0;

@@ -1,0 +1,176 @@
+// The serving core's calls as plain C++: one request and one response struct per call. A front
+// end (gRPC today) fills a request, calls ServingCore (serving_core.h) and writes the response in
+// its own format. Requests are read only while the call's entry point runs, so they may view the
+// front end's own storage (string_view, Span) instead of copying it. Enum values are the public
+// API's numbers; an unknown number is rejected by the call, naming the field.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/types/span.h"
+#include "engine/half.h"
+#include "engine/model.h"
+
+namespace attn::server::core {
+
+// One input: a text, a text pair or token ids.
+struct Input {
+  enum class Kind { kNotSet, kText, kPair, kTokens };
+  Kind kind = Kind::kNotSet;
+  std::string_view text;               // kText; kPair: the first text
+  std::string_view second;             // kPair: the second text
+  absl::Span<const int32_t> ids;       // kTokens
+  absl::Span<const int32_t> type_ids;  // kTokens: empty = all 0, else one per id
+};
+
+enum class Truncation : int { kUnspecified = 0, kRight = 1, kLeft = 2, kNone = 3 };
+
+struct TokenizationOptions {
+  Truncation truncation = Truncation::kUnspecified;  // unspecified = right
+  int32_t max_length = 0;                            // 0 = the model's default
+};
+
+enum class Pooling : int { kModelDefault = 0, kCls = 1, kMean = 2, kMax = 3, kNone = 4 };
+enum class OutputDType : int { kUnspecified = 0, kFloat32 = 1, kFloat16 = 2, kBFloat16 = 3 };
+
+// Per-call control from the transport: when the caller gives up.
+struct CallControl {
+  std::chrono::steady_clock::time_point received = std::chrono::steady_clock::now();
+  std::optional<std::chrono::system_clock::time_point> deadline;
+  std::function<bool()> is_cancelled;  // may be empty
+};
+
+struct Metadata {
+  int64_t token_count = 0;
+  double tokenization_ms = 0;
+  double queue_ms = 0;
+  double inference_ms = 0;
+  double total_ms = 0;
+  int32_t batch_inputs = 0;
+};
+
+// A (rows, cols) float matrix owned by the response that holds it (its `batch`).
+struct MatrixView {
+  int64_t rows = 0, cols = 0;
+  const float* data = nullptr;
+  int64_t size() const { return rows * cols; }
+};
+
+// ---- Encode ---------------------------------------------------------------------------------
+
+struct EncodeRequest {
+  std::string_view model_version;  // empty = the served version
+  std::vector<Input> inputs;
+  TokenizationOptions tokenization;
+  Pooling pooling = Pooling::kModelDefault;
+  std::optional<bool> normalize;  // unset = the model's default
+  bool token_embeddings = false;
+  absl::Span<const int32_t> hidden_layers;  // 0 = embedding output, L = last; negatives from end
+  bool static_embeddings = false;
+  OutputDType output_dtype = OutputDType::kUnspecified;
+};
+
+struct EncodeResult {
+  Encoding encoding;
+  std::vector<float> embedding;  // pooled (and normalised if asked); empty without pooling
+  MatrixView token_embeddings;   // (T, H) last layer; empty unless asked
+  std::vector<std::pair<int, MatrixView>> hidden_states;  // (layer, (T, H)), request order
+  MatrixView static_embeddings;                           // (T, H); empty unless asked
+};
+
+struct EncodeResponse {
+  std::string model_version;
+  std::shared_ptr<const Model> model;  // tokens' texts; keeps the vocabulary alive
+  WireDType dtype = WireDType::kFloat32;
+  std::vector<EncodeResult> results;  // one per input, in order
+  Metadata metadata;
+  std::shared_ptr<const void> batch;  // owns the memory the views point into
+};
+
+// ---- AttentionMap ---------------------------------------------------------------------------
+
+struct AttentionRequest {
+  std::string_view model_version;
+  std::vector<Input> inputs;
+  TokenizationOptions tokenization;
+  absl::Span<const int32_t> layers;     // 0-based, negatives from the end; empty = all
+  absl::Span<const int32_t> heads;      // empty = all
+  std::optional<bool> include_weights;  // unset = true
+  bool include_scores = false;
+  bool include_qkv = false;
+  bool mean_over_heads = false;
+  bool rollout = false;
+  int32_t top_k = 0;
+  OutputDType output_dtype = OutputDType::kUnspecified;
+};
+
+struct LayerAttentionResult {
+  int layer = 0;
+  // Each (selected heads, T, X); empty tensors for parts not asked for.
+  Tensor weights;       // dense weights (unless top_k)
+  Tensor top_k_values;  // (heads, T, k) when top_k > 0
+  std::vector<int32_t> top_k_indices;
+  Tensor scores;
+  Tensor query, key, value;
+  Tensor mean_weights;  // (T, T)
+};
+
+struct AttentionResult {
+  Encoding encoding;
+  std::vector<LayerAttentionResult> layers;  // request order
+  Tensor rollout;                            // (T, T) when asked
+};
+
+struct AttentionResponse {
+  std::string model_version;
+  std::shared_ptr<const Model> model;
+  WireDType dtype = WireDType::kFloat32;
+  std::vector<int> heads;  // the selected heads, request order
+  std::vector<AttentionResult> results;
+  Metadata metadata;
+};
+
+// ---- Tokenize -------------------------------------------------------------------------------
+
+struct TokenizeRequest {
+  std::string_view model_version;
+  std::vector<Input> inputs;
+  TokenizationOptions tokenization;
+};
+
+struct TokenizeResponse {
+  std::string model_version;
+  std::shared_ptr<const Model> model;
+  std::vector<Encoding> results;
+  Metadata metadata;  // token_count, tokenization_ms, total_ms
+};
+
+// ---- GetModelInfo ---------------------------------------------------------------------------
+
+struct ModelInfoRequest {
+  std::string_view model_version;
+};
+
+struct ModelInfo {
+  std::string architecture;
+  std::string model_type;
+  int hidden_size = 0, num_layers = 0, num_heads = 0, head_dim = 0, intermediate_size = 0;
+  int vocab_size = 0, type_vocab_size = 0, max_position_embeddings = 0;
+  int default_max_length = 0;
+  std::string default_pooling;
+  bool default_normalize = false;
+  int64_t parameter_count = 0;
+  std::string precision;
+  std::string version;
+  std::string version_origin;
+  std::vector<std::string> available_versions;
+};
+
+}  // namespace attn::server::core

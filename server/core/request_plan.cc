@@ -1,0 +1,272 @@
+#include "server/core/request_plan.h"
+
+#include <algorithm>
+#include <set>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+
+namespace attn::server::core {
+
+namespace {
+
+absl::StatusOr<WireDType> ResolveDType(OutputDType dtype, const char* field) {
+  switch (dtype) {
+    case OutputDType::kUnspecified:
+    case OutputDType::kFloat32:
+      return WireDType::kFloat32;
+    case OutputDType::kFloat16:
+      return WireDType::kFloat16;
+    case OutputDType::kBFloat16:
+      return WireDType::kBFloat16;
+    default:
+      return absl::InvalidArgumentError(absl::StrCat(field, ": unknown dtype ",
+                                                     static_cast<int>(dtype),
+                                                     "; use FLOAT32, FLOAT16 or BFLOAT16"));
+  }
+}
+
+// Resolves layer indices (negatives count from the end) and rejects out-of-range or repeated
+// ones. Valid range is [0, count); `what` names the field.
+absl::StatusOr<std::vector<int>> ResolveIndices(absl::Span<const int32_t> raw, int count,
+                                                const std::string& what,
+                                                const std::string& meaning) {
+  std::vector<int> resolved;
+  std::set<int> seen;
+  for (int i = 0; i < static_cast<int>(raw.size()); ++i) {
+    const int index = raw[i] < 0 ? raw[i] + count : raw[i];
+    if (index < 0 || index >= count) {
+      return absl::InvalidArgumentError(absl::StrCat(what, "[", i, "] = ", raw[i], " is outside [",
+                                                     -count, ", ", count - 1, "]", meaning));
+    }
+    if (!seen.insert(index).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, "[", i, "] = ", raw[i], " repeats layer ", index));
+    }
+    resolved.push_back(index);
+  }
+  return resolved;
+}
+
+}  // namespace
+
+absl::StatusOr<TruncationOptions> ResolveTruncation(const Model& model,
+                                                    const TokenizationOptions& options) {
+  const int mode = static_cast<int>(options.truncation);
+  if (mode < static_cast<int>(Truncation::kUnspecified) ||
+      mode > static_cast<int>(Truncation::kNone)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tokenization.truncation: unknown value ", mode,
+                     "; use TRUNCATION_RIGHT, TRUNCATION_LEFT or TRUNCATION_NONE"));
+  }
+  TruncationOptions truncation;
+  truncation.enabled = options.truncation != Truncation::kNone;
+  truncation.side =
+      options.truncation == Truncation::kLeft ? TruncationSide::kLeft : TruncationSide::kRight;
+  if (options.max_length < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "tokenization.max_length is ", options.max_length, "; use 0 for the model default (",
+        model.default_max_length(), ") or a positive length"));
+  }
+  if (options.max_length > model.max_positions()) {
+    return absl::InvalidArgumentError(absl::StrCat("tokenization.max_length ", options.max_length,
+                                                   " is more than the model's ",
+                                                   model.max_positions(), " positions"));
+  }
+  truncation.max_length = options.max_length == 0 ? model.default_max_length() : options.max_length;
+  return truncation;
+}
+
+absl::StatusOr<TokenizedInputs> TokenizeInputs(const Model& model, absl::Span<const Input> inputs,
+                                               const TokenizationOptions& tokenization,
+                                               const RequestLimits& limits) {
+  if (inputs.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("the request has no inputs; send 1 to ",
+                                                   limits.max_inputs_per_request, " inputs"));
+  }
+  if (static_cast<int64_t>(inputs.size()) > limits.max_inputs_per_request) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the request has ", inputs.size(), " inputs, more than the limit of ",
+        limits.max_inputs_per_request, " (--max-inputs-per-request); split it into several calls"));
+  }
+  absl::StatusOr<TruncationOptions> truncation = ResolveTruncation(model, tokenization);
+  if (!truncation.ok()) return truncation.status();
+  const int limit = truncation->max_length;
+
+  TokenizedInputs out;
+  out.sequences.reserve(inputs.size());
+  out.encodings.reserve(inputs.size());
+  for (int i = 0; i < static_cast<int>(inputs.size()); ++i) {
+    const Input& input = inputs[i];
+    const std::string where = absl::StrCat("inputs[", i, "]");
+    absl::StatusOr<Encoding> encoding;
+    switch (input.kind) {
+      case Input::Kind::kText:
+        if (input.text.empty()) return absl::InvalidArgumentError(where + ": text is empty");
+        encoding = model.tokenizer().Encode(input.text, *truncation);
+        break;
+      case Input::Kind::kPair:
+        if (input.text.empty()) return absl::InvalidArgumentError(where + ": pair.first is empty");
+        if (input.second.empty())
+          return absl::InvalidArgumentError(where + ": pair.second is empty");
+        encoding = model.tokenizer().EncodePair(input.text, input.second, *truncation);
+        break;
+      case Input::Kind::kTokens: {
+        if (input.ids.empty()) return absl::InvalidArgumentError(where + ": tokens.ids is empty");
+        if (static_cast<int64_t>(input.ids.size()) > model.max_positions()) {
+          return absl::InvalidArgumentError(absl::StrCat(where, ": ", input.ids.size(),
+                                                         " token ids, more than the model's ",
+                                                         model.max_positions(), " positions"));
+        }
+        if (!input.type_ids.empty() && input.type_ids.size() != input.ids.size()) {
+          return absl::InvalidArgumentError(absl::StrCat(where, ": ", input.type_ids.size(),
+                                                         " type_ids for ", input.ids.size(),
+                                                         " ids; send none or one per id"));
+        }
+        encoding = model.tokenizer().FromIds(
+            std::vector<int32_t>(input.ids.begin(), input.ids.end()),
+            std::vector<int32_t>(input.type_ids.begin(), input.type_ids.end()));
+        break;
+      }
+      case Input::Kind::kNotSet:
+        return absl::InvalidArgumentError(where + ": empty input; set text, pair or tokens");
+    }
+    if (!encoding.ok()) {
+      return absl::Status(encoding.status().code(),
+                          absl::StrCat(where, ": ", encoding.status().message()));
+    }
+    if (input.kind != Input::Kind::kTokens && !truncation->enabled && encoding->size() > limit) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": ", input.kind == Input::Kind::kPair ? "pair" : "text", " has ",
+                       encoding->size(), " tokens, more than max_length ", limit,
+                       " and truncation is TRUNCATION_NONE; shorten it, raise "
+                       "tokenization.max_length (up to ",
+                       model.max_positions(), ") or allow truncation"));
+    }
+    out.total_tokens += encoding->size();
+    out.sequences.push_back({encoding->ids, encoding->type_ids});
+    out.encodings.push_back(std::move(*encoding));
+  }
+  return out;
+}
+
+absl::StatusOr<EncodePlan> PrepareEncode(const Model& model, const EncodeRequest& request,
+                                         const RequestLimits& limits) {
+  EncodePlan plan;
+  const int num_layers = model.config().num_hidden_layers;
+  switch (request.pooling) {
+    case Pooling::kModelDefault:
+      plan.pooling = model.sentence_config().pooling;
+      break;
+    case Pooling::kCls:
+      plan.pooling = PoolingMode::kCls;
+      break;
+    case Pooling::kMean:
+      plan.pooling = PoolingMode::kMean;
+      break;
+    case Pooling::kMax:
+      plan.pooling = PoolingMode::kMax;
+      break;
+    case Pooling::kNone:
+      plan.pooling = std::nullopt;
+      break;
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("pooling: unknown value ", static_cast<int>(request.pooling),
+                       "; use POOLING_MODEL_DEFAULT, POOLING_CLS, POOLING_MEAN, "
+                       "POOLING_MAX or POOLING_NONE"));
+  }
+  plan.normalize = request.normalize.value_or(model.sentence_config().normalize);
+  plan.token_embeddings = request.token_embeddings;
+  plan.static_embeddings = request.static_embeddings;
+  absl::StatusOr<WireDType> dtype = ResolveDType(request.output_dtype, "output_dtype");
+  if (!dtype.ok()) return dtype.status();
+  plan.dtype = *dtype;
+  absl::StatusOr<std::vector<int>> layers =
+      ResolveIndices(request.hidden_layers, num_layers + 1, "hidden_layers",
+                     absl::StrCat(" (0 = embedding output, ", num_layers,
+                                  " = last layer, negatives count from the end)"));
+  if (!layers.ok()) return layers.status();
+  plan.hidden_layers = *layers;
+
+  absl::StatusOr<TokenizedInputs> inputs =
+      TokenizeInputs(model, request.inputs, request.tokenization, limits);
+  if (!inputs.ok()) return inputs.status();
+  plan.inputs = std::move(*inputs);
+
+  plan.forward.pool = false;
+  plan.forward.hidden_layers = plan.hidden_layers;
+  // The last layer feeds pooling and token embeddings.
+  if (std::find(plan.hidden_layers.begin(), plan.hidden_layers.end(), num_layers) ==
+      plan.hidden_layers.end()) {
+    plan.forward.hidden_layers.push_back(num_layers);
+  }
+  plan.forward.static_embeddings = plan.static_embeddings;
+  return plan;
+}
+
+absl::StatusOr<AttentionPlan> PrepareAttention(const Model& model, const AttentionRequest& request,
+                                               const RequestLimits& limits) {
+  AttentionPlan plan;
+  const int num_layers = model.config().num_hidden_layers;
+  const int num_heads = model.config().num_attention_heads;
+  absl::StatusOr<std::vector<int>> layers =
+      ResolveIndices(request.layers, num_layers, "layers",
+                     " (0-based encoder layers; negatives count from the end)");
+  if (!layers.ok()) return layers.status();
+  plan.layers = *layers;
+  if (plan.layers.empty()) {
+    for (int l = 0; l < num_layers; ++l) plan.layers.push_back(l);
+  }
+  std::set<int> seen_heads;
+  for (int i = 0; i < static_cast<int>(request.heads.size()); ++i) {
+    const int head = request.heads[i];
+    if (head < 0 || head >= num_heads) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("heads[", i, "] = ", head, " is outside [0, ", num_heads - 1, "]"));
+    }
+    if (!seen_heads.insert(head).second) {
+      return absl::InvalidArgumentError(absl::StrCat("heads[", i, "] = ", head, " is repeated"));
+    }
+    plan.heads.push_back(head);
+  }
+  if (plan.heads.empty()) {
+    for (int h = 0; h < num_heads; ++h) plan.heads.push_back(h);
+  }
+  plan.weights = request.include_weights.value_or(true);
+  plan.scores = request.include_scores;
+  plan.qkv = request.include_qkv;
+  plan.mean_over_heads = request.mean_over_heads;
+  plan.rollout = request.rollout;
+  if (request.top_k < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("top_k is ", request.top_k, "; use 0 for dense maps or k > 0"));
+  }
+  plan.top_k = request.top_k;
+  if (!plan.weights && !plan.scores && !plan.qkv && !plan.mean_over_heads && !plan.rollout) {
+    return absl::InvalidArgumentError(
+        "nothing to return: include_weights is false and no scores, qkv, mean_over_heads or "
+        "rollout was requested");
+  }
+  absl::StatusOr<WireDType> dtype = ResolveDType(request.output_dtype, "output_dtype");
+  if (!dtype.ok()) return dtype.status();
+  plan.dtype = *dtype;
+
+  absl::StatusOr<TokenizedInputs> inputs =
+      TokenizeInputs(model, request.inputs, request.tokenization, limits);
+  if (!inputs.ok()) return inputs.status();
+  plan.inputs = std::move(*inputs);
+
+  plan.forward.pool = false;
+  plan.forward.attention_probs = true;
+  plan.forward.attention_scores = plan.scores;
+  plan.forward.attention_qkv = plan.qkv;
+  if (plan.rollout) {
+    for (int l = 0; l < num_layers; ++l) plan.forward.attention_layers.push_back(l);
+  } else {
+    plan.forward.attention_layers = plan.layers;
+  }
+  return plan;
+}
+
+}  // namespace attn::server::core

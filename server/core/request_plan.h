@@ -1,0 +1,68 @@
+// Validation and tokenization of the core's calls: turns a request into what the engine must
+// compute, or an INVALID_ARGUMENT status whose message names the field, the input index and the
+// limit. Pure functions of (model, request, limits), so they are easy to test and fuzz.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "engine/half.h"
+#include "engine/model.h"
+#include "server/core/calls.h"
+
+namespace attn::server::core {
+
+struct RequestLimits {
+  int max_inputs_per_request = 0;  // set from ServerOptions (server/options.h)
+};
+
+// Inputs tokenized and ready for the engine.
+struct TokenizedInputs {
+  std::vector<SequenceInput> sequences;
+  std::vector<Encoding> encodings;
+  int64_t total_tokens = 0;
+};
+
+// Tokenization options -> the tokenizer's truncation settings for `model` (0 = the model's
+// default length); INVALID_ARGUMENT naming the field otherwise.
+absl::StatusOr<TruncationOptions> ResolveTruncation(const Model& model,
+                                                    const TokenizationOptions& options);
+
+absl::StatusOr<TokenizedInputs> TokenizeInputs(const Model& model, absl::Span<const Input> inputs,
+                                               const TokenizationOptions& tokenization,
+                                               const RequestLimits& limits);
+
+struct EncodePlan {
+  TokenizedInputs inputs;
+  std::optional<PoolingMode> pooling;  // nullopt = no pooling
+  bool normalize = false;
+  bool token_embeddings = false;
+  std::vector<int> hidden_layers;  // resolved (0..L), request order
+  bool static_embeddings = false;
+  WireDType dtype = WireDType::kFloat32;
+  ForwardOptions forward;  // what the engine must keep (pooling is done per request)
+};
+
+absl::StatusOr<EncodePlan> PrepareEncode(const Model& model, const EncodeRequest& request,
+                                         const RequestLimits& limits);
+
+struct AttentionPlan {
+  TokenizedInputs inputs;
+  std::vector<int> layers;  // resolved 0-based layers, request order
+  std::vector<int> heads;   // selected heads, request order
+  bool weights = true;
+  bool scores = false;
+  bool qkv = false;
+  bool mean_over_heads = false;
+  bool rollout = false;
+  int top_k = 0;
+  WireDType dtype = WireDType::kFloat32;
+  ForwardOptions forward;
+};
+
+absl::StatusOr<AttentionPlan> PrepareAttention(const Model& model, const AttentionRequest& request,
+                                               const RequestLimits& limits);
+
+}  // namespace attn::server::core

@@ -1,0 +1,95 @@
+#include "server/core/results.h"
+
+#include <cstring>
+
+#include "engine/attention_analysis.h"
+#include "engine/ops/pooling.h"
+
+namespace attn::server::core {
+
+namespace {
+
+// Selected heads of a (heads, T, X) tensor -> (selected, T, X).
+Tensor SelectHeads(const Tensor& full, const std::vector<int>& heads) {
+  const int64_t per_head = full.numel() / full.dim(0);
+  Tensor out({static_cast<int64_t>(heads.size()), full.dim(1), full.dim(2)});
+  for (size_t i = 0; i < heads.size(); ++i) {
+    std::memcpy(out.data() + i * per_head, full.data() + heads[i] * per_head,
+                sizeof(float) * per_head);
+  }
+  return out;
+}
+
+}  // namespace
+
+void BuildEncodeResults(const Model& model, EncodePlan& plan, const JobOutput& output,
+                        std::vector<EncodeResult>* results) {
+  const int64_t H = model.config().hidden_size;
+  const int last_layer = model.config().num_hidden_layers;
+  results->resize(output.sequences.size());
+  for (size_t i = 0; i < output.sequences.size(); ++i) {
+    const SequenceView& view = output.sequences[i];
+    const int64_t T = view.length();
+    EncodeResult& result = (*results)[i];
+    result.encoding = std::move(plan.inputs.encodings[i]);
+    const float* last_hidden = view.hidden(last_layer, H);
+    if (plan.pooling) {
+      result.embedding.resize(H);
+      PoolForward(last_hidden, H, {0, T}, *plan.pooling, result.embedding.data());
+      if (plan.normalize) L2NormalizeRows(result.embedding.data(), 1, H);
+    }
+    if (plan.token_embeddings) result.token_embeddings = {T, H, last_hidden};
+    result.hidden_states.reserve(plan.hidden_layers.size());
+    for (int layer : plan.hidden_layers) {
+      result.hidden_states.push_back({layer, {T, H, view.hidden(layer, H)}});
+    }
+    if (plan.static_embeddings) {
+      result.static_embeddings = {T, H,
+                                  view.result->static_embeddings.data() + view.row_begin() * H};
+    }
+  }
+}
+
+void BuildAttentionResults(const Model& model, AttentionPlan& plan, const JobOutput& output,
+                           std::vector<AttentionResult>* results) {
+  const int num_layers = model.config().num_hidden_layers;
+  results->resize(output.sequences.size());
+  for (size_t i = 0; i < output.sequences.size(); ++i) {
+    const SequenceView& view = output.sequences[i];
+    AttentionResult& result = (*results)[i];
+    result.encoding = std::move(plan.inputs.encodings[i]);
+    result.layers.resize(plan.layers.size());
+    for (size_t l = 0; l < plan.layers.size(); ++l) {
+      const int layer = plan.layers[l];
+      const SequenceAttention& attention = view.attention(layer);
+      LayerAttentionResult& out = result.layers[l];
+      out.layer = layer;
+      if (plan.weights) {
+        Tensor weights = SelectHeads(attention.probs, plan.heads);
+        if (plan.top_k > 0) {
+          TopKRowsResult top = TopKRows(weights, plan.top_k);
+          out.top_k_values = std::move(top.values);
+          out.top_k_indices = std::move(top.indices);
+        } else {
+          out.weights = std::move(weights);
+        }
+      }
+      if (plan.scores) out.scores = SelectHeads(attention.scores, plan.heads);
+      if (plan.qkv) {
+        out.query = SelectHeads(attention.query, plan.heads);
+        out.key = SelectHeads(attention.key, plan.heads);
+        out.value = SelectHeads(attention.value, plan.heads);
+      }
+      if (plan.mean_over_heads) out.mean_weights = MeanOverHeads(attention.probs);
+    }
+    if (plan.rollout) {
+      std::vector<Tensor> means;
+      for (int layer = 0; layer < num_layers; ++layer) {
+        means.push_back(MeanOverHeads(view.attention(layer).probs));
+      }
+      result.rollout = AttentionRollout(means);
+    }
+  }
+}
+
+}  // namespace attn::server::core

@@ -1,0 +1,130 @@
+// Every attnserve flag, its default (taken from ServerOptions) and its validation.
+#include "server/options.h"
+
+#include "absl/flags/flag.h"
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "engine/log.h"
+
+namespace {
+const attn::server::ServerOptions kDefaults;
+}  // namespace
+
+ABSL_FLAG(std::string, model_dir, ATTN_DEFAULT_MODEL_DIR,
+          "Hugging Face model directory to serve (config.json, model.safetensors, vocab.txt, "
+          "...). Default: the model installed by scripts/setup.sh.");
+ABSL_FLAG(std::string, host, kDefaults.host, "Address to listen on for gRPC.");
+ABSL_FLAG(int, port, kDefaults.port, "gRPC port; 0 picks a free port (see --ready-file).");
+ABSL_FLAG(int, metrics_port, kDefaults.metrics_port,
+          "Prometheus /metrics port on the same host; 0 picks a free port, -1 disables.");
+ABSL_FLAG(std::string, ready_file, "",
+          "If set, once the model is loaded and health is SERVING, write "
+          "{\"grpc_port\":N,\"metrics_port\":M,\"pid\":P} here (atomically).");
+ABSL_FLAG(int64_t, max_batch_tokens, kDefaults.max_batch_tokens,
+          "Token budget of one packed engine batch; concurrent requests are merged up to it "
+          "(at least 512).");
+ABSL_FLAG(int, max_concurrent_requests, kDefaults.max_concurrent_requests,
+          "Requests admitted at once (queued or running); more get RESOURCE_EXHAUSTED.");
+ABSL_FLAG(int, max_inputs_per_request, kDefaults.max_inputs_per_request,
+          "Most inputs in one Encode/AttentionMap/Tokenize call.");
+ABSL_FLAG(int64_t, max_message_bytes, kDefaults.max_message_bytes,
+          "Largest request and response in bytes.");
+ABSL_FLAG(int, threads, kDefaults.threads, "Engine (OpenMP) threads; 0 = all cores.");
+ABSL_FLAG(std::string, precision, attn::PrecisionName(kDefaults.precision),
+          "Engine precision: float32 (fp32), or int8 (linear layers quantised per output "
+          "channel at load, activations per token; pooled cosine to fp32 >= 0.995). Applies to "
+          "every served version, fine-tuned ones included; reported by GetModelInfo and the "
+          "attnserve_model_info metric.");
+ABSL_FLAG(double, drain_timeout_s, kDefaults.drain_timeout_s,
+          "On SIGTERM/SIGINT: seconds to let in-flight requests finish before exiting.");
+ABSL_FLAG(std::string, log_level, kDefaults.log_level, "debug, info, warning or error.");
+ABSL_FLAG(std::string, trainer_token_file, "",
+          "Enables the Trainer service (FineTune, ListVersions, Rollback, SetServingVersion): "
+          "a file holding the bearer token clients must send as 'authorization: Bearer <token>' "
+          "(surrounding whitespace is ignored; an empty file is an error). Without it the "
+          "Trainer answers UNIMPLEMENTED. The Encoder service needs no token.");
+ABSL_FLAG(std::string, model_store, "",
+          "Directory of committed fine-tuned versions (created if missing). At start every "
+          "version in it is loaded and the latest one is served by default; commits write new "
+          "versions here. Empty: fine-tuning runs but commits fail with FAILED_PRECONDITION.");
+ABSL_FLAG(int, trainer_threads, kDefaults.trainer_threads,
+          "OpenMP threads of the training thread (0 = all cores). Few threads keep Encode "
+          "latency low while a job runs.");
+ABSL_FLAG(int, trainer_nice, kDefaults.trainer_nice,
+          "Niceness (0-19) added to the training thread's: under CPU contention the kernel "
+          "prefers the threads serving Encode/AttentionMap, so their latency stays near idle "
+          "while a job runs; an idle server still gives training every spare cycle.");
+ABSL_FLAG(double, watch_store, kDefaults.watch_store_s,
+          "Seconds between polls of --model-store for versions committed by another process "
+          "(a trainer replica sharing the store); 0 = off. New complete versions are "
+          "registered and the newest is served, unless an operator pinned an older one here "
+          "with Rollback/SetServingVersion. Watching servers leave the store's temp dirs alone.");
+ABSL_FLAG(int, max_loaded_versions, kDefaults.max_loaded_versions,
+          "Model versions kept in memory (each ~175 MB for the default model in fp32). The served "
+          "version and the most recently used ones stay; others are unloaded and loaded again "
+          "from the model store when a request pins them.");
+ABSL_FLAG(std::string, tls_cert, "",
+          "PEM certificate chain: serve every service over TLS (give --tls-key too).");
+ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls-cert.");
+
+namespace attn::server {
+
+absl::StatusOr<ServerOptions> OptionsFromFlags() {
+  ServerOptions options;
+  options.model_dir = absl::GetFlag(FLAGS_model_dir);
+  options.host = absl::GetFlag(FLAGS_host);
+  options.port = absl::GetFlag(FLAGS_port);
+  options.metrics_port = absl::GetFlag(FLAGS_metrics_port);
+  options.ready_file = absl::GetFlag(FLAGS_ready_file);
+  options.max_batch_tokens = absl::GetFlag(FLAGS_max_batch_tokens);
+  options.max_concurrent_requests = absl::GetFlag(FLAGS_max_concurrent_requests);
+  options.max_inputs_per_request = absl::GetFlag(FLAGS_max_inputs_per_request);
+  options.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
+  options.threads = absl::GetFlag(FLAGS_threads);
+  options.drain_timeout_s = absl::GetFlag(FLAGS_drain_timeout_s);
+  options.log_level = absl::GetFlag(FLAGS_log_level);
+  options.trainer_token_file = absl::GetFlag(FLAGS_trainer_token_file);
+  options.model_store = absl::GetFlag(FLAGS_model_store);
+  options.trainer_threads = absl::GetFlag(FLAGS_trainer_threads);
+  options.trainer_nice = absl::GetFlag(FLAGS_trainer_nice);
+  options.watch_store_s = absl::GetFlag(FLAGS_watch_store);
+  options.max_loaded_versions = absl::GetFlag(FLAGS_max_loaded_versions);
+  options.tls_cert = absl::GetFlag(FLAGS_tls_cert);
+  options.tls_key = absl::GetFlag(FLAGS_tls_key);
+
+  auto invalid = [](const char* message) { return absl::InvalidArgumentError(message); };
+  LogLevel level;
+  if (!ParseLogLevel(options.log_level, &level)) {
+    return invalid("--log-level must be debug, info, warning or error");
+  }
+  if (options.port < 0 || options.port > 65535) return invalid("--port must be in [0, 65535]");
+  if (options.metrics_port < -1 || options.metrics_port > 65535) {
+    return invalid("--metrics-port must be -1 (off) or in [0, 65535]");
+  }
+  if (options.max_batch_tokens < 512) return invalid("--max-batch-tokens must be >= 512");
+  if (options.max_concurrent_requests < 1) {
+    return invalid("--max-concurrent-requests must be >= 1");
+  }
+  if (options.max_inputs_per_request < 1) return invalid("--max-inputs-per-request must be >= 1");
+  if (options.max_message_bytes < 1024) return invalid("--max-message-bytes must be >= 1024");
+  if (options.threads < 0) return invalid("--threads must be >= 0");
+  if (!ParsePrecision(absl::GetFlag(FLAGS_precision), &options.precision)) {
+    return invalid("--precision must be float32 (or fp32) or int8");
+  }
+  if (options.drain_timeout_s < 0) return invalid("--drain-timeout-s must be >= 0");
+  if (options.trainer_threads < 0) return invalid("--trainer-threads must be >= 0");
+  if (options.trainer_nice < 0 || options.trainer_nice > 19) {
+    return invalid("--trainer-nice must be in [0, 19]");
+  }
+  if (options.watch_store_s < 0) return invalid("--watch-store must be >= 0 (0 = off)");
+  if (options.watch_store_s > 0 && options.model_store.empty()) {
+    return invalid("--watch-store needs --model-store (the directory to watch)");
+  }
+  if (options.max_loaded_versions < 1) return invalid("--max-loaded-versions must be >= 1");
+  if (options.tls_cert.empty() != options.tls_key.empty()) {
+    return invalid("--tls-cert and --tls-key go together: give both or neither");
+  }
+  return options;
+}
+
+}  // namespace attn::server

@@ -1,0 +1,216 @@
+#include "server/server_runner.h"
+
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/health_check_service_interface.h>
+#include <grpcpp/security/server_credentials.h>
+#include <omp.h>
+#include <prometheus/exposer.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "engine/log.h"
+#include "engine/model.h"
+#include "server/core/batcher.h"
+#include "server/core/model_registry.h"
+#include "server/core/serving_core.h"
+#include "server/encoder_service.h"
+#include "server/metrics.h"
+#include "server/store_versions.h"
+#include "server/store_watcher.h"
+#include "server/trainer_service.h"
+
+namespace attn::server {
+namespace {
+
+constexpr const char* kEncoderServiceName = "attnserve.v1.Encoder";
+
+int Fail(const std::string& message) {
+  Log(LogLevel::kError, "%s", message);
+  return 1;
+}
+
+absl::Status WriteReadyFile(const std::string& path, int grpc_port, int metrics_port) {
+  const std::string temp = path + ".tmp";
+  {
+    std::ofstream out(temp, std::ios::trunc);
+    out << "{\"grpc_port\": " << grpc_port << ", \"metrics_port\": " << metrics_port
+        << ", \"pid\": " << getpid() << "}\n";
+    if (!out.good()) return absl::InternalError(absl::StrCat("cannot write ", temp));
+  }
+  std::error_code error;
+  std::filesystem::rename(temp, path, error);
+  if (error)
+    return absl::InternalError(absl::StrCat("cannot rename to ", path, ": ", error.message()));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> ReadFile(const std::string& path, const char* what) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::FailedPreconditionError(absl::StrCat("cannot read ", what, " ", path));
+  std::ostringstream contents;
+  contents << in.rdbuf();
+  if (contents.str().empty()) {
+    return absl::FailedPreconditionError(absl::StrCat(what, " ", path, " is empty"));
+  }
+  return contents.str();
+}
+
+absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeCredentials(
+    const ServerOptions& options) {
+  if (options.tls_cert.empty()) return grpc::InsecureServerCredentials();
+  absl::StatusOr<std::string> cert = ReadFile(options.tls_cert, "--tls-cert");
+  if (!cert.ok()) return cert.status();
+  absl::StatusOr<std::string> key = ReadFile(options.tls_key, "--tls-key");
+  if (!key.ok()) return key.status();
+  grpc::SslServerCredentialsOptions ssl;
+  ssl.pem_key_cert_pairs.push_back({*key, *cert});
+  return grpc::SslServerCredentials(ssl);
+}
+
+}  // namespace
+
+int RunServer(const ServerOptions& options, std::optional<std::string> trainer_token) {
+  // Signals are taken by a dedicated thread with sigwait, so block them before any thread starts.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  if (options.threads > 0) omp_set_num_threads(options.threads);
+
+  Metrics metrics;
+  std::unique_ptr<prometheus::Exposer> exposer;
+  int metrics_port = -1;
+  if (options.metrics_port >= 0) {
+    try {
+      exposer = std::make_unique<prometheus::Exposer>(
+          absl::StrCat(options.host, ":", options.metrics_port));
+    } catch (const std::exception& e) {
+      return Fail(absl::StrCat("cannot listen for metrics on ", options.host, ":",
+                               options.metrics_port, ": ", e.what()));
+    }
+    exposer->RegisterCollectable(metrics.registry());
+    metrics_port = exposer->GetListeningPorts().front();
+  }
+
+  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials = MakeCredentials(options);
+  if (!credentials.ok()) return Fail(std::string(credentials.status().message()));
+
+  ModelRegistry registry(options.max_loaded_versions, [&options](const ModelVersion& version) {
+    return LoadVersion(options, version);
+  });
+  registry.SetEvictionListener([](const std::string& version) {
+    Log(LogLevel::kInfo,
+        "unloaded version %s (--max-loaded-versions reached; it loads again "
+        "when a request pins it)",
+        version);
+  });
+  // Every change of the default version (start-up, commit, Rollback, SetServingVersion) shows
+  // in the metrics.
+  registry.SetServingListener([&metrics](const ModelVersion& served) {
+    const BertConfig& c = served.model->config();
+    metrics.SetModelInfo(served.version, "bert", PrecisionName(served.model->precision()),
+                         c.num_hidden_layers, c.hidden_size, c.num_attention_heads);
+    metrics.SetServingVersion(served.version);
+  });
+  Batcher batcher({options.max_batch_tokens, options.max_concurrent_requests, options.threads},
+                  &metrics);
+  core::ServingCore serving_core({options.max_inputs_per_request}, &registry, &batcher, &metrics);
+  EncoderService encoder(&serving_core, options.max_message_bytes, &metrics);
+  TrainerService trainer(options, std::move(trainer_token), &registry, &metrics);
+
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  int grpc_port = 0;
+  builder.AddListeningPort(absl::StrCat(options.host, ":", options.port), *credentials, &grpc_port);
+  builder.RegisterService(&encoder);
+  builder.RegisterService(&trainer);
+  // gRPC's own limits sit above ours so oversized requests reach our handler and get a message
+  // that says which flag to raise; gRPC's hard cap still bounds memory.
+  const int64_t hard_limit =
+      std::min<int64_t>(options.max_message_bytes * 2 + (1 << 20), INT32_MAX);
+  builder.SetMaxReceiveMessageSize(static_cast<int>(hard_limit));
+  builder.SetMaxSendMessageSize(static_cast<int>(hard_limit));
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (server == nullptr || grpc_port == 0) {
+    return Fail(absl::StrCat("cannot listen for gRPC on ", options.host, ":", options.port,
+                             " (port in use or address not available)"));
+  }
+  grpc::HealthCheckServiceInterface* health = server->GetHealthCheckService();
+  // Register both names as NOT_SERVING now: a name set only later would answer NOT_FOUND while
+  // the model loads.
+  health->SetServingStatus(false);
+  health->SetServingStatus(kEncoderServiceName, false);
+  Log(LogLevel::kInfo, "listening on %s:%d (gRPC), metrics on port %d; loading %s", options.host,
+      grpc_port, metrics_port, options.model_dir);
+
+  ModelOptions model_options;
+  model_options.precision = options.precision;
+  auto model = Model::Load(options.model_dir, model_options);
+  if (!model.ok()) {
+    server->Shutdown();
+    return Fail(absl::StrCat("cannot load the model: ", model.status().message(),
+                             " (run scripts/setup.sh for the default model, or pass --model-dir)"));
+  }
+  const BertConfig& config = (*model)->config();
+  ModelVersion base;
+  base.version = "base";
+  base.origin = absl::StrCat("loaded from ", options.model_dir);
+  base.model = *model;
+  registry.Add(std::move(base));
+  if (!options.model_store.empty()) {
+    absl::StatusOr<int64_t> next_sequence =
+        LoadModelStore(options.model_store, options.watch_store_s == 0, &registry);
+    if (!next_sequence.ok()) {
+      server->Shutdown();
+      return Fail(absl::StrCat("cannot use the model store: ", next_sequence.status().message()));
+    }
+    trainer.SetNextSequence(*next_sequence);
+  }
+  std::unique_ptr<StoreWatcher> watcher;
+  if (options.watch_store_s > 0) {
+    watcher = std::make_unique<StoreWatcher>(options.model_store, options.watch_store_s, &registry);
+    Log(LogLevel::kInfo, "watching model store %s every %g s for new versions", options.model_store,
+        options.watch_store_s);
+  }
+  absl::StatusOr<ModelVersion> served = registry.Get("");
+  health->SetServingStatus(true);
+  health->SetServingStatus(kEncoderServiceName, true);
+  Log(LogLevel::kInfo, "SERVING model version %s (%d layers, hidden %d, %d heads)%s%s",
+      served.ok() ? served->version : "?", config.num_hidden_layers, config.hidden_size,
+      config.num_attention_heads, options.tls_cert.empty() ? "" : " over TLS",
+      options.trainer_token_file.empty() ? "; fine-tuning disabled (no --trainer-token-file)"
+                                         : "; fine-tuning enabled");
+  if (!options.ready_file.empty()) {
+    if (absl::Status written = WriteReadyFile(options.ready_file, grpc_port, metrics_port);
+        !written.ok()) {
+      Log(LogLevel::kWarning, "%s", written.ToString());
+    }
+  }
+
+  int signal_number = 0;
+  sigwait(&signals, &signal_number);
+  Log(LogLevel::kInfo, "received %s: draining in-flight requests (up to %.0f s)",
+      signal_number == SIGTERM ? "SIGTERM" : "SIGINT", options.drain_timeout_s);
+  health->SetServingStatus(false);
+  // Shutdown stops accepting calls and waits for the running ones (they finish through the
+  // batcher, which keeps working) until the deadline, then cancels the rest.
+  server->Shutdown(std::chrono::system_clock::now() +
+                   std::chrono::milliseconds(static_cast<int64_t>(options.drain_timeout_s * 1e3)));
+  batcher.Stop();
+  if (watcher != nullptr) watcher->Stop();
+  Log(LogLevel::kInfo, "drained; exiting");
+  return 0;
+}
+
+}  // namespace attn::server

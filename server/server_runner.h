@@ -1,0 +1,15 @@
+// Runs attnserve with validated options: metrics endpoint, model registry, batcher, serving core,
+// the gRPC services, health and reflection; waits for SIGTERM/SIGINT and drains.
+#pragma once
+
+#include <optional>
+#include <string>
+
+#include "server/options.h"
+
+namespace attn::server {
+
+// Returns the process exit code: 0 after a drain, 1 if the server could not start.
+int RunServer(const ServerOptions& options, std::optional<std::string> trainer_token);
+
+}  // namespace attn::server

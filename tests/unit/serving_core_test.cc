@@ -1,0 +1,210 @@
+// The serving core's calls (server/core/serving_core.h) with the real model and no server: each
+// call's result against the engine run directly on the same inputs, and one error per call with
+// the message a client gets.
+#include "server/core/serving_core.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <future>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace attn::server::core {
+namespace {
+
+class NoMetrics final : public ServingMetrics {
+ public:
+  void RecordQueueTime(double) override {}
+  void RecordTokenizationTime(double) override {}
+  void RecordInferenceTime(double) override {}
+  void RecordBatch(int64_t, int64_t) override {}
+  void SetQueueDepth(int64_t) override {}
+  void AddTokens(int64_t) override {}
+  void RecordDropped(std::string_view) override {}
+};
+
+class ServingCoreTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    absl::StatusOr<std::shared_ptr<const Model>> model = Model::Load(ATTN_TEST_MODEL_DIR);
+    ASSERT_TRUE(model.ok()) << model.status();
+    model_ = new std::shared_ptr<const Model>(*model);
+  }
+  static void TearDownTestSuite() {
+    delete model_;
+    model_ = nullptr;
+  }
+
+  void SetUp() override {
+    registry_ = std::make_unique<ModelRegistry>(1);
+    ModelVersion base;
+    base.version = "base";
+    base.model = *model_;
+    registry_->Add(base);
+    batcher_ = std::make_unique<Batcher>(
+        BatcherOptions{/*max_batch_tokens=*/1024, /*max_concurrent_requests=*/8, /*threads=*/0},
+        &metrics_);
+    core_ = std::make_unique<ServingCore>(RequestLimits{/*max_inputs_per_request=*/4},
+                                          registry_.get(), batcher_.get(), &metrics_);
+  }
+
+  // The engine call, waited for.
+  template <typename Response, typename Request, typename Call>
+  absl::StatusOr<Response> Wait(Call call, const Request& request) {
+    std::promise<absl::StatusOr<Response>> promise;
+    (core_.get()->*call)(request, CallControl{}, [&promise](absl::StatusOr<Response> r) {
+      promise.set_value(std::move(r));
+    });
+    return promise.get_future().get();
+  }
+
+  // The engine's own forward of one input, pooled as the model says.
+  ForwardResult EngineForward(const std::string& text, ForwardOptions options) {
+    TruncationOptions truncation;
+    truncation.max_length = (*model_)->default_max_length();
+    absl::StatusOr<Encoding> encoding = (*model_)->tokenizer().Encode(text, truncation);
+    EXPECT_TRUE(encoding.ok());
+    absl::StatusOr<ForwardResult> result =
+        (*model_)->Forward({{encoding->ids, encoding->type_ids}}, options);
+    EXPECT_TRUE(result.ok()) << result.status();
+    return std::move(*result);
+  }
+
+  // `text` must outlive the call (requests view their inputs).
+  static Input Text(std::string_view text) {
+    Input input;
+    input.kind = Input::Kind::kText;
+    input.text = text;
+    return input;
+  }
+
+  static std::shared_ptr<const Model>* model_;
+  NoMetrics metrics_;
+  std::unique_ptr<ModelRegistry> registry_;
+  std::unique_ptr<Batcher> batcher_;
+  std::unique_ptr<ServingCore> core_;
+};
+
+std::shared_ptr<const Model>* ServingCoreTest::model_ = nullptr;
+
+TEST_F(ServingCoreTest, EncodePoolsEachSequenceLikeTheEngine) {
+  const std::vector<std::string> texts = {"The cat sat on the mat.",
+                                          "A much longer sentence about serving embeddings."};
+  EncodeRequest request;
+  for (const std::string& text : texts) request.inputs.push_back(Text(text));
+  request.token_embeddings = true;
+  absl::StatusOr<EncodeResponse> response = Wait<EncodeResponse>(&ServingCore::Encode, request);
+  ASSERT_TRUE(response.ok()) << response.status();
+  EXPECT_EQ(response->model_version, "base");
+  ASSERT_EQ(response->results.size(), texts.size());
+  const int last = (*model_)->config().num_hidden_layers;
+  for (size_t i = 0; i < texts.size(); ++i) {
+    ForwardOptions options = (*model_)->DefaultForwardOptions();
+    options.hidden_layers = {last};
+    const ForwardResult reference = EngineForward(texts[i], options);
+    const EncodeResult& result = response->results[i];
+    ASSERT_EQ(static_cast<int64_t>(result.embedding.size()), reference.pooled.numel());
+    for (size_t k = 0; k < result.embedding.size(); ++k) {
+      EXPECT_NEAR(result.embedding[k], reference.pooled.data()[k], 1e-5) << i << " " << k;
+    }
+    const Tensor* hidden = reference.HiddenState(last);
+    ASSERT_EQ(result.token_embeddings.rows, hidden->dim(0));
+    ASSERT_EQ(result.token_embeddings.size(), hidden->numel());
+    for (int64_t k = 0; k < hidden->numel(); ++k) {
+      ASSERT_NEAR(result.token_embeddings.data[k], hidden->data()[k], 1e-4) << i << " " << k;
+    }
+    EXPECT_EQ(result.encoding.size(), hidden->dim(0));
+  }
+  EXPECT_GT(response->metadata.token_count, 0);
+}
+
+TEST_F(ServingCoreTest, EncodeRejectsAnEmptyTextNamingItsIndex) {
+  EncodeRequest request;
+  request.inputs = {Text("fine"), Text("")};
+  absl::StatusOr<EncodeResponse> response = Wait<EncodeResponse>(&ServingCore::Encode, request);
+  ASSERT_FALSE(response.ok());
+  EXPECT_EQ(response.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(response.status().message(), "inputs[1]: text is empty");
+}
+
+TEST_F(ServingCoreTest, AttentionSelectsTheRequestedHeads) {
+  const std::string text = "Attention maps show what each token looks at.";
+  AttentionRequest request;
+  request.inputs = {Text(text)};
+  const std::vector<int32_t> layers = {-1};
+  const std::vector<int32_t> heads = {2, 0};
+  request.layers = layers;
+  request.heads = heads;
+  absl::StatusOr<AttentionResponse> response =
+      Wait<AttentionResponse>(&ServingCore::AttentionMap, request);
+  ASSERT_TRUE(response.ok()) << response.status();
+  const int last = (*model_)->config().num_hidden_layers - 1;
+  ForwardOptions options;
+  options.pool = false;
+  options.attention_layers = {last};
+  const ForwardResult reference = EngineForward(text, options);
+  const Tensor& probs = reference.Attention(last)->sequences[0].probs;  // (heads, T, T)
+  ASSERT_EQ(response->results.size(), 1u);
+  ASSERT_EQ(response->results[0].layers.size(), 1u);
+  const LayerAttentionResult& layer = response->results[0].layers[0];
+  EXPECT_EQ(layer.layer, last);
+  const int64_t T = probs.dim(1);
+  ASSERT_EQ(layer.weights.shape(), (std::vector<int64_t>{2, T, T}));
+  for (int h = 0; h < 2; ++h) {
+    for (int64_t k = 0; k < T * T; ++k) {
+      ASSERT_NEAR(layer.weights.data()[h * T * T + k], probs.data()[heads[h] * T * T + k], 1e-5);
+    }
+  }
+}
+
+TEST_F(ServingCoreTest, AttentionRejectsAHeadOutOfRange) {
+  AttentionRequest request;
+  request.inputs = {Text("hello")};
+  const std::vector<int32_t> heads = {12};
+  request.heads = heads;
+  absl::StatusOr<AttentionResponse> response =
+      Wait<AttentionResponse>(&ServingCore::AttentionMap, request);
+  ASSERT_FALSE(response.ok());
+  EXPECT_EQ(response.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(response.status().message(), "heads[0] = 12 is outside [0, 11]");
+}
+
+TEST_F(ServingCoreTest, TokenizeGivesBertIdsAndOffsets) {
+  // Ids from Hugging Face's BertTokenizerFast on this vocabulary: [CLS] hello world [SEP].
+  TokenizeRequest request;
+  request.inputs = {Text("Hello world")};
+  absl::StatusOr<TokenizeResponse> response = core_->Tokenize(request, CallControl{});
+  ASSERT_TRUE(response.ok()) << response.status();
+  ASSERT_EQ(response->results.size(), 1u);
+  EXPECT_EQ(response->results[0].ids, (std::vector<int32_t>{101, 7592, 2088, 102}));
+  EXPECT_EQ(response->results[0].char_start, (std::vector<int32_t>{0, 0, 6, 0}));
+  EXPECT_EQ(response->results[0].char_end, (std::vector<int32_t>{0, 5, 11, 0}));
+  EXPECT_EQ(response->metadata.token_count, 4);
+}
+
+TEST_F(ServingCoreTest, TokenizeRejectsTooManyInputsNamingTheLimit) {
+  TokenizeRequest request;
+  request.inputs.assign(5, Text("x"));
+  absl::StatusOr<TokenizeResponse> response = core_->Tokenize(request, CallControl{});
+  ASSERT_FALSE(response.ok());
+  EXPECT_EQ(response.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(response.status().message(),
+            "the request has 5 inputs, more than the limit of 4 (--max-inputs-per-request); "
+            "split it into several calls");
+}
+
+TEST_F(ServingCoreTest, UnknownVersionIsNotFound) {
+  ModelInfoRequest request{"no-such-version"};
+  absl::StatusOr<ModelInfo> info = core_->GetModelInfo(request);
+  ASSERT_FALSE(info.ok());
+  EXPECT_EQ(info.status().code(), absl::StatusCode::kNotFound);
+  absl::StatusOr<ModelInfo> base = core_->GetModelInfo({});
+  ASSERT_TRUE(base.ok()) << base.status();
+  EXPECT_EQ(base->num_layers, 6);
+  EXPECT_EQ(base->hidden_size, 384);
+}
+
+}  // namespace
+}  // namespace attn::server::core
