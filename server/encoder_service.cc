@@ -4,10 +4,9 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
-#include "engine/attention_analysis.h"
 #include "engine/log.h"
-#include "engine/ops/pooling.h"
 #include "server/request_prep.h"
+#include "server/response_builder.h"
 #include "server/status_map.h"
 
 namespace attn::server {
@@ -19,57 +18,6 @@ namespace {
 
 double MillisSince(Clock::time_point start) {
   return std::chrono::duration<double, std::milli>(Clock::now() - start).count();
-}
-
-v1::DType ToProtoDType(WireDType dtype) {
-  switch (dtype) {
-    case WireDType::kFloat16:
-      return v1::FLOAT16;
-    case WireDType::kBFloat16:
-      return v1::BFLOAT16;
-    default:
-      return v1::FLOAT32;
-  }
-}
-
-void SetTensor(const std::vector<int64_t>& shape, const float* data, WireDType dtype,
-               v1::Tensor* out) {
-  int64_t count = 1;
-  for (int64_t d : shape) {
-    out->add_shape(d);
-    count *= d;
-  }
-  out->set_dtype(ToProtoDType(dtype));
-  out->set_data(EncodeFloats(data, count, dtype));
-}
-
-void SetTensor(const Tensor& tensor, WireDType dtype, v1::Tensor* out) {
-  SetTensor(tensor.shape(), tensor.data(), dtype, out);
-}
-
-void FillTokens(const Model& model, const Encoding& encoding,
-                google::protobuf::RepeatedPtrField<v1::Token>* tokens) {
-  tokens->Reserve(encoding.size());
-  for (int t = 0; t < encoding.size(); ++t) {
-    v1::Token* token = tokens->Add();
-    token->set_id(encoding.ids[t]);
-    token->set_text(model.tokenizer().IdToToken(encoding.ids[t]));
-    token->set_char_start(encoding.char_start[t]);
-    token->set_char_end(encoding.char_end[t]);
-    token->set_byte_start(encoding.byte_start[t]);
-    token->set_byte_end(encoding.byte_end[t]);
-    token->set_type_id(encoding.type_ids[t]);
-    token->set_special(encoding.special_tokens_mask[t] != 0);
-    token->set_source(encoding.sequence_index[t]);
-  }
-}
-
-// Tokens and truncation info of one input, for any result message that has them.
-template <typename Result>
-void FillInputResult(const Model& model, const Encoding& encoding, Result* result) {
-  FillTokens(model, encoding, result->mutable_tokens());
-  result->set_truncated(encoding.truncated);
-  result->set_untruncated_length(encoding.untruncated_length);
 }
 
 void FillMetadata(const TokenizedInputs& inputs, double tokenization_ms, const JobOutput& output,
@@ -95,23 +43,69 @@ grpc::Status CheckResponseSize(const google::protobuf::Message& response, int64_
                                    "receive size"));
 }
 
-// One call's bookkeeping: finishes it (writing the response bytes first when it succeeded) and
-// records it in the metrics.
+std::optional<std::chrono::system_clock::time_point> DeadlineOf(
+    const grpc::CallbackServerContext* context) {
+  const auto deadline = context->deadline();
+  // gRPC reports "no deadline" as the far future.
+  if (deadline >= std::chrono::system_clock::time_point::max() - std::chrono::hours(24 * 365)) {
+    return std::nullopt;
+  }
+  return deadline;
+}
+
+// One call's bookkeeping: finishes it (writing the response bytes first when it succeeded),
+// records it in the metrics and gives back the memory it was admitted with.
 class CallTracker {
  public:
   CallTracker(const char* method, Metrics* metrics, grpc::CallbackServerContext* context,
               std::function<grpc::Status()> serialize)
       : method_(method),
         metrics_(metrics),
+        context_(context),
         reactor_(context->DefaultReactor()),
-        serialize_(std::move(serialize)) {}
+        serialize_(std::move(serialize)),
+        deadline_(DeadlineOf(context)) {}
 
   grpc::ServerUnaryReactor* reactor() const { return reactor_; }
   Clock::time_point received() const { return received_; }
+  const std::optional<std::chrono::system_clock::time_point>& deadline() const { return deadline_; }
 
-  // Finishes the call and records it. Call exactly once.
-  void Finish(grpc::Status status) {
+  // `bytes` of `budget` admitted for this call; given back when it finishes.
+  void HoldMemory(MemoryBudget* budget, int64_t bytes) {
+    budget_ = budget;
+    held_bytes_ = bytes;
+    metrics_->SetMemoryInFlight(budget->in_flight());
+  }
+
+  // Why nobody waits for the answer any more ("deadline" or "cancelled"), or nullptr.
+  const char* DropReason() const {
+    if (deadline_ && *deadline_ < std::chrono::system_clock::now()) return "deadline";
+    // After the deadline check: gRPC also reports an expired call as cancelled.
+    if (context_->IsCancelled()) return "cancelled";
+    return nullptr;
+  }
+
+  // Finishes the call and records it. Call exactly once. `stage` says where the call was
+  // ("queue": before its batch ran; "reply": its response built, not yet serialised): a call
+  // whose client gave up is answered DEADLINE_EXCEEDED or CANCELLED whatever else happened
+  // (an expired call is never counted OK, a cancelled one never as bad input) and counted in
+  // attnserve_dropped_requests_total at that stage. The batcher counts its own drops.
+  void Finish(grpc::Status status, const char* stage = "queue") {
+    const bool dropped_already = status.error_code() == grpc::StatusCode::CANCELLED ||
+                                 status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED;
+    if (const char* reason = dropped_already ? nullptr : DropReason()) {
+      metrics_->RecordDropped(reason, stage);
+      status = std::string_view(reason) == "deadline"
+                   ? grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
+                                  "the call's deadline passed before the server answered")
+                   : grpc::Status(grpc::StatusCode::CANCELLED, "the client cancelled the call");
+    }
     if (status.ok() && serialize_) status = serialize_();
+    if (budget_ != nullptr) {
+      budget_->Release(held_bytes_);
+      metrics_->SetMemoryInFlight(budget_->in_flight());
+      budget_ = nullptr;
+    }
     metrics_->RecordRequest(method_, status.error_code(),
                             std::chrono::duration<double>(Clock::now() - received_).count());
     if (!status.ok() && status.error_code() != grpc::StatusCode::INVALID_ARGUMENT &&
@@ -125,9 +119,13 @@ class CallTracker {
  private:
   const char* method_;
   Metrics* metrics_;
+  grpc::CallbackServerContext* context_;
   grpc::ServerUnaryReactor* reactor_;
   std::function<grpc::Status()> serialize_;
+  const std::optional<std::chrono::system_clock::time_point> deadline_;
   Clock::time_point received_ = Clock::now();
+  MemoryBudget* budget_ = nullptr;
+  int64_t held_bytes_ = 0;
 };
 
 grpc::Status CheckRequestSize(int64_t bytes, int64_t limit) {
@@ -138,111 +136,15 @@ grpc::Status CheckRequestSize(int64_t bytes, int64_t limit) {
                                    "calls or raise --max-message-bytes on the server"));
 }
 
-std::optional<std::chrono::system_clock::time_point> DeadlineOf(
-    const grpc::CallbackServerContext* context) {
-  const auto deadline = context->deadline();
-  // gRPC reports "no deadline" as the far future.
-  if (deadline >= std::chrono::system_clock::time_point::max() - std::chrono::hours(24 * 365)) {
-    return std::nullopt;
-  }
-  return deadline;
-}
-
-// Selected heads of a (heads, T, X) tensor -> (selected, T, X).
-Tensor SelectHeads(const Tensor& full, const std::vector<int>& heads) {
-  const int64_t per_head = full.numel() / full.dim(0);
-  Tensor out({static_cast<int64_t>(heads.size()), full.dim(1), full.dim(2)});
-  for (size_t i = 0; i < heads.size(); ++i) {
-    std::memcpy(out.data() + i * per_head, full.data() + heads[i] * per_head,
-                sizeof(float) * per_head);
-  }
-  return out;
-}
-
-// Fills the Encode results from the batch output (one per input, in order).
-void BuildEncodeResults(const Model& model, const EncodePlan& p, const JobOutput& output,
-                        v1::EncodeResponse* response) {
-  const int64_t H = model.config().hidden_size;
-  const int last_layer = model.config().num_hidden_layers;
-  for (size_t i = 0; i < output.sequences.size(); ++i) {
-    const SequenceView& view = output.sequences[i];
-    const int64_t T = view.length();
-    v1::EncodeResult* result = response->add_results();
-    FillInputResult(model, p.inputs.encodings[i], result);
-    const float* last_hidden = view.hidden(last_layer, H);
-    if (p.pooling) {
-      std::vector<float> pooled(H);
-      PoolForward(last_hidden, H, {0, T}, *p.pooling, pooled.data());
-      if (p.normalize) L2NormalizeRows(pooled.data(), 1, H);
-      result->mutable_embedding()->Add(pooled.begin(), pooled.end());
-    }
-    if (p.token_embeddings) {
-      SetTensor({T, H}, last_hidden, p.dtype, result->mutable_token_embeddings());
-    }
-    for (int layer : p.hidden_layers) {
-      v1::LayerTensor* layer_tensor = result->add_hidden_states();
-      layer_tensor->set_layer(layer);
-      SetTensor({T, H}, view.hidden(layer, H), p.dtype, layer_tensor->mutable_tensor());
-    }
-    if (p.static_embeddings) {
-      SetTensor({T, H}, view.result->static_embeddings.data() + view.row_begin() * H, p.dtype,
-                result->mutable_static_embeddings());
-    }
-  }
-}
-
-// Fills the AttentionMap results from the batch output (one per input, in order).
-void BuildAttentionResults(const Model& model, const AttentionPlan& p, const JobOutput& output,
-                           v1::AttentionMapResponse* response) {
-  const int num_layers = model.config().num_hidden_layers;
-  for (size_t i = 0; i < output.sequences.size(); ++i) {
-    const SequenceView& view = output.sequences[i];
-    v1::AttentionResult* result = response->add_results();
-    FillInputResult(model, p.inputs.encodings[i], result);
-    for (int layer : p.layers) {
-      const SequenceAttention& attention = view.attention(layer);
-      v1::LayerAttention* out = result->add_layers();
-      out->set_layer(layer);
-      out->mutable_heads()->Add(p.heads.begin(), p.heads.end());
-      if (p.weights) {
-        const Tensor weights = SelectHeads(attention.probs, p.heads);
-        if (p.top_k > 0) {
-          TopKRowsResult top = TopKRows(weights, p.top_k);
-          v1::SparseRows* sparse = out->mutable_weights_top_k();
-          sparse->set_k(static_cast<int32_t>(top.values.dim(-1)));
-          SetTensor(top.values, p.dtype, sparse->mutable_values());
-          sparse->mutable_indices()->Add(top.indices.begin(), top.indices.end());
-        } else {
-          SetTensor(weights, p.dtype, out->mutable_weights());
-        }
-      }
-      if (p.scores) {
-        SetTensor(SelectHeads(attention.scores, p.heads), p.dtype, out->mutable_scores());
-      }
-      if (p.qkv) {
-        SetTensor(SelectHeads(attention.query, p.heads), p.dtype, out->mutable_query());
-        SetTensor(SelectHeads(attention.key, p.heads), p.dtype, out->mutable_key());
-        SetTensor(SelectHeads(attention.value, p.heads), p.dtype, out->mutable_value());
-      }
-      if (p.mean_over_heads) {
-        SetTensor(MeanOverHeads(attention.probs), p.dtype, out->mutable_mean_weights());
-      }
-    }
-    if (p.rollout) {
-      std::vector<Tensor> means;
-      for (int layer = 0; layer < num_layers; ++layer) {
-        means.push_back(MeanOverHeads(view.attention(layer).probs));
-      }
-      SetTensor(AttentionRollout(means), p.dtype, result->mutable_rollout());
-    }
-  }
-}
-
 }  // namespace
 
 EncoderService::EncoderService(const ServerOptions& options, ModelRegistry* registry,
-                               Batcher* batcher, Metrics* metrics)
-    : options_(options), registry_(registry), batcher_(batcher), metrics_(metrics) {
+                               Batcher* batcher, MemoryBudget* memory_budget, Metrics* metrics)
+    : options_(options),
+      registry_(registry),
+      batcher_(batcher),
+      memory_budget_(memory_budget),
+      metrics_(metrics) {
   ServeParsed<v1::EncodeRequest, v1::EncodeResponse>("Encode", &EncoderService::HandleEncode);
   ServeParsed<v1::AttentionMapRequest, v1::AttentionMapResponse>(
       "AttentionMap", &EncoderService::HandleAttentionMap);
@@ -266,9 +168,25 @@ void EncoderService::ServeParsed(const char* method, Handler<Request, Response> 
     auto messages = std::make_shared<std::pair<Request, Response>>();
     auto serialize = [messages, response_bytes] {
       bool own_buffer = false;
-      return grpc::SerializationTraits<Response>::Serialize(messages->second, response_bytes,
-                                                            &own_buffer);
+      grpc::Status status = grpc::SerializationTraits<Response>::Serialize(
+          messages->second, response_bytes, &own_buffer);
+      Response().Swap(&messages->second);  // free the message while gRPC sends the bytes
+      return status;
     };
+    if (!request_bytes->Valid()) {
+      // No message at all (a zero-byte request is still a valid buffer): the call ended before
+      // its body arrived, i.e. the client cancelled it or its deadline passed. gRPC may not
+      // report it cancelled yet, and parsing nothing would count it as bad input.
+      CallTracker call(method, metrics_, context, nullptr);
+      const bool expired =
+          call.DropReason() != nullptr && std::string_view(call.DropReason()) == "deadline";
+      metrics_->RecordDropped(expired ? "deadline" : "cancelled", "queue");
+      call.Finish(expired ? grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
+                                         "the deadline passed before the request arrived")
+                          : grpc::Status(grpc::StatusCode::CANCELLED,
+                                         "the call ended before its request arrived"));
+      return call.reactor();
+    }
     grpc::Status rejected =
         CheckRequestSize(static_cast<int64_t>(request_bytes->Length()), options_.max_message_bytes);
     if (rejected.ok()) rejected = ToGrpcStatus(ParseRequestBytes(*request_bytes, &messages->first));
@@ -310,33 +228,43 @@ grpc::ServerUnaryReactor* EncoderService::RunEngineCall(const char* method,
     call->Finish(ToGrpcStatus(plan->status()));
     return reactor;
   }
-  const auto deadline = DeadlineOf(context);
-  if (deadline && *deadline < std::chrono::system_clock::now()) {
-    metrics_->RecordDropped("deadline");
-    call->Finish(grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
-                              "the call's deadline had already passed when it arrived"));
+  if (call->DropReason() != nullptr) {
+    call->Finish(grpc::Status::OK);  // answered DEADLINE_EXCEEDED or CANCELLED, counted dropped
     return reactor;
   }
+  // Admission: what answering will cost, against the per-request limits and the budget.
+  const RequestCost cost =
+      EstimateCost(*version->model, **plan, static_cast<int64_t>(version->version.size()));
+  std::string limit = "budget";
+  absl::Status affordable =
+      CheckRequestCost(cost, options_.max_message_bytes, options_.max_request_memory_bytes, &limit);
+  if (affordable.ok()) affordable = memory_budget_->Acquire(cost.working_bytes);
+  if (!affordable.ok()) {
+    metrics_->RecordMemoryRefusal(limit);
+    call->Finish(ToGrpcStatus(affordable));
+    return reactor;
+  }
+  call->HoldMemory(memory_budget_, cost.working_bytes);
 
   auto job = std::make_shared<Job>();
   job->model = version->model;
   job->sequences = (*plan)->inputs.sequences;
   job->forward = (*plan)->forward;
-  job->deadline = deadline;
+  job->deadline = call->deadline();
   job->is_cancelled = [context] { return context->IsCancelled(); };
   const int64_t max_bytes = options_.max_message_bytes;
   // Runs on the batcher thread once the batch carrying this call is done.
   job->done = [call, plan, response, build, tokenization_ms, max_bytes, version = *version](
                   absl::Status status, JobOutput output) {
     if (!status.ok()) {
-      call->Finish(ToGrpcStatus(status));
+      call->Finish(ToGrpcStatus(status), "compute");
       return;
     }
     response->set_model_version(version.version);
     build(*version.model, **plan, output, response);
     FillMetadata((*plan)->inputs, tokenization_ms, output, call->received(),
                  response->mutable_metadata());
-    call->Finish(CheckResponseSize(*response, max_bytes));
+    call->Finish(CheckResponseSize(*response, max_bytes), "reply");
   };
   if (absl::Status submitted = batcher_->Submit(job); !submitted.ok()) {
     call->Finish(ToGrpcStatus(submitted));
@@ -390,7 +318,7 @@ grpc::ServerUnaryReactor* EncoderService::HandleTokenize(grpc::CallbackServerCon
   metadata->set_token_count(inputs->total_tokens);
   metadata->set_tokenization_ms(tokenization_ms);
   metadata->set_total_ms(MillisSince(call.received()));
-  call.Finish(CheckResponseSize(*response, options_.max_message_bytes));
+  call.Finish(CheckResponseSize(*response, options_.max_message_bytes), "reply");
   return call.reactor();
 }
 
@@ -424,7 +352,7 @@ grpc::ServerUnaryReactor* EncoderService::HandleGetModelInfo(grpc::CallbackServe
   response->set_version(version->version);
   response->set_version_origin(version->origin);
   for (const std::string& name : registry_->Versions()) response->add_available_versions(name);
-  call.Finish(grpc::Status::OK);
+  call.Finish(grpc::Status::OK, "reply");
   return call.reactor();
 }
 

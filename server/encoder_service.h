@@ -8,6 +8,7 @@
 
 #include "attnserve/v1/encoder.grpc.pb.h"
 #include "server/batcher.h"
+#include "server/cost_model.h"
 #include "server/metrics.h"
 #include "server/model_registry.h"
 #include "server/options.h"
@@ -19,7 +20,7 @@ class EncoderService final : public attnserve::v1::Encoder::CallbackService {
  public:
   // Registers every method as a raw-bytes handler (see ServeParsed).
   EncoderService(const ServerOptions& options, ModelRegistry* registry, Batcher* batcher,
-                 Metrics* metrics);
+                 MemoryBudget* memory_budget, Metrics* metrics);
 
  private:
   // Writes the typed response into the bytes gRPC sends; runs just before an OK finish.
@@ -68,6 +69,7 @@ class EncoderService final : public attnserve::v1::Encoder::CallbackService {
   const ServerOptions options_;
   ModelRegistry* const registry_;
   Batcher* const batcher_;
+  MemoryBudget* const memory_budget_;
   Metrics* const metrics_;
 };
 

@@ -34,6 +34,7 @@
 #include "engine/model_store.h"
 #include "server/auth.h"
 #include "server/batcher.h"
+#include "server/cost_model.h"
 #include "server/encoder_service.h"
 #include "server/metrics.h"
 #include "server/model_registry.h"
@@ -63,6 +64,15 @@ ABSL_FLAG(int, max_inputs_per_request, kDefaults.max_inputs_per_request,
           "Most inputs in one Encode/AttentionMap/Tokenize call.");
 ABSL_FLAG(int64_t, max_message_bytes, kDefaults.max_message_bytes,
           "Largest request and response in bytes.");
+ABSL_FLAG(int64_t, max_request_memory_bytes, kDefaults.max_request_memory_bytes,
+          "Largest estimated working memory of one Encode/AttentionMap call (engine outputs, "
+          "the response and its serialised copy; see README); larger calls get "
+          "RESOURCE_EXHAUSTED before any work. Capped at the memory budget.");
+ABSL_FLAG(int64_t, memory_budget_bytes, kDefaults.memory_budget_bytes,
+          "Estimated working memory of all admitted calls together; a call that does not fit "
+          "gets RESOURCE_EXHAUSTED (retry with back-off). 0 = half the cgroup memory limit "
+          "(cgroup v2 memory.max or v1 memory.limit_in_bytes), or half the physical memory "
+          "when there is no limit.");
 ABSL_FLAG(int, threads, kDefaults.threads, "Engine (OpenMP) threads; 0 = all cores.");
 ABSL_FLAG(std::string, precision, attn::PrecisionName(kDefaults.precision),
           "Engine precision: float32 (fp32), or int8 (linear layers quantised per output "
@@ -159,6 +169,7 @@ ModelVersion UnloadedVersion(const StoredVersion& stored) {
   version.sequence = stored.sequence;
   version.created_utc = stored.created_utc;
   version.description = stored.description;
+  version.notes = stored.notes;
   return version;
 }
 
@@ -354,7 +365,8 @@ int Run(const ServerOptions& options, std::optional<std::string> trainer_token) 
   });
   Batcher batcher({options.max_batch_tokens, options.max_concurrent_requests, options.threads},
                   &metrics);
-  EncoderService encoder(options, &registry, &batcher, &metrics);
+  MemoryBudget memory_budget(options.memory_budget_bytes);
+  EncoderService encoder(options, &registry, &batcher, &memory_budget, &metrics);
   TrainerService trainer(options, std::move(trainer_token), &registry, &metrics);
 
   grpc::EnableDefaultHealthCheckService(true);
@@ -392,6 +404,12 @@ int Run(const ServerOptions& options, std::optional<std::string> trainer_token) 
                              " (run scripts/setup.sh for the default model, or pass --model-dir)"));
   }
   const BertConfig& config = (*model)->config();
+  // The engine's per-thread workspace lives as long as the server: off the budget once.
+  memory_budget.Reserve(EngineWorkspaceBytes(config, options.max_batch_tokens));
+  Log(LogLevel::kInfo,
+      "memory: %d bytes per call at most (--max-request-memory-bytes), %d bytes for calls in "
+      "flight (--memory-budget-bytes %d less the engine workspace)",
+      options.max_request_memory_bytes, memory_budget.budget(), options.memory_budget_bytes);
   ModelVersion base;
   base.version = "base";
   base.origin = absl::StrCat("loaded from ", options.model_dir);
@@ -481,6 +499,8 @@ int main(int argc, char** argv) {
   options.max_concurrent_requests = absl::GetFlag(FLAGS_max_concurrent_requests);
   options.max_inputs_per_request = absl::GetFlag(FLAGS_max_inputs_per_request);
   options.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
+  options.max_request_memory_bytes = absl::GetFlag(FLAGS_max_request_memory_bytes);
+  options.memory_budget_bytes = absl::GetFlag(FLAGS_memory_budget_bytes);
   options.threads = absl::GetFlag(FLAGS_threads);
   options.drain_timeout_s = absl::GetFlag(FLAGS_drain_timeout_s);
   options.trainer_token_file = absl::GetFlag(FLAGS_trainer_token_file);
@@ -506,6 +526,13 @@ int main(int argc, char** argv) {
   if (options.max_inputs_per_request < 1)
     return usage_error("--max-inputs-per-request must be >= 1");
   if (options.max_message_bytes < 1024) return usage_error("--max-message-bytes must be >= 1024");
+  if (options.max_request_memory_bytes < 1) {
+    return usage_error("--max-request-memory-bytes must be >= 1");
+  }
+  if (options.memory_budget_bytes < 0) return usage_error("--memory-budget-bytes must be >= 0");
+  if (options.memory_budget_bytes == 0) {
+    options.memory_budget_bytes = attn::server::DefaultMemoryBudgetBytes();
+  }
   if (options.threads < 0) return usage_error("--threads must be >= 0");
   if (!attn::ParsePrecision(absl::GetFlag(FLAGS_precision), &options.precision)) {
     return usage_error("--precision must be float32 (or fp32) or int8");

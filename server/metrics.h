@@ -32,8 +32,15 @@ class Metrics {
   void RecordBatch(int64_t inputs, int64_t tokens);
   void SetQueueDepth(int64_t requests);
   void AddTokens(int64_t tokens);
-  // A request dropped before it was computed: reason "cancelled" or "deadline".
-  void RecordDropped(std::string_view reason);
+  // A request dropped because nobody waits for its answer: reason "cancelled" or "deadline";
+  // stage "queue" (before its batch ran: on arrival, in tokenization or in the queue),
+  // "compute" (stopped between layers or after the forward) or "reply" (before serialising).
+  void RecordDropped(std::string_view reason, std::string_view stage);
+  // Memory admission: bytes of estimated working memory held by admitted calls, and calls
+  // refused by a per-request limit or the server-wide budget (limit "message", "request" or
+  // "budget").
+  void SetMemoryInFlight(int64_t bytes);
+  void RecordMemoryRefusal(std::string_view limit);
   // attnserve_model_info{version, model_dir, precision, ...} 1 for the served version.
   void SetModelInfo(const std::string& version, const std::string& architecture,
                     const std::string& precision, int layers, int hidden, int heads);
@@ -59,6 +66,8 @@ class Metrics {
   prometheus::Gauge& queue_depth_;
   prometheus::Counter& tokens_;
   prometheus::Family<prometheus::Counter>& dropped_;
+  prometheus::Gauge& memory_in_flight_;
+  prometheus::Family<prometheus::Counter>& memory_refusals_;
   prometheus::Family<prometheus::Gauge>& model_info_;
   prometheus::Gauge* current_model_info_ = nullptr;
   prometheus::Counter& finetune_steps_;

@@ -15,6 +15,7 @@
 #include "engine/model.h"
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/io/zero_copy_stream.h"
+#include "server/cost_model.h"
 
 namespace attn::server {
 
@@ -83,5 +84,10 @@ absl::Status ParseRequestBytes(const grpc::ByteBuffer& bytes, google::protobuf::
 absl::StatusOr<AttentionPlan> PrepareAttention(const Model& model,
                                                const attnserve::v1::AttentionMapRequest& request,
                                                const RequestLimits& limits);
+
+// What answering the plan will cost (server/cost_model.h); `version_bytes`: the length of the
+// model version name the response carries.
+RequestCost EstimateCost(const Model& model, const EncodePlan& plan, int64_t version_bytes);
+RequestCost EstimateCost(const Model& model, const AttentionPlan& plan, int64_t version_bytes);
 
 }  // namespace attn::server

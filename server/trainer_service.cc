@@ -370,7 +370,30 @@ class FineTuneReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, g
           "failed");
       return;
     }
-    service_->Post([this] {
+    if (settings_.objective == v1::CONTRASTIVE && examples < 2) {
+      End(Invalid(absl::StrCat(
+              "batch ", steps_ + 1,
+              " has 1 example; the CONTRASTIVE objective (multiple-negatives ranking loss) "
+              "scores each anchor against the other pairs' positives as negatives, so a single "
+              "pair has loss exactly 0 and teaches nothing: send at least 2 (anchor, positive) "
+              "pairs per batch")),
+          "failed");
+      return;
+    }
+    std::vector<std::string> warnings;
+    if (settings_.objective == v1::CONTRASTIVE) {
+      int same = 0;
+      for (const v1::TrainingExample& e : request_.batch().examples()) {
+        same += e.anchor() == e.positive();
+      }
+      if (same > 0) {
+        warnings.push_back(absl::StrCat(
+            "batch ", steps_ + 1, ": ", same, " of ", examples,
+            " examples have anchor == positive; an identical pair is trivially similar (loss "
+            "near 0) and teaches nothing, give real paraphrases or related texts"));
+      }
+    }
+    service_->Post([this, warnings = std::move(warnings)]() mutable {
       if (cancelled_.load()) {
         EndCancelled();
         return;
@@ -396,7 +419,16 @@ class FineTuneReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, g
       service_->metrics_->RecordFineTuneStep(step->examples, step->loss);
       Log(LogLevel::kDebug, "job %s step %d: loss %.5f, grad norm %.4f, %d examples in %.3f s",
           job_id_, steps_, step->loss, step->grad_norm, step->examples, step->seconds);
+      zero_loss_steps_ = step->loss == 0.0 ? zero_loss_steps_ + 1 : 0;
+      if (zero_loss_steps_ == kZeroLossSteps) {
+        warnings.push_back(absl::StrCat(
+            "the loss has been exactly 0 for ", kZeroLossSteps, " steps in a row (steps ",
+            steps_ - kZeroLossSteps + 1, " to ", steps_,
+            "): these batches give no gradient signal; check that the examples differ and, for "
+            "CONTRASTIVE, that batches hold several unrelated pairs"));
+      }
       FillProgress(&progress_);
+      Warn(warnings);
       if (cancelled_.load()) {
         EndCancelled();
         return;
@@ -452,6 +484,7 @@ class FineTuneReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, g
     info.final_loss = last_.loss;
     info.sequence = sequence;
     info.description = commit.description();
+    info.notes = notes_;
     const auto start = Clock::now();
     if (absl::Status written = WriteCheckpoint(trainer_->base(), trainer_->weights(),
                                                trainer_->head(), info, store, version);
@@ -468,6 +501,7 @@ class FineTuneReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, g
     absl::StatusOr<StoredVersion> stored = ReadStoredVersion(store, version);
     published.created_utc = stored.ok() ? stored->created_utc : UtcNow();
     published.description = stored.ok() ? stored->description : commit.description();
+    published.notes = notes_;
     const bool serve = !commit.do_not_serve();
     if (absl::Status added = service_->registry_->Publish(published, serve); !added.ok()) {
       return added;
@@ -583,6 +617,20 @@ class FineTuneReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, g
     return grpc::Status::OK;
   }
 
+  // Sends `warnings` with the next progress message and keeps them as the job's notes (stored
+  // with the version if it is committed).
+  void Warn(const std::vector<std::string>& warnings) {
+    for (const std::string& warning : warnings) {
+      Log(LogLevel::kWarning, "fine-tuning job %s: %s", job_id_, warning);
+      progress_.add_warnings(warning);
+      if (notes_.size() < kMaxNotes) {
+        notes_.push_back(warning);
+      } else if (notes_.size() == kMaxNotes) {
+        notes_.push_back("more warnings were raised; see the server log");
+      }
+    }
+  }
+
   void FillProgress(v1::FineTuneProgress* progress) {
     progress->Clear();
     progress->set_job_id(job_id_);
@@ -663,6 +711,11 @@ class FineTuneReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, g
   int64_t examples_seen_ = 0;
   StepResult last_;
   bool sent_base_version_ = false;
+  // Degenerate batches: a loss of exactly 0 this many steps in a row is worth a warning.
+  static constexpr int kZeroLossSteps = 3;
+  static constexpr size_t kMaxNotes = 16;
+  int zero_loss_steps_ = 0;
+  std::vector<std::string> notes_;
 };
 
 namespace {
@@ -852,6 +905,7 @@ void TrainerService::FillVersions(v1::ListVersionsResponse* response) const {
     info->set_created_utc(version.created_utc);
     info->set_serving(version.version == serving);
     info->set_description(version.description);
+    for (const std::string& note : version.notes) info->add_notes(note);
   }
   response->set_serving_version(serving);
 }
