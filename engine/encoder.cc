@@ -134,8 +134,9 @@ void ZeroPaddingRows(T* data, int64_t rows, int64_t padded_rows, int64_t cols) {
   std::fill(data + rows * cols, data + padded_rows * cols, T{0});
 }
 
-ForwardResult RunForward(const BertConfig& config, const InferenceWeights& prepared,
-                         const std::vector<SequenceInput>& batch, const ForwardOptions& options) {
+absl::StatusOr<ForwardResult> RunForward(const BertConfig& config, const InferenceWeights& prepared,
+                                         const std::vector<SequenceInput>& batch,
+                                         const ForwardOptions& options) {
   ForwardWorkspace& ws = ThreadWorkspace();
   if (!ws.ctx.has_value()) ws.ctx.emplace();
   ExecContext& ctx = *ws.ctx;
@@ -205,6 +206,11 @@ ForwardResult RunForward(const BertConfig& config, const InferenceWeights& prepa
 
   const PackedAttentionShape attention_shape{heads, d};
   for (int layer_index = 0; layer_index < config.num_hidden_layers; ++layer_index) {
+    if (options.stop_requested && options.stop_requested()) {
+      return absl::CancelledError(absl::StrCat("forward stopped before layer ", layer_index, " of ",
+                                               config.num_hidden_layers,
+                                               ": nobody waits for its result"));
+    }
     const LayerWeights& lw = weights.layers[layer_index];
     const InferenceLayer& layer = prepared.layer(layer_index);
     // qkv (M, 3H) = hidden · W_qkv^T + b_qkv

@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <utility>
 #include <vector>
 
@@ -49,6 +50,9 @@ struct ForwardOptions {
   bool pool = true;
   PoolingMode pooling = PoolingMode::kMean;
   bool normalize = false;
+  // Cooperative cancellation: asked before each encoder layer; when it returns true the
+  // forward stops and returns CANCELLED (nobody waits for the result any more). May be empty.
+  std::function<bool()> stop_requested;
 };
 
 // One sequence's attention in one layer. Empty tensors for parts not requested.

@@ -156,7 +156,12 @@ int WireDTypeSize(WireDType dtype) { return dtype == WireDType::kFloat32 ? 4 : 2
 std::string EncodeFloats(const float* values, int64_t n, WireDType dtype) {
   if (n <= 0) return std::string();
   std::string out(static_cast<size_t>(n) * WireDTypeSize(dtype), '\0');
-  char* dst = out.data();
+  EncodeFloatsTo(values, n, dtype, out.data());
+  return out;
+}
+
+void EncodeFloatsTo(const float* values, int64_t n, WireDType dtype, char* dst) {
+  if (n <= 0) return;
   switch (dtype) {
     case WireDType::kFloat32:
       if constexpr (kLittleEndian) {
@@ -181,7 +186,6 @@ std::string EncodeFloats(const float* values, int64_t n, WireDType dtype) {
       Encode16<ToBFloat16>(values, n, dst);
       break;
   }
-  return out;
 }
 
 }  // namespace attn

@@ -31,6 +31,8 @@ int WireDTypeSize(WireDType dtype);
 // values: n floats -> n * WireDTypeSize(dtype) little-endian bytes. kFloat16 uses the CPU's
 // F16C conversion when it has one (same bits as FloatToHalfBits, faster).
 std::string EncodeFloats(const float* values, int64_t n, WireDType dtype);
+// The same into `out` (n * WireDTypeSize(dtype) bytes), e.g. one piece of a larger message.
+void EncodeFloatsTo(const float* values, int64_t n, WireDType dtype, char* out);
 
 namespace internal {
 // The portable float16 encoder EncodeFloats falls back to without F16C, exposed so tests can

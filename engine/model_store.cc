@@ -20,6 +20,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "engine/log.h"
+#include "engine/quote.h"
 #include "engine/safetensors.h"
 #include "nlohmann/json.hpp"
 
@@ -298,6 +299,7 @@ absl::Status WriteCheckpointFiles(const Model& base, const std::vector<OutputTen
       {"sequence", info.sequence},
       {"num_labels", head != nullptr ? head->num_labels() : 0},
       {"description", info.description},
+      {"notes", info.notes},
   };
   // Replace invalid UTF-8 (caller-supplied strings) instead of throwing.
   const std::string text = json.dump(2, ' ', false, Json::error_handler_t::replace) + "\n";
@@ -357,7 +359,7 @@ absl::StatusOr<StoredVersion> InspectVersionDir(const std::string& store_dir,
   if (::lstat(dir.c_str(), &st) != 0) {
     const int err = errno;
     if (err == ENOENT)
-      return absl::NotFoundError(absl::StrCat("no version '", name, "' in ", store_dir));
+      return absl::NotFoundError(absl::StrCat("no version ", QuoteInput(name), " in ", store_dir));
     return ErrnoError(dir, "lstat", err);
   }
   if (S_ISLNK(st.st_mode)) {
@@ -428,6 +430,13 @@ absl::StatusOr<StoredVersion> InspectVersionDir(const std::string& store_dir,
   if (!GetString(json, "description", false, &v.description)) {
     return malformed("description", "a string");
   }
+  if (auto it = json.find("notes"); it != json.end()) {
+    if (!it->is_array()) return malformed("notes", "an array of strings");
+    for (const Json& note : *it) {
+      if (!note.is_string()) return malformed("notes", "an array of strings");
+      v.notes.push_back(note.get<std::string>());
+    }
+  }
   if (auto it = json.find("final_loss"); it != json.end()) {
     if (it->is_null()) {
       v.final_loss = std::nan("");
@@ -495,14 +504,15 @@ absl::Status ValidateVersionName(std::string_view name_view) {
                     c == '.' || c == '_' || c == '-';
     if (!ok) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "version name '", absl::CHexEscape(name), "' has '", absl::CHexEscape(name.substr(i, 1)),
-          "' at index ", i, "; allowed: A-Z a-z 0-9 . _ -"));
+          "version name ", QuoteInput(std::string_view(name.data(), name.size())), " has '",
+          absl::CHexEscape(name.substr(i, 1)), "' at index ", i, "; allowed: A-Z a-z 0-9 . _ -"));
     }
   }
   // Covers ".", "..", hidden and .tmp- directories, and names that read as flags.
   if (name[0] == '.' || name[0] == '-') {
     return absl::InvalidArgumentError(
-        absl::StrCat("version name '", name, "' must not start with '.' or '-'"));
+        absl::StrCat("version name ", QuoteInput(std::string_view(name.data(), name.size())),
+                     " must not start with '.' or '-'"));
   }
   return absl::OkStatus();
 }
@@ -551,7 +561,7 @@ absl::Status WriteCheckpoint(const Model& base, const BertWeights& weights,
   struct stat st;
   if (::lstat(final_dir.c_str(), &st) == 0) {
     return absl::AlreadyExistsError(
-        absl::StrCat("version '", version, "' already exists in ", store_dir));
+        absl::StrCat("version ", QuoteInput(version), " already exists in ", store_dir));
   }
   // pid + a per-process counter: no two live writers share a temp dir, so one left over under
   // the same name is from a dead process and safe to replace.

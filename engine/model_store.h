@@ -58,9 +58,10 @@ struct CheckpointInfo {
   std::string base_version;  // the version that was fine-tuned ("" for the embedded default)
   std::string objective;     // e.g. "contrastive", "cosine_similarity", "classification"
   int64_t steps = 0;
-  double final_loss = 0;    // non-finite values are recorded as null
-  int64_t sequence = 0;     // commit counter; ListStore orders by it
-  std::string description;  // the committer's free text (CommitRequest.description)
+  double final_loss = 0;           // non-finite values are recorded as null
+  int64_t sequence = 0;            // commit counter; ListStore orders by it
+  std::string description;         // the committer's free text (CommitRequest.description)
+  std::vector<std::string> notes;  // the server's warnings about the job (degenerate batches)
 };
 
 // Writes `weights` (+ `head`, may be null) as the new version `version` in `store_dir`,
@@ -86,9 +87,10 @@ struct StoredVersion {
   std::string parent_dir;  // model_dir() of the model that was fine-tuned
   std::string objective;
   int64_t steps = 0;
-  double final_loss = 0;    // NaN if recorded as null
-  int64_t num_labels = 0;   // > 0: the version has a classification head
-  std::string description;  // "" if none was given (or the file predates the field)
+  double final_loss = 0;           // NaN if recorded as null
+  int64_t num_labels = 0;          // > 0: the version has a classification head
+  std::string description;         // "" if none was given (or the file predates the field)
+  std::vector<std::string> notes;  // empty if none (or the file predates the field)
 };
 
 // Committed versions in `store_dir`, sorted by sequence (then name). `.tmp-*` entries are

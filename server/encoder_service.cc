@@ -3,6 +3,7 @@
 #include <chrono>
 #include <memory>
 #include <optional>
+#include <type_traits>
 
 #include "server/proto_convert.h"
 #include "server/raw_method.h"
@@ -13,19 +14,6 @@ namespace v1 = attnserve::v1;
 
 namespace {
 
-// The core's view of the call: when it arrived, its deadline, whether the client gave up.
-core::CallControl ControlOf(grpc::CallbackServerContext* context, const UnaryCall& call) {
-  core::CallControl control;
-  control.received = call.received();
-  const auto deadline = context->deadline();
-  // gRPC reports "no deadline" as the far future.
-  if (deadline < std::chrono::system_clock::time_point::max() - std::chrono::hours(24 * 365)) {
-    control.deadline = deadline;
-  }
-  control.is_cancelled = [context] { return context->IsCancelled(); };
-  return control;
-}
-
 // Finishes `call` with the core's answer converted to `Proto`.
 template <typename Proto, typename Response>
 void Reply(UnaryCall& call, const absl::StatusOr<Response>& result, int64_t max_message_bytes) {
@@ -35,6 +23,10 @@ void Reply(UnaryCall& call, const absl::StatusOr<Response>& result, int64_t max_
   }
   Proto response;
   ToProto(*result, &response);
+  if constexpr (std::is_same_v<Response, core::EncodeResponse> ||
+                std::is_same_v<Response, core::AttentionResponse>) {
+    call.Hold(result->admission);  // the memory is in use until the bytes are written
+  }
   call.Finish(CheckResponseSize(response, max_message_bytes), response);
 }
 
@@ -49,12 +41,13 @@ void EncoderService::ServeEngineCall(int index, const char* method,
                  method, metrics_, max_bytes, nullptr,
                  [this, call, max_bytes](std::shared_ptr<UnaryCall> unary,
                                          grpc::CallbackServerContext* context, Request request) {
-                   const core::CallControl control = ControlOf(context, *unary);
+                   const core::CallControl control = unary->Control();
                    (core_->*call)(ToCore(request), control,
                                   [unary, max_bytes](absl::StatusOr<CoreResponse> result) {
                                     Reply<Response>(*unary, result, max_bytes);
                                   });
-                 }));
+                 },
+                 /*answer_dropped=*/true));
 }
 
 EncoderService::EncoderService(core::ServingCore* core, int64_t max_message_bytes, Metrics* metrics)
@@ -73,17 +66,20 @@ EncoderService::EncoderService(core::ServingCore* core, int64_t max_message_byte
           "Tokenize", metrics_, max_bytes, nullptr,
           [this, max_bytes](std::shared_ptr<UnaryCall> call, grpc::CallbackServerContext* context,
                             v1::TokenizeRequest request) {
-            Reply<v1::TokenizeResponse>(
-                *call, core_->Tokenize(ToCore(request), ControlOf(context, *call)), max_bytes);
-          }));
+            Reply<v1::TokenizeResponse>(*call, core_->Tokenize(ToCore(request), call->Control()),
+                                        max_bytes);
+          },
+          /*answer_dropped=*/true));
   MarkMethodRawCallback(
       index("GetModelInfo"),
       RawMethods::Unary<v1::GetModelInfoRequest>(
           "GetModelInfo", metrics_, max_bytes, nullptr,
           [this, max_bytes](std::shared_ptr<UnaryCall> call, grpc::CallbackServerContext*,
                             v1::GetModelInfoRequest request) {
-            Reply<v1::ModelInfo>(*call, core_->GetModelInfo(ToCore(request)), max_bytes);
-          }));
+            Reply<v1::ModelInfo>(*call, core_->GetModelInfo(ToCore(request), call->Control()),
+                                 max_bytes);
+          },
+          /*answer_dropped=*/true));
 }
 
 }  // namespace attn::server

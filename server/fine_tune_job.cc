@@ -173,6 +173,41 @@ absl::StatusOr<JobSettings> ResolveJobConfig(const v1::FineTuneConfig& config, c
   return s;
 }
 
+absl::Status CheckBatchShape(const v1::TrainingBatch& batch, const JobSettings& settings,
+                             int64_t batch_number, int max_examples) {
+  const int examples = batch.examples_size();
+  if (examples == 0 || examples > max_examples) {
+    return absl::InvalidArgumentError(absl::StrCat("batch ", batch_number, " has ", examples,
+                                                   " examples; send 1 to ", max_examples,
+                                                   " (--max-inputs-per-request) per batch"));
+  }
+  if (settings.objective == v1::CONTRASTIVE && examples < 2) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "batch ", batch_number,
+        " has 1 example; the CONTRASTIVE objective (multiple-negatives ranking loss) "
+        "scores each anchor against the other pairs' positives as negatives, so a single "
+        "pair has loss exactly 0 and teaches nothing: send at least 2 (anchor, positive) "
+        "pairs per batch"));
+  }
+  return absl::OkStatus();
+}
+
+std::vector<std::string> BatchWarnings(const v1::TrainingBatch& batch, const JobSettings& settings,
+                                       int64_t batch_number) {
+  std::vector<std::string> warnings;
+  if (settings.objective == v1::CONTRASTIVE) {
+    int same = 0;
+    for (const v1::TrainingExample& e : batch.examples()) same += e.anchor() == e.positive();
+    if (same > 0) {
+      warnings.push_back(absl::StrCat(
+          "batch ", batch_number, ": ", same, " of ", batch.examples_size(),
+          " examples have anchor == positive; an identical pair is trivially similar (loss "
+          "near 0) and teaches nothing, give real paraphrases or related texts"));
+    }
+  }
+  return warnings;
+}
+
 absl::Status ConvertBatch(const v1::TrainingBatch& in, const JobSettings& settings,
                           const Model& model, int64_t batch_number, TrainingBatch* out) {
   const std::string batch_name = absl::StrCat("batch ", batch_number);

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "attnserve/v1/trainer.pb.h"
@@ -28,6 +29,14 @@ const char* ObjectiveName(attnserve::v1::Objective objective);
 // `config` for a job that fine-tunes `base`.
 absl::StatusOr<JobSettings> ResolveJobConfig(const attnserve::v1::FineTuneConfig& config,
                                              const Model& base);
+
+// The batch's size, checked on arrival (before any tokenization): 1 to `max_examples` examples,
+// and at least 2 for CONTRASTIVE (with one pair its loss is exactly 0).
+absl::Status CheckBatchShape(const attnserve::v1::TrainingBatch& batch, const JobSettings& settings,
+                             int64_t batch_number, int max_examples);
+// What is legal but teaches nothing (anchor == positive), as warnings for the client.
+std::vector<std::string> BatchWarnings(const attnserve::v1::TrainingBatch& batch,
+                                       const JobSettings& settings, int64_t batch_number);
 
 // Validates batch number `batch_number` of a job for its objective and tokenizes it with the
 // base model's tokenizer into `out`.

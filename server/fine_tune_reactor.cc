@@ -5,6 +5,7 @@
 #include <ctime>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "engine/log.h"
@@ -201,15 +202,13 @@ class FineTuneReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, g
           "failed");
       return;
     }
-    const int examples = request_.batch().examples_size();
-    if (examples == 0 || examples > limit) {
-      End(absl::InvalidArgumentError(absl::StrCat("batch ", steps_ + 1, " has ", examples,
-                                                  " examples; send 1 to ", limit,
-                                                  " (--max-inputs-per-request) per batch")),
-          "failed");
+    if (absl::Status shape = CheckBatchShape(request_.batch(), settings_, steps_ + 1, limit);
+        !shape.ok()) {
+      End(shape, "failed");
       return;
     }
-    service_->training_thread_.Post([this] {
+    std::vector<std::string> warnings = BatchWarnings(request_.batch(), settings_, steps_ + 1);
+    service_->training_thread_.Post([this, warnings = std::move(warnings)]() mutable {
       if (cancelled_.load()) {
         EndCancelled();
         return;
@@ -237,7 +236,16 @@ class FineTuneReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, g
       service_->metrics_->RecordFineTuneStep(step->examples, step->loss);
       Log(LogLevel::kDebug, "job %s step %d: loss %.5f, grad norm %.4f, %d examples in %.3f s",
           job_id_, steps_, step->loss, step->grad_norm, step->examples, step->seconds);
+      zero_loss_steps_ = step->loss == 0.0 ? zero_loss_steps_ + 1 : 0;
+      if (zero_loss_steps_ == kZeroLossSteps) {
+        warnings.push_back(absl::StrCat(
+            "the loss has been exactly 0 for ", kZeroLossSteps, " steps in a row (steps ",
+            steps_ - kZeroLossSteps + 1, " to ", steps_,
+            "): these batches give no gradient signal; check that the examples differ and, for "
+            "CONTRASTIVE, that batches hold several unrelated pairs"));
+      }
       FillProgress(&progress_);
+      Warn(warnings);
       if (cancelled_.load()) {
         EndCancelled();
         return;
@@ -293,6 +301,7 @@ class FineTuneReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, g
     info.final_loss = last_.loss;
     info.sequence = sequence;
     info.description = commit.description();
+    info.notes = notes_;
     const auto start = Clock::now();
     if (absl::Status written = WriteCheckpoint(trainer_->base(), trainer_->weights(),
                                                trainer_->head(), info, store, version);
@@ -309,6 +318,7 @@ class FineTuneReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, g
     absl::StatusOr<StoredVersion> stored = ReadStoredVersion(store, version);
     published.created_utc = stored.ok() ? stored->created_utc : UtcNow();
     published.description = stored.ok() ? stored->description : commit.description();
+    published.notes = notes_;
     const bool serve = !commit.do_not_serve();
     if (absl::Status added = service_->registry_->Publish(published, serve); !added.ok()) {
       return added;
@@ -318,6 +328,20 @@ class FineTuneReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, g
         job_id_, version, steps_, last_.loss, SecondsSince(start),
         serve ? "; now served by default" : " (not served by default)");
     return published;
+  }
+
+  // Sends `warnings` with the next progress message and keeps them as the job's notes (stored
+  // with the version if it is committed).
+  void Warn(const std::vector<std::string>& warnings) {
+    for (const std::string& warning : warnings) {
+      Log(LogLevel::kWarning, "fine-tuning job %s: %s", job_id_, warning);
+      progress_.add_warnings(warning);
+      if (notes_.size() < kMaxNotes) {
+        notes_.push_back(warning);
+      } else if (notes_.size() == kMaxNotes) {
+        notes_.push_back("more warnings were raised; see the server log");
+      }
+    }
   }
 
   void FillProgress(v1::FineTuneProgress* progress) {
@@ -400,6 +424,11 @@ class FineTuneReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, g
   int64_t examples_seen_ = 0;
   StepResult last_;
   bool sent_base_version_ = false;
+  // Degenerate batches: a loss of exactly 0 this many steps in a row is worth a warning.
+  static constexpr int kZeroLossSteps = 3;
+  static constexpr size_t kMaxNotes = 16;
+  int zero_loss_steps_ = 0;
+  std::vector<std::string> notes_;
 };
 
 RawMethods::BidiReactor* NewFineTuneReactor(TrainerService* service,

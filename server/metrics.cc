@@ -68,9 +68,20 @@ Metrics::Metrics()
                   .Add({})),
       dropped_(prometheus::BuildCounter()
                    .Name("attnserve_dropped_requests_total")
-                   .Help("Requests dropped from the queue before computing, by reason "
-                         "(cancelled, deadline).")
+                   .Help("Requests dropped because nobody waited for the answer, by reason "
+                         "(cancelled, deadline) and stage (queue, compute, reply).")
                    .Register(*registry_)),
+      memory_in_flight_(prometheus::BuildGauge()
+                            .Name("attnserve_memory_in_flight_bytes")
+                            .Help("Estimated working memory of admitted Encode/AttentionMap calls "
+                                  "(counted against --memory-budget-bytes).")
+                            .Register(*registry_)
+                            .Add({})),
+      memory_refusals_(prometheus::BuildCounter()
+                           .Name("attnserve_memory_refusals_total")
+                           .Help("Calls refused before any work because of their estimated cost, "
+                                 "by limit (message, request, budget).")
+                           .Register(*registry_)),
       model_info_(prometheus::BuildGauge()
                       .Name("attnserve_model_info")
                       .Help("The served model version and its shape; value is always 1.")
@@ -105,7 +116,13 @@ Metrics::Metrics()
                                 .Help("The model version served by default; value is always 1.")
                                 .Register(*registry_)) {
   // Pre-create the common series so dashboards and rate() see zeros before the first event.
-  for (const char* reason : {"cancelled", "deadline"}) dropped_.Add({{"reason", reason}});
+  for (const char* reason : {"cancelled", "deadline"}) {
+    for (const char* stage : {"queue", "compute", "reply"}) {
+      dropped_.Add({{"reason", reason}, {"stage", stage}});
+    }
+  }
+  for (const char* limit : {"message", "request", "budget"})
+    memory_refusals_.Add({{"limit", limit}});
   for (const char* outcome : {"committed", "aborted", "failed", "cancelled"}) {
     finetune_jobs_.Add({{"outcome", outcome}});
   }
@@ -129,8 +146,16 @@ void Metrics::RecordBatch(int64_t inputs, int64_t tokens) {
 void Metrics::SetQueueDepth(int64_t requests) { queue_depth_.Set(static_cast<double>(requests)); }
 void Metrics::AddTokens(int64_t tokens) { tokens_.Increment(static_cast<double>(tokens)); }
 
-void Metrics::RecordDropped(std::string_view reason) {
-  dropped_.Add({{"reason", std::string(reason)}}).Increment();
+void Metrics::RecordDropped(std::string_view reason, std::string_view stage) {
+  dropped_.Add({{"reason", std::string(reason)}, {"stage", std::string(stage)}}).Increment();
+}
+
+void Metrics::SetMemoryInFlight(int64_t bytes) {
+  memory_in_flight_.Set(static_cast<double>(bytes));
+}
+
+void Metrics::RecordMemoryRefusal(std::string_view limit) {
+  memory_refusals_.Add({{"limit", std::string(limit)}}).Increment();
 }
 
 void Metrics::SetModelInfo(const std::string& version, const std::string& architecture,

@@ -34,8 +34,9 @@ class Metrics final : public ServingMetrics {
   void RecordBatch(int64_t inputs, int64_t tokens) override;
   void SetQueueDepth(int64_t requests) override;
   void AddTokens(int64_t tokens) override;
-  // A request dropped before it was computed: reason "cancelled" or "deadline".
-  void RecordDropped(std::string_view reason) override;
+  void RecordDropped(std::string_view reason, std::string_view stage) override;
+  void SetMemoryInFlight(int64_t bytes) override;
+  void RecordMemoryRefusal(std::string_view limit) override;
   // attnserve_model_info{version, model_dir, precision, ...} 1 for the served version.
   void SetModelInfo(const std::string& version, const std::string& architecture,
                     const std::string& precision, int layers, int hidden, int heads);
@@ -61,6 +62,8 @@ class Metrics final : public ServingMetrics {
   prometheus::Gauge& queue_depth_;
   prometheus::Counter& tokens_;
   prometheus::Family<prometheus::Counter>& dropped_;
+  prometheus::Gauge& memory_in_flight_;
+  prometheus::Family<prometheus::Counter>& memory_refusals_;
   prometheus::Family<prometheus::Gauge>& model_info_;
   prometheus::Gauge* current_model_info_ = nullptr;
   prometheus::Counter& finetune_steps_;

@@ -5,6 +5,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "engine/log.h"
+#include "server/core/cost_model.h"
 
 namespace {
 const attn::server::ServerOptions kDefaults;
@@ -29,6 +30,15 @@ ABSL_FLAG(int, max_inputs_per_request, kDefaults.max_inputs_per_request,
           "Most inputs in one Encode/AttentionMap/Tokenize call.");
 ABSL_FLAG(int64_t, max_message_bytes, kDefaults.max_message_bytes,
           "Largest request and response in bytes.");
+ABSL_FLAG(int64_t, max_request_memory_bytes, kDefaults.max_request_memory_bytes,
+          "Largest estimated working memory of one Encode/AttentionMap call (engine outputs, "
+          "the response and its serialised copy; see README); larger calls get "
+          "RESOURCE_EXHAUSTED before any work. Capped at the memory budget.");
+ABSL_FLAG(int64_t, memory_budget_bytes, kDefaults.memory_budget_bytes,
+          "Estimated working memory of all admitted calls together; a call that does not fit "
+          "gets RESOURCE_EXHAUSTED (retry with back-off). 0 = half the cgroup memory limit "
+          "(cgroup v2 memory.max or v1 memory.limit_in_bytes), or half the physical memory "
+          "when there is no limit.");
 ABSL_FLAG(int, threads, kDefaults.threads, "Engine (OpenMP) threads; 0 = all cores.");
 ABSL_FLAG(std::string, precision, attn::PrecisionName(kDefaults.precision),
           "Engine precision: float32 (fp32), or int8 (linear layers quantised per output "
@@ -80,6 +90,8 @@ absl::StatusOr<ServerOptions> OptionsFromFlags() {
   options.max_concurrent_requests = absl::GetFlag(FLAGS_max_concurrent_requests);
   options.max_inputs_per_request = absl::GetFlag(FLAGS_max_inputs_per_request);
   options.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
+  options.max_request_memory_bytes = absl::GetFlag(FLAGS_max_request_memory_bytes);
+  options.memory_budget_bytes = absl::GetFlag(FLAGS_memory_budget_bytes);
   options.threads = absl::GetFlag(FLAGS_threads);
   options.drain_timeout_s = absl::GetFlag(FLAGS_drain_timeout_s);
   options.log_level = absl::GetFlag(FLAGS_log_level);
@@ -107,6 +119,11 @@ absl::StatusOr<ServerOptions> OptionsFromFlags() {
   }
   if (options.max_inputs_per_request < 1) return invalid("--max-inputs-per-request must be >= 1");
   if (options.max_message_bytes < 1024) return invalid("--max-message-bytes must be >= 1024");
+  if (options.max_request_memory_bytes < 1) {
+    return invalid("--max-request-memory-bytes must be >= 1");
+  }
+  if (options.memory_budget_bytes < 0) return invalid("--memory-budget-bytes must be >= 0");
+  if (options.memory_budget_bytes == 0) options.memory_budget_bytes = DefaultMemoryBudgetBytes();
   if (options.threads < 0) return invalid("--threads must be >= 0");
   if (!ParsePrecision(absl::GetFlag(FLAGS_precision), &options.precision)) {
     return invalid("--precision must be float32 (or fp32) or int8");

@@ -21,6 +21,12 @@ struct ServerOptions {
       256;  // admitted (queued + running) requests; beyond: RESOURCE_EXHAUSTED
   int max_inputs_per_request = 256;
   int64_t max_message_bytes = 64ll << 20;  // request and response size limit
+  // Estimated working memory of one Encode/AttentionMap call (server/cost_model.h); beyond it
+  // the call is refused before any work.
+  int64_t max_request_memory_bytes = 512ll << 20;
+  // Working memory of all admitted calls together; 0 = half the cgroup memory limit (or of
+  // physical memory when there is none). The engine workspace is taken off it once.
+  int64_t memory_budget_bytes = 0;
   int threads = 0;                         // OpenMP threads for the engine; 0 = all cores
   Precision precision = Precision::kFp32;  // fp32, or int8 linear layers quantised at load
   double drain_timeout_s = 30.0;   // SIGTERM: how long in-flight requests may take to finish

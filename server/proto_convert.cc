@@ -69,6 +69,23 @@ void SetTensor(const Tensor& tensor, WireDType dtype, v1::Tensor* out) {
   out->set_data(EncodeFloats(tensor.data(), tensor.numel(), dtype));
 }
 
+// Selected heads of a (heads, T, X) tensor as a (selected, T, X) message, each head encoded in
+// place from the engine's fp32 output.
+void SetHeads(const Tensor& full, const std::vector<int>& heads, WireDType dtype, v1::Tensor* out) {
+  const int64_t per_head = full.numel() / full.dim(0);
+  out->add_shape(static_cast<int64_t>(heads.size()));
+  out->add_shape(full.dim(1));
+  out->add_shape(full.dim(2));
+  out->set_dtype(ToProtoDType(dtype));
+  const int64_t head_bytes = per_head * WireDTypeSize(dtype);
+  std::string* data = out->mutable_data();
+  data->resize(static_cast<size_t>(head_bytes) * heads.size());
+  for (size_t i = 0; i < heads.size(); ++i) {
+    EncodeFloatsTo(full.data() + heads[i] * per_head, per_head, dtype,
+                   data->data() + i * head_bytes);
+  }
+}
+
 // Tokens and truncation info of one input, for any result message that has them.
 template <typename Result>
 void SetTokens(const Model& model, const Encoding& encoding, Result* result) {
@@ -190,14 +207,16 @@ void ToProto(const core::AttentionResponse& response, v1::AttentionMapResponse* 
         sparse->set_k(static_cast<int32_t>(layer.top_k_values.dim(-1)));
         SetTensor(layer.top_k_values, dtype, sparse->mutable_values());
         sparse->mutable_indices()->Add(layer.top_k_indices.begin(), layer.top_k_indices.end());
-      } else if (present(layer.weights)) {
-        SetTensor(layer.weights, dtype, layer_out->mutable_weights());
+      } else if (layer.weights != nullptr) {
+        SetHeads(*layer.weights, response.heads, dtype, layer_out->mutable_weights());
       }
-      if (present(layer.scores)) SetTensor(layer.scores, dtype, layer_out->mutable_scores());
-      if (present(layer.query)) {
-        SetTensor(layer.query, dtype, layer_out->mutable_query());
-        SetTensor(layer.key, dtype, layer_out->mutable_key());
-        SetTensor(layer.value, dtype, layer_out->mutable_value());
+      if (layer.scores != nullptr) {
+        SetHeads(*layer.scores, response.heads, dtype, layer_out->mutable_scores());
+      }
+      if (layer.query != nullptr) {
+        SetHeads(*layer.query, response.heads, dtype, layer_out->mutable_query());
+        SetHeads(*layer.key, response.heads, dtype, layer_out->mutable_key());
+        SetHeads(*layer.value, response.heads, dtype, layer_out->mutable_value());
       }
       if (present(layer.mean_weights)) {
         SetTensor(layer.mean_weights, dtype, layer_out->mutable_mean_weights());

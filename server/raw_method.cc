@@ -7,13 +7,32 @@
 
 #include "absl/strings/str_cat.h"
 #include "engine/log.h"
+#include "server/core/serving_core.h"
 #include "server/request_parse.h"
 #include "server/status_map.h"
 
 namespace attn::server {
 
 UnaryCall::UnaryCall(const char* method, Metrics* metrics, grpc::CallbackServerContext* context)
-    : method_(method), metrics_(metrics), reactor_(context->DefaultReactor()) {}
+    : method_(method), metrics_(metrics), context_(context), reactor_(context->DefaultReactor()) {}
+
+core::CallControl UnaryCall::Control() const {
+  core::CallControl control;
+  control.received = received_;
+  const auto deadline = context_->deadline();
+  // gRPC reports "no deadline" as the far future.
+  if (deadline < std::chrono::system_clock::time_point::max() - std::chrono::hours(24 * 365)) {
+    control.deadline = deadline;
+  }
+  grpc::CallbackServerContext* context = context_;
+  control.is_cancelled = [context] { return context->IsCancelled(); };
+  return control;
+}
+
+grpc::ServerUnaryReactor* UnaryCall::FinishEarly(const absl::Status& status) {
+  if (!answer_dropped_) return Finish(status);
+  return Finish(core::UnlessDropped(Control(), status, "queue", metrics_));
+}
 
 grpc::ServerUnaryReactor* UnaryCall::Finish(const absl::Status& status) {
   return FinishGrpc(ToGrpcStatus(status));
@@ -28,6 +47,7 @@ grpc::ServerUnaryReactor* UnaryCall::Finish(const absl::Status& status,
 }
 
 grpc::ServerUnaryReactor* UnaryCall::FinishGrpc(const grpc::Status& status) {
+  held_.reset();
   metrics_->RecordRequest(
       method_, status.error_code(),
       std::chrono::duration<double>(std::chrono::steady_clock::now() - received_).count());
@@ -58,16 +78,28 @@ absl::Status RawMethods::ParseOrLog(const char* method, const grpc::ByteBuffer& 
 
 grpc::internal::MethodHandler* RawMethods::UnaryBytes(const char* method, Metrics* metrics,
                                                       int64_t max_message_bytes, Precheck precheck,
-                                                      BytesHandler handle) {
+                                                      bool answer_dropped, BytesHandler handle) {
   auto serve = [=](grpc::CallbackServerContext* context, const grpc::ByteBuffer* request_bytes,
                    grpc::ByteBuffer* response_bytes) {
     auto call = std::make_shared<UnaryCall>(method, metrics, context);
     call->response_bytes_ = response_bytes;
+    call->answer_dropped_ = answer_dropped;
     grpc::ServerUnaryReactor* reactor = call->reactor();
+    if (answer_dropped && !request_bytes->Valid()) {
+      // No message at all (a zero-byte request is still a valid buffer): the call ended before
+      // its body arrived, i.e. the client cancelled it or its deadline passed. gRPC may not
+      // report it cancelled yet, and parsing nothing would count it as bad input.
+      const char* reason = call->Control().DropReason();
+      const bool expired = reason != nullptr && std::string_view(reason) == "deadline";
+      metrics->RecordDropped(expired ? "deadline" : "cancelled", "queue");
+      return call->Finish(
+          expired ? absl::DeadlineExceededError("the deadline passed before the request arrived")
+                  : absl::CancelledError("the call ended before its request arrived"));
+    }
     absl::Status rejected =
         CheckRequestSize(static_cast<int64_t>(request_bytes->Length()), max_message_bytes);
     if (rejected.ok() && precheck) rejected = precheck(*context);
-    if (!rejected.ok()) return call->Finish(rejected);
+    if (!rejected.ok()) return call->FinishEarly(rejected);
     handle(std::move(call), context, *request_bytes);
     return reactor;
   };

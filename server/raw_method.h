@@ -14,6 +14,7 @@
 #include "absl/status/status.h"
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/message.h"
+#include "server/core/calls.h"
 #include "server/metrics.h"
 
 namespace attn::server {
@@ -26,6 +27,11 @@ class UnaryCall {
 
   grpc::ServerUnaryReactor* reactor() const { return reactor_; }
   std::chrono::steady_clock::time_point received() const { return received_; }
+  // The serving core's view of the call: when it arrived, its deadline, whether the client
+  // gave up.
+  core::CallControl Control() const;
+  // Keeps `resource` (the call's memory admission) until the response bytes are written.
+  void Hold(std::shared_ptr<void> resource) { held_ = std::move(resource); }
 
   // Finishes the call with an error, or OK without a body. Call one Finish exactly once.
   grpc::ServerUnaryReactor* Finish(const absl::Status& status);
@@ -35,12 +41,17 @@ class UnaryCall {
 
  private:
   friend class RawMethods;
+  // A refusal before the method's handler ran (see RawMethods::Unary's `answer_dropped`).
+  grpc::ServerUnaryReactor* FinishEarly(const absl::Status& status);
   grpc::ServerUnaryReactor* FinishGrpc(const grpc::Status& status);
 
   const char* method_;
   Metrics* metrics_;
+  grpc::CallbackServerContext* context_;
   grpc::ServerUnaryReactor* reactor_;
   grpc::ByteBuffer* response_bytes_ = nullptr;
+  bool answer_dropped_ = false;
+  std::shared_ptr<void> held_;
   std::chrono::steady_clock::time_point received_ = std::chrono::steady_clock::now();
 };
 
@@ -57,20 +68,22 @@ class RawMethods {
   using Precheck = std::function<absl::Status(const grpc::CallbackServerContext& context)>;
 
   // A unary method: checks the request size against `max_message_bytes`, runs `precheck` (may
-  // be empty), parses a `Request` and calls `handle`, which must finish the call.
+  // be empty), parses a `Request` and calls `handle`, which must finish the call. With
+  // `answer_dropped`, a call refused before `handle` whose client gave up is answered
+  // DEADLINE_EXCEEDED or CANCELLED and counted as dropped (core::UnlessDropped).
   template <typename Request>
   static grpc::internal::MethodHandler* Unary(
       const char* method, Metrics* metrics, int64_t max_message_bytes, Precheck precheck,
-      std::function<void(std::shared_ptr<UnaryCall>, grpc::CallbackServerContext*, Request)>
-          handle) {
-    return UnaryBytes(method, metrics, max_message_bytes, std::move(precheck),
+      std::function<void(std::shared_ptr<UnaryCall>, grpc::CallbackServerContext*, Request)> handle,
+      bool answer_dropped = false) {
+    return UnaryBytes(method, metrics, max_message_bytes, std::move(precheck), answer_dropped,
                       [handle = std::move(handle)](std::shared_ptr<UnaryCall> call,
                                                    grpc::CallbackServerContext* context,
                                                    const grpc::ByteBuffer& bytes) {
                         Request request;
                         if (absl::Status parsed = ParseOrLog(call->method_, bytes, &request);
                             !parsed.ok()) {
-                          call->Finish(parsed);
+                          call->FinishEarly(parsed);
                           return;
                         }
                         handle(std::move(call), context, std::move(request));
@@ -87,7 +100,7 @@ class RawMethods {
                                           const grpc::ByteBuffer&)>;
   static grpc::internal::MethodHandler* UnaryBytes(const char* method, Metrics* metrics,
                                                    int64_t max_message_bytes, Precheck precheck,
-                                                   BytesHandler handle);
+                                                   bool answer_dropped, BytesHandler handle);
   static absl::Status ParseOrLog(const char* method, const grpc::ByteBuffer& bytes,
                                  google::protobuf::Message* message);
 };

@@ -19,6 +19,7 @@
 #include "engine/log.h"
 #include "engine/model.h"
 #include "server/core/batcher.h"
+#include "server/core/cost_model.h"
 #include "server/core/model_registry.h"
 #include "server/core/serving_core.h"
 #include "server/encoder_service.h"
@@ -124,7 +125,11 @@ int RunServer(const ServerOptions& options, std::optional<std::string> trainer_t
   });
   Batcher batcher({options.max_batch_tokens, options.max_concurrent_requests, options.threads},
                   &metrics);
-  core::ServingCore serving_core({options.max_inputs_per_request}, &registry, &batcher, &metrics);
+  MemoryBudget memory_budget(options.memory_budget_bytes);
+  core::ServingCore serving_core({{options.max_inputs_per_request},
+                                  options.max_message_bytes,
+                                  options.max_request_memory_bytes},
+                                 &registry, &batcher, &memory_budget, &metrics);
   EncoderService encoder(&serving_core, options.max_message_bytes, &metrics);
   TrainerService trainer(options, std::move(trainer_token), &registry, &metrics);
 
@@ -163,6 +168,12 @@ int RunServer(const ServerOptions& options, std::optional<std::string> trainer_t
                              " (run scripts/setup.sh for the default model, or pass --model-dir)"));
   }
   const BertConfig& config = (*model)->config();
+  // The engine's per-thread workspace lives as long as the server: off the budget once.
+  memory_budget.Reserve(EngineWorkspaceBytes(config, options.max_batch_tokens));
+  Log(LogLevel::kInfo,
+      "memory: %d bytes per call at most (--max-request-memory-bytes), %d bytes for calls in "
+      "flight (--memory-budget-bytes %d less the engine workspace)",
+      options.max_request_memory_bytes, memory_budget.budget(), options.memory_budget_bytes);
   ModelVersion base;
   base.version = "base";
   base.origin = absl::StrCat("loaded from ", options.model_dir);

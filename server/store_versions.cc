@@ -19,6 +19,7 @@ ModelVersion UnloadedVersion(const StoredVersion& stored) {
   version.sequence = stored.sequence;
   version.created_utc = stored.created_utc;
   version.description = stored.description;
+  version.notes = stored.notes;
   return version;
 }
 

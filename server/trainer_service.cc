@@ -112,6 +112,7 @@ void TrainerService::FillVersions(v1::ListVersionsResponse* response) const {
     info->set_created_utc(version.created_utc);
     info->set_serving(version.version == serving);
     info->set_description(version.description);
+    for (const std::string& note : version.notes) info->add_notes(note);
   }
   response->set_serving_version(serving);
 }

@@ -4,8 +4,10 @@
 
 #include <algorithm>
 #include <set>
+#include <string_view>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "engine/log.h"
 
 namespace attn::server {
@@ -82,25 +84,51 @@ void Batcher::Finish(const std::shared_ptr<JobState>& job, absl::Status status) 
   job->job->done(std::move(status), std::move(job->output));
 }
 
-bool Batcher::StillWanted(const std::shared_ptr<JobState>& job) {
-  if (job->finished) return false;
-  if (job->job->deadline && *job->job->deadline < std::chrono::system_clock::now()) {
-    const double waited =
-        std::chrono::duration<double, std::milli>(Clock::now() - job->enqueued).count();
-    metrics_->RecordDropped("deadline");
-    Finish(job, absl::DeadlineExceededError(absl::StrFormat(
-                    "the deadline passed while the request was queued (after %.1f ms); "
-                    "allow more time or send smaller requests",
-                    waited)));
-    return false;
-  }
+namespace {
+
+// Why `job` is no longer wanted ("deadline" or "cancelled"), or nullptr.
+const char* DropReason(const Job& job) {
+  if (job.deadline && *job.deadline < std::chrono::system_clock::now()) return "deadline";
   // After the deadline check: gRPC also reports an expired call as cancelled.
-  if (job->job->is_cancelled && job->job->is_cancelled()) {
-    metrics_->RecordDropped("cancelled");
-    Finish(job, absl::CancelledError("the client cancelled the call before it was computed"));
+  if (job.is_cancelled && job.is_cancelled()) return "cancelled";
+  return nullptr;
+}
+
+// Whether two requests may share a packed batch: the engine keeps hidden states for every
+// sequence of a batch and attention parts for every sequence that wants attention, so only
+// requests keeping the same extras are merged (the common plain-embedding call always is).
+bool SameExtras(const ForwardOptions& a, const ForwardOptions& b) {
+  if (a.hidden_layers != b.hidden_layers || a.static_embeddings != b.static_embeddings) {
     return false;
   }
-  return true;
+  if (a.attention_layers.empty() || b.attention_layers.empty()) return true;
+  return a.attention_layers == b.attention_layers && a.attention_scores == b.attention_scores &&
+         a.attention_qkv == b.attention_qkv;
+}
+
+}  // namespace
+
+bool Batcher::StillWanted(const std::shared_ptr<JobState>& job, const char* stage) {
+  if (job->finished) return false;
+  const char* reason = DropReason(*job->job);
+  if (reason == nullptr) return true;
+  metrics_->RecordDropped(reason, stage);
+  const double waited =
+      std::chrono::duration<double, std::milli>(Clock::now() - job->enqueued).count();
+  const bool queued = std::string_view(stage) == "queue";
+  const std::string where =
+      queued ? absl::StrFormat("while the request was queued (after %.1f ms)", waited)
+             : absl::StrFormat(
+                   "while the request was computed (after %.1f ms); the rest of "
+                   "the work was skipped",
+                   waited);
+  if (std::string_view(reason) == "deadline") {
+    Finish(job, absl::DeadlineExceededError(absl::StrCat(
+                    "the deadline passed ", where, "; allow more time or send smaller requests")));
+  } else {
+    Finish(job, absl::CancelledError(absl::StrCat("the client cancelled the call ", where)));
+  }
+  return false;
 }
 
 void Batcher::Loop() {
@@ -122,9 +150,10 @@ void Batcher::Loop() {
       batch.push_back(std::move(queue_.front()));
       queue_.pop_front();
       int64_t tokens = batch.front().tokens;
-      const Model* model = batch.front().job->job->model.get();
+      const Job& first = *batch.front().job->job;
       for (auto it = queue_.begin(); it != queue_.end();) {
-        if (it->job->job->model.get() == model &&
+        const Job& candidate = *it->job->job;
+        if (candidate.model == first.model && SameExtras(candidate.forward, first.forward) &&
             tokens + it->tokens <= options_.max_batch_tokens) {
           tokens += it->tokens;
           batch.push_back(std::move(*it));
@@ -142,7 +171,7 @@ void Batcher::RunBatch(std::vector<Chunk> chunks) {
   // Drop what nobody waits for any more.
   std::vector<Chunk> live;
   for (Chunk& chunk : chunks) {
-    if (StillWanted(chunk.job)) live.push_back(std::move(chunk));
+    if (StillWanted(chunk.job, "queue")) live.push_back(std::move(chunk));
   }
   if (live.empty()) return;
 
@@ -177,6 +206,13 @@ void Batcher::RunBatch(std::vector<Chunk> chunks) {
   forward.hidden_layers.assign(hidden_layers.begin(), hidden_layers.end());
   forward.attention_layers.assign(attention_layers.begin(), attention_layers.end());
   forward.attention_probs = true;
+  // Between layers: stop once no request of the batch is wanted any more.
+  forward.stop_requested = [&live] {
+    for (const Chunk& chunk : live) {
+      if (DropReason(*chunk.job->job) == nullptr) return false;
+    }
+    return true;
+  };
 
   const Model& model = *live.front().job->job->model;
   absl::StatusOr<ForwardResult> result = model.Forward(sequences, forward);
@@ -184,6 +220,12 @@ void Batcher::RunBatch(std::vector<Chunk> chunks) {
   metrics_->RecordInferenceTime(seconds);
   metrics_->RecordBatch(static_cast<int64_t>(sequences.size()), tokens);
   metrics_->AddTokens(tokens);
+  if (!result.ok() && result.status().code() == absl::StatusCode::kCancelled) {
+    for (const Chunk& chunk : live) {
+      if (StillWanted(chunk.job, "compute")) Finish(chunk.job, result.status());
+    }
+    return;
+  }
   if (!result.ok()) {
     Log(LogLevel::kError, "engine batch of %d sequences failed: %s",
         static_cast<int>(sequences.size()), result.status().ToString());
@@ -193,6 +235,7 @@ void Batcher::RunBatch(std::vector<Chunk> chunks) {
   auto shared = std::make_shared<const ForwardResult>(std::move(*result));
   int index = 0;
   for (const Chunk& chunk : live) {
+    if (!StillWanted(chunk.job, "compute")) continue;
     JobState& state = *chunk.job;
     for (int i = chunk.begin; i < chunk.end; ++i) state.output.sequences[i] = {shared, index++};
     state.output.inference_seconds += seconds;

@@ -4,8 +4,12 @@
 //
 // Admission is bounded by --max-concurrent-requests (queued + running); beyond it Submit()
 // fails at once with RESOURCE_EXHAUSTED. A request larger than the token budget is split into
-// chunks. Before a chunk runs, its request's cancellation and deadline are checked: cancelled
-// or expired requests are dropped (counted in metrics), never computed.
+// chunks. Cancellation and deadlines are checked when a batch is formed (stage "queue"), between
+// encoder layers (the engine's stop_requested: the forward stops once no request of the batch
+// is wanted) and after the forward (stage "compute"); dropped requests are counted in metrics.
+// Requests are merged only when they keep the same extra outputs (hidden layers, static
+// embeddings, attention parts), so a batch never keeps more for a request than its own cost
+// estimate (server/cost_model.h) counted.
 #pragma once
 
 #include <chrono>
@@ -85,8 +89,9 @@ class Batcher {
   void Loop();
   void RunBatch(std::vector<Chunk> batch);
   void Finish(const std::shared_ptr<JobState>& job, absl::Status status);
-  // Drop check before computing; returns false (and finishes the job) if it must not run.
-  bool StillWanted(const std::shared_ptr<JobState>& job);
+  // Drop check; returns false (and finishes the job, counting it as dropped at `stage`) if
+  // nobody waits for it any more.
+  bool StillWanted(const std::shared_ptr<JobState>& job, const char* stage);
 
   const BatcherOptions options_;
   ServingMetrics* const metrics_;

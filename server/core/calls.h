@@ -17,6 +17,8 @@
 #include "absl/types/span.h"
 #include "engine/half.h"
 #include "engine/model.h"
+#include "server/core/cost_model.h"
+#include "server/core/serving_metrics.h"
 
 namespace attn::server::core {
 
@@ -45,6 +47,25 @@ struct CallControl {
   std::chrono::steady_clock::time_point received = std::chrono::steady_clock::now();
   std::optional<std::chrono::system_clock::time_point> deadline;
   std::function<bool()> is_cancelled;  // may be empty
+
+  // Why nobody waits for the answer any more ("deadline" or "cancelled"), or nullptr.
+  const char* DropReason() const;
+};
+
+// Memory a call was admitted with (cost_model.h); given back to the budget when the last holder
+// lets go of it, or at Release(). The transport holds it until the response is sent.
+class Admission {
+ public:
+  Admission(MemoryBudget* budget, int64_t bytes, ServingMetrics* metrics);
+  ~Admission() { Release(); }
+  Admission(const Admission&) = delete;
+  Admission& operator=(const Admission&) = delete;
+  void Release();
+
+ private:
+  MemoryBudget* budget_;
+  int64_t bytes_;
+  ServingMetrics* metrics_;
 };
 
 struct Metadata {
@@ -91,7 +112,8 @@ struct EncodeResponse {
   WireDType dtype = WireDType::kFloat32;
   std::vector<EncodeResult> results;  // one per input, in order
   Metadata metadata;
-  std::shared_ptr<const void> batch;  // owns the memory the views point into
+  std::shared_ptr<const void> batch;     // owns the memory the views point into
+  std::shared_ptr<Admission> admission;  // hold until the response is sent
 };
 
 // ---- AttentionMap ---------------------------------------------------------------------------
@@ -113,12 +135,16 @@ struct AttentionRequest {
 
 struct LayerAttentionResult {
   int layer = 0;
-  // Each (selected heads, T, X); empty tensors for parts not asked for.
-  Tensor weights;       // dense weights (unless top_k)
-  Tensor top_k_values;  // (heads, T, k) when top_k > 0
+  // The engine's (all heads, T, X) tensors, owned by the response's batch; the response's
+  // `heads` selects what to return (encoded head by head, no copy). Null when not asked for.
+  const Tensor* weights = nullptr;  // dense weights (unless top_k)
+  const Tensor* scores = nullptr;
+  const Tensor* query = nullptr;
+  const Tensor* key = nullptr;
+  const Tensor* value = nullptr;
+  // Computed per request; empty when not asked for.
+  Tensor top_k_values;  // (selected heads, T, k) when top_k > 0
   std::vector<int32_t> top_k_indices;
-  Tensor scores;
-  Tensor query, key, value;
   Tensor mean_weights;  // (T, T)
 };
 
@@ -135,6 +161,8 @@ struct AttentionResponse {
   std::vector<int> heads;  // the selected heads, request order
   std::vector<AttentionResult> results;
   Metadata metadata;
+  std::shared_ptr<const void> batch;     // owns the maps the results point into
+  std::shared_ptr<Admission> admission;  // hold until the response is sent
 };
 
 // ---- Tokenize -------------------------------------------------------------------------------

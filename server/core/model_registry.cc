@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "engine/quote.h"
 
 namespace attn::server {
 
@@ -35,8 +36,8 @@ bool ModelRegistry::IsNewestLocked(const std::string& version) const {
 absl::Status ModelRegistry::NotFoundLocked(const std::string& version) const {
   std::vector<std::string> names;
   for (const ModelVersion* v : OrderedLocked()) names.push_back(v->version);
-  return absl::NotFoundError(absl::StrCat("model version '", version,
-                                          "' not found; available: ", absl::StrJoin(names, ", ")));
+  return absl::NotFoundError(absl::StrCat("model version ", QuoteInput(version),
+                                          " not found; available: ", absl::StrJoin(names, ", ")));
 }
 
 void ModelRegistry::EvictLocked(std::vector<std::shared_ptr<const Model>>* released) {
@@ -68,8 +69,8 @@ absl::StatusOr<ModelVersion> ModelRegistry::EnsureLoaded(const std::string& name
     unloaded = it->second.version;
   }
   if (!loader_) {
-    return absl::InternalError(
-        absl::StrCat("model version '", name, "' is not in memory and this server cannot load it"));
+    return absl::InternalError(absl::StrCat("model version ", QuoteInput(name),
+                                            " is not in memory and this server cannot load it"));
   }
   // The load (~1 s for MiniLM) runs without the main lock: requests for loaded versions go on.
   absl::StatusOr<std::shared_ptr<const Model>> model = loader_(unloaded);
@@ -81,8 +82,8 @@ absl::StatusOr<ModelVersion> ModelRegistry::EnsureLoaded(const std::string& name
     const absl::StatusCode code = model.status().code() == absl::StatusCode::kDataLoss
                                       ? absl::StatusCode::kDataLoss
                                       : absl::StatusCode::kFailedPrecondition;
-    return absl::Status(code, absl::StrCat("model version '", name,
-                                           "' is not in memory and loading it from the store "
+    return absl::Status(code, absl::StrCat("model version ", QuoteInput(name),
+                                           " is not in memory and loading it from the store "
                                            "failed: ",
                                            model.status().message()));
   }
@@ -119,7 +120,8 @@ absl::Status ModelRegistry::Publish(ModelVersion version, bool serve) {
   const std::string name = version.version;
   auto existing = versions_.find(name);
   if (existing != versions_.end() && !existing->second.discovered) {
-    return absl::AlreadyExistsError(absl::StrCat("model version '", name, "' already exists"));
+    return absl::AlreadyExistsError(
+        absl::StrCat("model version ", QuoteInput(name), " already exists"));
   }
   Entry& entry = versions_[name];
   entry.version = std::move(version);
@@ -139,7 +141,8 @@ absl::StatusOr<bool> ModelRegistry::Discover(ModelVersion version) {
   {
     absl::MutexLock lock(&mutex_);
     if (versions_.count(name)) {
-      return absl::AlreadyExistsError(absl::StrCat("model version '", name, "' already exists"));
+      return absl::AlreadyExistsError(
+          absl::StrCat("model version ", QuoteInput(name), " already exists"));
     }
     Entry& entry = versions_[name];
     entry.version = std::move(version);
@@ -189,15 +192,17 @@ absl::StatusOr<ModelVersion> ModelRegistry::Rollback(const std::string& version)
     } else {
       auto found = versions_.find(version);
       if (found == versions_.end()) {
-        return absl::NotFoundError(absl::StrCat("model version '", version, "' not found"));
+        return absl::NotFoundError(
+            absl::StrCat("model version ", QuoteInput(version), " not found"));
       }
       if (version == serving_) {
-        return absl::FailedPreconditionError(absl::StrCat("'", version, "' is already served"));
+        return absl::FailedPreconditionError(
+            absl::StrCat(QuoteInput(version), " is already served"));
       }
       auto position = std::find(ordered.begin(), ordered.end(), &found->second.version);
       if (position > current) {
         return absl::FailedPreconditionError(
-            absl::StrCat("'", version, "' is newer than the served '", serving_,
+            absl::StrCat(QuoteInput(version), " is newer than the served '", serving_,
                          "'; Rollback only goes back (use SetServingVersion to go forward)"));
       }
       target = version;

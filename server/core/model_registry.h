@@ -29,9 +29,10 @@ struct ModelVersion {
   // Null while the version is known but not in memory (only in List() results: Get() and the
   // serving listener always see a loaded version).
   std::shared_ptr<const Model> model;
-  int64_t sequence = 0;     // commit order (the base is 0); orders listings and Rollback
-  std::string created_utc;  // "2026-11-22T04:19:00Z"; empty for the base
-  std::string description;  // free text given at commit
+  int64_t sequence = 0;            // commit order (the base is 0); orders listings and Rollback
+  std::string created_utc;         // "2026-11-22T04:19:00Z"; empty for the base
+  std::string description;         // free text given at commit
+  std::vector<std::string> notes;  // the server's warnings about the fine-tuning job
 };
 
 class ModelRegistry {

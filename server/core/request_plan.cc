@@ -269,4 +269,31 @@ absl::StatusOr<AttentionPlan> PrepareAttention(const Model& model, const Attenti
   return plan;
 }
 
+RequestCost EstimateCost(const Model& model, const EncodePlan& p, int64_t version_bytes) {
+  EncodeCostQuery query;
+  query.pooled = p.pooling.has_value();
+  query.token_embeddings = p.token_embeddings;
+  query.hidden_layers = static_cast<int>(p.hidden_layers.size());
+  query.keeps_last_layer = p.forward.hidden_layers.size() == p.hidden_layers.size();
+  query.static_embeddings = p.static_embeddings;
+  query.dtype = p.dtype;
+  return EstimateEncodeCost(model.config(), model.tokenizer(), p.inputs.encodings, query,
+                            version_bytes);
+}
+
+RequestCost EstimateCost(const Model& model, const AttentionPlan& p, int64_t version_bytes) {
+  AttentionCostQuery query;
+  query.layers = p.layers;
+  query.heads = p.heads;
+  query.weights = p.weights;
+  query.scores = p.scores;
+  query.qkv = p.qkv;
+  query.mean_over_heads = p.mean_over_heads;
+  query.rollout = p.rollout;
+  query.top_k = p.top_k;
+  query.dtype = p.dtype;
+  return EstimateAttentionCost(model.config(), model.tokenizer(), p.inputs.encodings, query,
+                               version_bytes);
+}
+
 }  // namespace attn::server::core

@@ -11,6 +11,7 @@
 #include "engine/half.h"
 #include "engine/model.h"
 #include "server/core/calls.h"
+#include "server/core/cost_model.h"
 
 namespace attn::server::core {
 
@@ -64,5 +65,10 @@ struct AttentionPlan {
 
 absl::StatusOr<AttentionPlan> PrepareAttention(const Model& model, const AttentionRequest& request,
                                                const RequestLimits& limits);
+
+// What answering the plan will cost (cost_model.h); `version_bytes`: the length of the model
+// version name the response carries.
+RequestCost EstimateCost(const Model& model, const EncodePlan& plan, int64_t version_bytes);
+RequestCost EstimateCost(const Model& model, const AttentionPlan& plan, int64_t version_bytes);
 
 }  // namespace attn::server::core

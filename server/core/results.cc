@@ -1,5 +1,6 @@
 #include "server/core/results.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "engine/attention_analysis.h"
@@ -65,20 +66,25 @@ void BuildAttentionResults(const Model& model, AttentionPlan& plan, const JobOut
       LayerAttentionResult& out = result.layers[l];
       out.layer = layer;
       if (plan.weights) {
-        Tensor weights = SelectHeads(attention.probs, plan.heads);
         if (plan.top_k > 0) {
-          TopKRowsResult top = TopKRows(weights, plan.top_k);
+          // Top-k reads whole heads: a copy only when some heads are left out.
+          const bool all_heads =
+              static_cast<int64_t>(plan.heads.size()) == attention.probs.dim(0) &&
+              std::is_sorted(plan.heads.begin(), plan.heads.end());
+          TopKRowsResult top = all_heads
+                                   ? TopKRows(attention.probs, plan.top_k)
+                                   : TopKRows(SelectHeads(attention.probs, plan.heads), plan.top_k);
           out.top_k_values = std::move(top.values);
           out.top_k_indices = std::move(top.indices);
         } else {
-          out.weights = std::move(weights);
+          out.weights = &attention.probs;
         }
       }
-      if (plan.scores) out.scores = SelectHeads(attention.scores, plan.heads);
+      if (plan.scores) out.scores = &attention.scores;
       if (plan.qkv) {
-        out.query = SelectHeads(attention.query, plan.heads);
-        out.key = SelectHeads(attention.key, plan.heads);
-        out.value = SelectHeads(attention.value, plan.heads);
+        out.query = &attention.query;
+        out.key = &attention.key;
+        out.value = &attention.value;
       }
       if (plan.mean_over_heads) out.mean_weights = MeanOverHeads(attention.probs);
     }

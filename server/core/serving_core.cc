@@ -2,6 +2,8 @@
 
 #include <chrono>
 #include <memory>
+#include <string>
+#include <string_view>
 #include <utility>
 
 #include "engine/ops/pooling.h"
@@ -23,25 +25,78 @@ void SetEngineTimes(const JobOutput& output, Metadata* metadata) {
   metadata->batch_inputs = output.batch_inputs;
 }
 
-// The shared path of Encode and AttentionMap: version, `prepare` (validate + tokenize), deadline,
-// submit; `finish(version, plan, output)` builds the response on the batcher thread.
-template <typename Request, typename Plan, typename Response, typename Prepare, typename Build>
-void RunEngineCall(const Request& request, const CallControl& control, const RequestLimits& limits,
-                   ModelRegistry* registry, Batcher* batcher, ServingMetrics* metrics,
-                   Prepare prepare, Build build,
-                   std::function<void(absl::StatusOr<Response>)> done) {
-  absl::StatusOr<ModelVersion> version = registry->Get(std::string(request.model_version));
-  if (!version.ok()) return done(version.status());
-  const auto tokenize_start = Clock::now();
-  auto plan = std::make_shared<absl::StatusOr<Plan>>(prepare(*version->model, request, limits));
-  const double tokenization_ms = MillisSince(tokenize_start);
-  metrics->RecordTokenizationTime(tokenization_ms / 1e3);
-  if (!plan->ok()) return done(plan->status());
-  if (control.deadline && *control.deadline < std::chrono::system_clock::now()) {
-    metrics->RecordDropped("deadline");
-    return done(
-        absl::DeadlineExceededError("the call's deadline had already passed when it arrived"));
+}  // namespace
+
+const char* CallControl::DropReason() const {
+  if (deadline && *deadline < std::chrono::system_clock::now()) return "deadline";
+  // After the deadline check: gRPC also reports an expired call as cancelled.
+  if (is_cancelled && is_cancelled()) return "cancelled";
+  return nullptr;
+}
+
+Admission::Admission(MemoryBudget* budget, int64_t bytes, ServingMetrics* metrics)
+    : budget_(budget), bytes_(bytes), metrics_(metrics) {
+  metrics_->SetMemoryInFlight(budget_->in_flight());
+}
+
+void Admission::Release() {
+  if (budget_ == nullptr) return;
+  budget_->Release(bytes_);
+  metrics_->SetMemoryInFlight(budget_->in_flight());
+  budget_ = nullptr;
+}
+
+absl::Status UnlessDropped(const CallControl& control, absl::Status status, const char* stage,
+                           ServingMetrics* metrics) {
+  if (status.code() == absl::StatusCode::kCancelled ||
+      status.code() == absl::StatusCode::kDeadlineExceeded) {
+    return status;  // dropped already (and counted where)
   }
+  const char* reason = control.DropReason();
+  if (reason == nullptr) return status;
+  metrics->RecordDropped(reason, stage);
+  return std::string_view(reason) == "deadline"
+             ? absl::DeadlineExceededError("the call's deadline passed before the server answered")
+             : absl::CancelledError("the client cancelled the call");
+}
+
+ServingCore::ServingCore(CoreOptions options, ModelRegistry* registry, Batcher* batcher,
+                         MemoryBudget* memory_budget, ServingMetrics* metrics)
+    : options_(options),
+      registry_(registry),
+      batcher_(batcher),
+      memory_budget_(memory_budget),
+      metrics_(metrics) {}
+
+// The shared path of Encode and AttentionMap: version, `prepare` (validate + tokenize), drop
+// check, cost and admission, submit; `build` makes the response on the batcher thread.
+template <typename Request, typename Plan, typename Response, typename Prepare, typename Build>
+void ServingCore::RunEngineCall(const Request& request, const CallControl& control, Prepare prepare,
+                                Build build, Done<Response> done) {
+  auto answer = [&](absl::Status status) {
+    done(UnlessDropped(control, std::move(status), "queue", metrics_));
+  };
+  absl::StatusOr<ModelVersion> version = registry_->Get(std::string(request.model_version));
+  if (!version.ok()) return answer(version.status());
+  const auto tokenize_start = Clock::now();
+  auto plan =
+      std::make_shared<absl::StatusOr<Plan>>(prepare(*version->model, request, options_.limits));
+  const double tokenization_ms = MillisSince(tokenize_start);
+  metrics_->RecordTokenizationTime(tokenization_ms / 1e3);
+  if (!plan->ok()) return answer(plan->status());
+  if (control.DropReason() != nullptr) return answer(absl::OkStatus());  // answered dropped
+  // Admission: what answering will cost, against the per-request limits and the budget.
+  const RequestCost cost =
+      EstimateCost(*version->model, **plan, static_cast<int64_t>(version->version.size()));
+  std::string limit = "budget";
+  absl::Status affordable =
+      CheckRequestCost(cost, options_.max_message_bytes, options_.max_request_memory_bytes, &limit);
+  if (affordable.ok()) affordable = memory_budget_->Acquire(cost.working_bytes);
+  if (!affordable.ok()) {
+    metrics_->RecordMemoryRefusal(limit);
+    return answer(affordable);
+  }
+  auto admission = std::make_shared<Admission>(memory_budget_, cost.working_bytes, metrics_);
 
   auto job = std::make_shared<Job>();
   job->model = version->model;
@@ -49,13 +104,14 @@ void RunEngineCall(const Request& request, const CallControl& control, const Req
   job->forward = (*plan)->forward;
   job->deadline = control.deadline;
   job->is_cancelled = control.is_cancelled;
-  const Clock::time_point received = control.received;
   // `done` is shared: it is called here if Submit refuses the job, else by the job's callback.
-  auto shared_done =
-      std::make_shared<std::function<void(absl::StatusOr<Response>)>>(std::move(done));
-  job->done = [shared_done, plan, build, tokenization_ms, received, version = *version](
-                  absl::Status status, JobOutput output) {
-    if (!status.ok()) return (*shared_done)(status);
+  auto shared_done = std::make_shared<Done<Response>>(std::move(done));
+  job->done = [this, shared_done, plan, build, tokenization_ms, control, admission,
+               version = *version](absl::Status status, JobOutput output) {
+    if (!status.ok()) {
+      admission->Release();
+      return (*shared_done)(UnlessDropped(control, std::move(status), "compute", metrics_));
+    }
     Response response;
     response.model_version = version.version;
     response.model = version.model;
@@ -63,22 +119,25 @@ void RunEngineCall(const Request& request, const CallControl& control, const Req
     response.metadata.tokenization_ms = tokenization_ms;
     SetEngineTimes(output, &response.metadata);
     build(*version.model, **plan, output, &response);
-    response.metadata.total_ms = MillisSince(received);
+    response.metadata.total_ms = MillisSince(control.received);
+    if (absl::Status dropped = UnlessDropped(control, absl::OkStatus(), "reply", metrics_);
+        !dropped.ok()) {
+      admission->Release();
+      return (*shared_done)(dropped);
+    }
+    response.admission = admission;
     (*shared_done)(std::move(response));
   };
-  if (absl::Status submitted = batcher->Submit(job); !submitted.ok()) (*shared_done)(submitted);
+  if (absl::Status submitted = batcher_->Submit(job); !submitted.ok()) {
+    admission->Release();
+    (*shared_done)(UnlessDropped(control, std::move(submitted), "queue", metrics_));
+  }
 }
-
-}  // namespace
-
-ServingCore::ServingCore(RequestLimits limits, ModelRegistry* registry, Batcher* batcher,
-                         ServingMetrics* metrics)
-    : limits_(limits), registry_(registry), batcher_(batcher), metrics_(metrics) {}
 
 void ServingCore::Encode(const EncodeRequest& request, const CallControl& control,
                          Done<EncodeResponse> done) {
   RunEngineCall<EncodeRequest, EncodePlan, EncodeResponse>(
-      request, control, limits_, registry_, batcher_, metrics_, PrepareEncode,
+      request, control, PrepareEncode,
       [](const Model& model, EncodePlan& plan, JobOutput& output, EncodeResponse* response) {
         response->dtype = plan.dtype;
         BuildEncodeResults(model, plan, output, &response->results);
@@ -91,11 +150,13 @@ void ServingCore::Encode(const EncodeRequest& request, const CallControl& contro
 void ServingCore::AttentionMap(const AttentionRequest& request, const CallControl& control,
                                Done<AttentionResponse> done) {
   RunEngineCall<AttentionRequest, AttentionPlan, AttentionResponse>(
-      request, control, limits_, registry_, batcher_, metrics_, PrepareAttention,
+      request, control, PrepareAttention,
       [](const Model& model, AttentionPlan& plan, JobOutput& output, AttentionResponse* response) {
         response->dtype = plan.dtype;
         response->heads = plan.heads;
         BuildAttentionResults(model, plan, output, &response->results);
+        // The dense maps in the results point into the batch results.
+        response->batch = std::make_shared<const JobOutput>(std::move(output));
       },
       std::move(done));
 }
@@ -103,13 +164,13 @@ void ServingCore::AttentionMap(const AttentionRequest& request, const CallContro
 absl::StatusOr<TokenizeResponse> ServingCore::Tokenize(const TokenizeRequest& request,
                                                        const CallControl& control) {
   absl::StatusOr<ModelVersion> version = registry_->Get(std::string(request.model_version));
-  if (!version.ok()) return version.status();
+  if (!version.ok()) return UnlessDropped(control, version.status(), "queue", metrics_);
   const auto start = Clock::now();
   absl::StatusOr<TokenizedInputs> inputs =
-      TokenizeInputs(*version->model, request.inputs, request.tokenization, limits_);
+      TokenizeInputs(*version->model, request.inputs, request.tokenization, options_.limits);
   const double tokenization_ms = MillisSince(start);
   metrics_->RecordTokenizationTime(tokenization_ms / 1e3);
-  if (!inputs.ok()) return inputs.status();
+  if (!inputs.ok()) return UnlessDropped(control, inputs.status(), "queue", metrics_);
   TokenizeResponse response;
   response.model_version = version->version;
   response.model = version->model;
@@ -117,12 +178,17 @@ absl::StatusOr<TokenizeResponse> ServingCore::Tokenize(const TokenizeRequest& re
   response.metadata.token_count = inputs->total_tokens;
   response.metadata.tokenization_ms = tokenization_ms;
   response.metadata.total_ms = MillisSince(control.received);
+  if (absl::Status dropped = UnlessDropped(control, absl::OkStatus(), "reply", metrics_);
+      !dropped.ok()) {
+    return dropped;
+  }
   return response;
 }
 
-absl::StatusOr<ModelInfo> ServingCore::GetModelInfo(const ModelInfoRequest& request) {
+absl::StatusOr<ModelInfo> ServingCore::GetModelInfo(const ModelInfoRequest& request,
+                                                    const CallControl& control) {
   absl::StatusOr<ModelVersion> version = registry_->Get(std::string(request.model_version));
-  if (!version.ok()) return version.status();
+  if (!version.ok()) return UnlessDropped(control, version.status(), "queue", metrics_);
   const Model& model = *version->model;
   const BertConfig& config = model.config();
   ModelInfo info;
@@ -144,6 +210,10 @@ absl::StatusOr<ModelInfo> ServingCore::GetModelInfo(const ModelInfoRequest& requ
   info.version = version->version;
   info.version_origin = version->origin;
   info.available_versions = registry_->Versions();
+  if (absl::Status dropped = UnlessDropped(control, absl::OkStatus(), "reply", metrics_);
+      !dropped.ok()) {
+    return dropped;
+  }
   return info;
 }
 

@@ -16,17 +16,31 @@
 
 namespace attn::server::core {
 
+// The core's share of the server options (server/options.h has the defaults).
+struct CoreOptions {
+  RequestLimits limits;
+  int64_t max_message_bytes = 0;         // the response limit (--max-message-bytes)
+  int64_t max_request_memory_bytes = 0;  // one call's working memory (cost_model.h)
+};
+
+// `status` as the caller should get it: DEADLINE_EXCEEDED or CANCELLED (counted as dropped at
+// `stage`: "queue", "compute" or "reply") when nobody waits for the answer any more, whatever
+// else happened (an expired call is never counted OK, a cancelled one never as bad input).
+absl::Status UnlessDropped(const CallControl& control, absl::Status status, const char* stage,
+                           ServingMetrics* metrics);
+
 class ServingCore {
  public:
   template <typename Response>
   using Done = std::function<void(absl::StatusOr<Response>)>;
 
-  ServingCore(RequestLimits limits, ModelRegistry* registry, Batcher* batcher,
-              ServingMetrics* metrics);
+  ServingCore(CoreOptions options, ModelRegistry* registry, Batcher* batcher,
+              MemoryBudget* memory_budget, ServingMetrics* metrics);
 
-  // Engine calls. `done` is called exactly once: on the calling thread if the call fails before
-  // it reaches the batcher, else on the batcher thread once the batch carrying it is done.
-  // The request is read only before Encode/AttentionMap return.
+  // Engine calls. Each is costed before any work (cost_model.h) and admitted against the
+  // per-request limits and the memory budget. `done` is called exactly once: on the calling
+  // thread if the call fails before it reaches the batcher, else on the batcher thread once the
+  // batch carrying it is done. The request is read only before Encode/AttentionMap return.
   void Encode(const EncodeRequest& request, const CallControl& control, Done<EncodeResponse> done);
   void AttentionMap(const AttentionRequest& request, const CallControl& control,
                     Done<AttentionResponse> done);
@@ -34,12 +48,18 @@ class ServingCore {
   // Calls answered on the calling thread.
   absl::StatusOr<TokenizeResponse> Tokenize(const TokenizeRequest& request,
                                             const CallControl& control);
-  absl::StatusOr<ModelInfo> GetModelInfo(const ModelInfoRequest& request);
+  absl::StatusOr<ModelInfo> GetModelInfo(const ModelInfoRequest& request,
+                                         const CallControl& control);
 
  private:
-  const RequestLimits limits_;
+  template <typename Request, typename Plan, typename Response, typename Prepare, typename Build>
+  void RunEngineCall(const Request& request, const CallControl& control, Prepare prepare,
+                     Build build, Done<Response> done);
+
+  const CoreOptions options_;
   ModelRegistry* const registry_;
   Batcher* const batcher_;
+  MemoryBudget* const memory_budget_;
   ServingMetrics* const metrics_;
 };
 

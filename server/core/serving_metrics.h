@@ -19,8 +19,15 @@ class ServingMetrics {
   virtual void RecordBatch(int64_t inputs, int64_t tokens) = 0;
   virtual void SetQueueDepth(int64_t requests) = 0;
   virtual void AddTokens(int64_t tokens) = 0;
-  // A request dropped before it was computed: reason "cancelled" or "deadline".
-  virtual void RecordDropped(std::string_view reason) = 0;
+  // A request dropped because nobody waits for its answer: reason "cancelled" or "deadline";
+  // stage "queue" (before its batch ran: on arrival, in tokenization or in the queue),
+  // "compute" (stopped between layers or after the forward) or "reply" (before serialising).
+  virtual void RecordDropped(std::string_view reason, std::string_view stage) = 0;
+  // Memory admission: bytes of estimated working memory held by admitted calls, and calls
+  // refused by a per-request limit or the server-wide budget (limit "message", "request" or
+  // "budget").
+  virtual void SetMemoryInFlight(int64_t bytes) = 0;
+  virtual void RecordMemoryRefusal(std::string_view limit) = 0;
 };
 
 }  // namespace attn::server

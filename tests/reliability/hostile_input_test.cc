@@ -27,7 +27,10 @@ namespace attn::integration {
 
 constexpr char kToken[] = "hostile-catalogue-token-7f3a";
 constexpr int kMaxMessageBytes = 4 << 20;  // 4 MiB: a 1 MiB text fits, five of them do not
-constexpr int kMaxInputs = 256;            // the server default, named here for the messages
+constexpr int kMaxInputs = 256;
+constexpr int64_t kMaxRequestMemory = 128
+                                      << 20;  // 128 MiB: a 3 x 512-token rollout does not fit //
+                                              // the server default, named here for the messages
 
 std::optional<std::vector<std::string>> SharedServerFlags() {
   // Lives until the process exits, after the shared server has stopped.
@@ -36,7 +39,7 @@ std::optional<std::vector<std::string>> SharedServerFlags() {
       "--max_message_bytes=" + std::to_string(kMaxMessageBytes),
       "--max_inputs_per_request=" + std::to_string(kMaxInputs),
       "--trainer_token_file=" + dir->WriteFile("token", std::string(kToken) + "\n"),
-      "--trainer_threads=1"};
+      "--trainer_threads=1", "--max_request_memory_bytes=" + std::to_string(kMaxRequestMemory)};
 }
 
 namespace {
@@ -407,6 +410,34 @@ std::vector<HostileCase> Catalogue() {
        },
        StatusCode::RESOURCE_EXHAUSTED,
        {"response", std::to_string(kMaxMessageBytes), "top_k"},
+       "AttentionMap"});
+  add({"attention_scores_qkv_16x512",
+       "16 x 512 tokens, every layer and head with scores and Q/K/V: 2.6 GB from an 80 KB request",
+       [](Clients& c) {
+         pb::AttentionMapRequest request;
+         for (int i = 0; i < 16; ++i) request.add_inputs()->set_text(TextOfTokens(512, i));
+         request.mutable_tokenization()->set_max_length(kMaxPositions);
+         request.set_include_scores(true);
+         request.set_include_qkv(true);
+         return Attention(c, request);
+       },
+       StatusCode::RESOURCE_EXHAUSTED,
+       {"response would be about", "--max-message-bytes", "FLOAT16"},
+       "AttentionMap"});
+  add({"rollout_over_request_memory",
+       "rollout of 3 x 512 tokens in float16: a 1.6 MB answer from ~230 MB of maps (limit 128 MiB)",
+       [](Clients& c) {
+         pb::AttentionMapRequest request;
+         for (int i = 0; i < 3; ++i) request.add_inputs()->set_text(TextOfTokens(512, i));
+         request.mutable_tokenization()->set_max_length(kMaxPositions);
+         request.add_layers(-1);
+         request.set_include_weights(false);
+         request.set_rollout(true);
+         request.set_output_dtype(pb::FLOAT16);
+         return Attention(c, request);
+       },
+       StatusCode::RESOURCE_EXHAUSTED,
+       {"bytes of memory", std::to_string(kMaxRequestMemory), "--max-request-memory-bytes"},
        "AttentionMap"});
 
   // --- Text content: invalid UTF-8 (sent as raw bytes), NUL bytes ------------------------------
@@ -886,6 +917,18 @@ std::vector<HostileCase> Catalogue() {
        "AttentionMap"});
 
   // --- Model versions --------------------------------------------------------------------------
+  add({"model_version_10kb",
+       "a 10 KB model_version: quoted 64 bytes long in the NOT_FOUND message",
+       [](Clients& c) {
+         pb::EncodeRequest request = Texts({"hello"});
+         request.set_model_version(std::string(10240, 'v'));
+         const grpc::Status status = Encode(c, request);
+         EXPECT_LT(status.error_message().size(), 400u) << status.error_message().substr(0, 200);
+         return status;
+       },
+       StatusCode::NOT_FOUND,
+       {"\u2026(10240 bytes)", "not found"},
+       "Encode"});
   add({"unknown_model_version",
        "model_version 'v999'",
        [](Clients& c) {
@@ -1040,6 +1083,14 @@ std::vector<HostileCase> Catalogue() {
 
   // --- Fine-tuning streams ---------------------------------------------------------------------
   const pb::TrainingExample ok_pair = Contrastive("a red bicycle", "a bike that is red");
+  add({"contrastive_single_pair",
+       "a contrastive batch of one pair: no in-batch negatives, loss exactly 0",
+       [ok_pair](Clients& c) {
+         return FineTune(c, {Config(pb::CONTRASTIVE), Batch({ok_pair})});
+       },
+       StatusCode::INVALID_ARGUMENT,
+       {"batch 1", "at least 2", "negatives"},
+       "FineTune"});
   add({"finetune_without_token",
        "FineTune with no authorization metadata",
        [](Clients& c) { return FineTune(c, {Config(pb::CONTRASTIVE)}, ""); },

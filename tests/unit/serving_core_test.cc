@@ -22,7 +22,9 @@ class NoMetrics final : public ServingMetrics {
   void RecordBatch(int64_t, int64_t) override {}
   void SetQueueDepth(int64_t) override {}
   void AddTokens(int64_t) override {}
-  void RecordDropped(std::string_view) override {}
+  void RecordDropped(std::string_view, std::string_view) override {}
+  void SetMemoryInFlight(int64_t) override {}
+  void RecordMemoryRefusal(std::string_view) override {}
 };
 
 class ServingCoreTest : public ::testing::Test {
@@ -46,8 +48,12 @@ class ServingCoreTest : public ::testing::Test {
     batcher_ = std::make_unique<Batcher>(
         BatcherOptions{/*max_batch_tokens=*/1024, /*max_concurrent_requests=*/8, /*threads=*/0},
         &metrics_);
-    core_ = std::make_unique<ServingCore>(RequestLimits{/*max_inputs_per_request=*/4},
-                                          registry_.get(), batcher_.get(), &metrics_);
+    CoreOptions options;
+    options.limits.max_inputs_per_request = 4;
+    options.max_message_bytes = 64 << 20;
+    options.max_request_memory_bytes = 512 << 20;
+    core_ = std::make_unique<ServingCore>(options, registry_.get(), batcher_.get(), &budget_,
+                                          &metrics_);
   }
 
   // The engine call, waited for.
@@ -82,6 +88,7 @@ class ServingCoreTest : public ::testing::Test {
 
   static std::shared_ptr<const Model>* model_;
   NoMetrics metrics_;
+  MemoryBudget budget_{int64_t{1} << 30};
   std::unique_ptr<ModelRegistry> registry_;
   std::unique_ptr<Batcher> batcher_;
   std::unique_ptr<ServingCore> core_;
@@ -151,10 +158,13 @@ TEST_F(ServingCoreTest, AttentionSelectsTheRequestedHeads) {
   const LayerAttentionResult& layer = response->results[0].layers[0];
   EXPECT_EQ(layer.layer, last);
   const int64_t T = probs.dim(1);
-  ASSERT_EQ(layer.weights.shape(), (std::vector<int64_t>{2, T, T}));
-  for (int h = 0; h < 2; ++h) {
+  // The result views the batch's maps of every head; the response names the selected ones.
+  EXPECT_EQ(response->heads, (std::vector<int>{2, 0}));
+  ASSERT_NE(layer.weights, nullptr);
+  ASSERT_EQ(layer.weights->shape(), probs.shape());
+  for (int h : heads) {
     for (int64_t k = 0; k < T * T; ++k) {
-      ASSERT_NEAR(layer.weights.data()[h * T * T + k], probs.data()[heads[h] * T * T + k], 1e-5);
+      ASSERT_NEAR(layer.weights->data()[h * T * T + k], probs.data()[h * T * T + k], 1e-5);
     }
   }
 }
@@ -197,10 +207,10 @@ TEST_F(ServingCoreTest, TokenizeRejectsTooManyInputsNamingTheLimit) {
 
 TEST_F(ServingCoreTest, UnknownVersionIsNotFound) {
   ModelInfoRequest request{"no-such-version"};
-  absl::StatusOr<ModelInfo> info = core_->GetModelInfo(request);
+  absl::StatusOr<ModelInfo> info = core_->GetModelInfo(request, CallControl{});
   ASSERT_FALSE(info.ok());
   EXPECT_EQ(info.status().code(), absl::StatusCode::kNotFound);
-  absl::StatusOr<ModelInfo> base = core_->GetModelInfo({});
+  absl::StatusOr<ModelInfo> base = core_->GetModelInfo({}, CallControl{});
   ASSERT_TRUE(base.ok()) << base.status();
   EXPECT_EQ(base->num_layers, 6);
   EXPECT_EQ(base->hidden_size, 384);
