@@ -63,8 +63,9 @@ struct Job {
 };
 
 struct BatcherOptions {
-  int64_t max_batch_tokens = 8192;
-  int max_concurrent_requests = 256;
+  // Set from ServerOptions (server/options.h holds the defaults).
+  int64_t max_batch_tokens = 0;
+  int max_concurrent_requests = 0;
   int threads = 0;  // OpenMP threads of the batcher thread; 0 = the OpenMP default (all cores)
 };
 

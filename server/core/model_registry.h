@@ -43,7 +43,7 @@ class ModelRegistry {
       std::function<absl::StatusOr<std::shared_ptr<const Model>>(const ModelVersion& version)>;
   // max_loaded >= 1: versions kept in memory at once (the served one always is). Without a
   // loader nothing is ever unloaded (there would be no way back).
-  explicit ModelRegistry(int max_loaded = 4, Loader loader = nullptr);
+  explicit ModelRegistry(int max_loaded, Loader loader = nullptr);
 
   // Called with the newly served version whenever the default changes (also for the first
   // Add). Runs under the registry's lock, so calls arrive in the order of the changes; it must
