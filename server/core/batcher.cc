@@ -19,6 +19,7 @@ struct Batcher::JobState {
   Clock::time_point enqueued;
   JobOutput output;
   int remaining_chunks = 0;
+  int64_t tokens = 0;     // of the whole job
   bool finished = false;  // done() called (failure or success)
   bool started = false;
 };
@@ -45,6 +46,7 @@ absl::Status Batcher::Submit(std::shared_ptr<Job> job) {
     }
     current.end = i + 1;
     current.tokens += tokens;
+    state->tokens += tokens;
   }
   if (current.end > current.begin) chunks.push_back(current);
   state->remaining_chunks = static_cast<int>(chunks.size());
@@ -93,6 +95,9 @@ const char* DropReason(const Job& job) {
   if (job.is_cancelled && job.is_cancelled()) return "cancelled";
   return nullptr;
 }
+
+// Requests of at most this many tokens go ahead of heavier ones when a batch is formed.
+constexpr int64_t kLightJobTokens = 1024;
 
 // Whether two requests may share a packed batch: the engine keeps hidden states for every
 // sequence of a batch and attention parts for every sequence that wants attention, so only
@@ -145,10 +150,20 @@ void Batcher::Loop() {
           },
           this));
       if (queue_.empty()) return;  // stopping and drained
-      // First chunk in FIFO order, then any later chunks of the same model version that fit
-      // the token budget.
-      batch.push_back(std::move(queue_.front()));
-      queue_.pop_front();
+      // The oldest light request first (ordinary calls wait for about one batch, not behind
+      // every chunk of the heavy requests queued before them), but never twice in a row ahead
+      // of an older chunk (heavy requests keep going); then any later chunks of the same model
+      // version and extras that fit the token budget.
+      auto seed = queue_.begin();
+      if (!light_went_ahead_) {
+        seed = std::find_if(queue_.begin(), queue_.end(), [](const Chunk& chunk) {
+          return chunk.job->tokens <= kLightJobTokens;
+        });
+        if (seed == queue_.end()) seed = queue_.begin();
+      }
+      light_went_ahead_ = seed != queue_.begin();
+      batch.push_back(std::move(*seed));
+      queue_.erase(seed);
       int64_t tokens = batch.front().tokens;
       const Job& first = *batch.front().job->job;
       for (auto it = queue_.begin(); it != queue_.end();) {

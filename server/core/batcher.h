@@ -7,6 +7,9 @@
 // chunks. Cancellation and deadlines are checked when a batch is formed (stage "queue"), between
 // encoder layers (the engine's stop_requested: the forward stops once no request of the batch
 // is wanted) and after the forward (stage "compute"); dropped requests are counted in metrics.
+// A batch starts with the oldest light request (<= 1024 tokens) if one waits, else the oldest
+// chunk (and with the oldest after a batch that skipped it), so ordinary calls wait for about
+// one batch, not behind every chunk of the heavy requests queued before them.
 // Requests are merged only when they keep the same extra outputs (hidden layers, static
 // embeddings, attention parts), so a batch never keeps more for a request than its own cost
 // estimate (server/cost_model.h) counted.
@@ -100,6 +103,7 @@ class Batcher {
   std::deque<Chunk> queue_ ABSL_GUARDED_BY(mutex_);
   int64_t admitted_ ABSL_GUARDED_BY(mutex_) = 0;
   bool stopping_ ABSL_GUARDED_BY(mutex_) = false;
+  bool light_went_ahead_ ABSL_GUARDED_BY(mutex_) = false;  // the last batch skipped older chunks
   std::thread worker_;
 };
 

@@ -42,16 +42,6 @@ using reliability::ExpectStatus;
 
 double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
 
-// Peak resident set of a process so far (VmHWM), in bytes.
-int64_t PeakRss(pid_t pid) {
-  std::ifstream status("/proc/" + std::to_string(pid) + "/status");
-  std::string line;
-  while (std::getline(status, line)) {
-    if (line.rfind("VmHWM:", 0) == 0) return std::stoll(line.substr(6)) * 1024;
-  }
-  return -1;
-}
-
 Metrics Scrape() { return ScrapeOrFail(SharedServer()); }
 
 double Count(const Metrics& m, const std::string& method, const std::string& code) {
@@ -108,14 +98,14 @@ TEST(LimitsTest, ResponseOverMessageLimitRefusedBeforeAnyWork) {
   pb::AttentionMapRequest request = LongInputs(16, 512);
   request.set_include_scores(true);
   request.set_include_qkv(true);
-  const int64_t peak_before = PeakRss(server.process().pid());
+  const int64_t peak_before = reliability::PeakRssBytes(server.process().pid());
   grpc::ClientContext context;
   context.set_deadline(std::chrono::system_clock::now() + ScaledSeconds(300));
   pb::AttentionMapResponse response;
   const auto start = Clock::now();
   const grpc::Status status = stub->AttentionMap(&context, request, &response);
   const double seconds = Seconds(Clock::now() - start);
-  const int64_t peak_after = PeakRss(server.process().pid());
+  const int64_t peak_after = reliability::PeakRssBytes(server.process().pid());
   std::printf("answered in %.2f s: %s\npeak RSS %.0f MB -> %.0f MB\n", seconds,
               StatusString(status).c_str(), peak_before / 1e6, peak_after / 1e6);
   ExpectStatus(status, grpc::StatusCode::RESOURCE_EXHAUSTED,
@@ -135,12 +125,12 @@ TEST(LimitsTest, WorkingMemoryOverRequestLimitRefusedBeforeAnyWork) {
   request.add_layers(0);
   request.set_include_weights(false);
   request.set_rollout(true);
-  const int64_t peak_before = PeakRss(server.process().pid());
+  const int64_t peak_before = reliability::PeakRssBytes(server.process().pid());
   grpc::ClientContext context;
   context.set_deadline(std::chrono::system_clock::now() + ScaledSeconds(300));
   pb::AttentionMapResponse response;
   const grpc::Status status = stub->AttentionMap(&context, request, &response);
-  const int64_t peak_after = PeakRss(server.process().pid());
+  const int64_t peak_after = reliability::PeakRssBytes(server.process().pid());
   std::printf("%s\npeak RSS %.0f MB -> %.0f MB\n", StatusString(status).c_str(), peak_before / 1e6,
               peak_after / 1e6);
   ExpectStatus(status, grpc::StatusCode::RESOURCE_EXHAUSTED,

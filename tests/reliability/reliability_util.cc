@@ -255,6 +255,15 @@ std::string TempDir::WriteFile(const std::string& name, const std::string& conte
   return path;
 }
 
+int64_t PeakRssBytes(pid_t pid) {
+  std::ifstream status("/proc/" + std::to_string(pid) + "/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind("VmHWM:", 0) == 0) return std::stoll(line.substr(6)) * 1024;
+  }
+  return -1;
+}
+
 double RequestCount(const ServerProcess& server, const std::string& method,
                     const std::string& code) {
   return integration::ScrapeOrFail(server).Sum("attnserve_requests_total",

@@ -62,6 +62,9 @@ std::string VarintField(int field, uint64_t value);
 // (empty if none).
 std::vector<std::string> CrashLines(const std::string& log);
 
+// Peak resident set of process `pid` so far (VmHWM), in bytes; -1 if unreadable.
+int64_t PeakRssBytes(pid_t pid);
+
 // The whole log of a server process (not only the tail).
 std::string FullLog(ServerProcess& server);
 
