@@ -31,7 +31,7 @@ class EncoderTest : public ::testing::Test {
 
   static grpc::Status Encode(const pb::EncodeRequest& request, pb::EncodeResponse* response) {
     grpc::ClientContext context;
-    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+    context.set_deadline(std::chrono::system_clock::now() + ScaledSeconds(60));
     return stub_->Encode(&context, request, response);
   }
 

@@ -177,13 +177,13 @@ std::string TestModelDir() {
   return env != nullptr && *env != '\0' ? env : ATTN_TEST_MODEL_DIR;
 }
 
-std::chrono::seconds ScaledSeconds(int seconds) {
-  double scale = 1;
-  if (const char* env = std::getenv("ATTN_TEST_TIME_SCALE"); env != nullptr && *env != '\0') {
-    scale = std::strtod(env, nullptr);
-    if (!(scale >= 1 && scale <= 100)) scale = 1;  // a typo must not shorten or void a limit
+bool WaitFor(const std::function<bool()>& condition, std::chrono::duration<double> timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (true) {
+    if (condition()) return true;
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
-  return std::chrono::seconds(static_cast<int64_t>(std::ceil(seconds * scale)));
 }
 
 ServerProcess::ServerProcess(std::vector<std::string> extra_flags, int port)
@@ -482,6 +482,16 @@ Metrics ScrapeOrFail(const ServerProcess& server) {
   }
   if (!Metrics::Parse(body, &metrics, &error)) ADD_FAILURE() << error;
   return metrics;
+}
+
+double ScrapeSum(const ServerProcess& server, const std::string& name,
+                 const std::map<std::string, std::string>& labels) {
+  Metrics metrics;
+  std::string body, error;
+  if (!server.ScrapeMetrics(&body, &error) || !Metrics::Parse(body, &metrics, &error)) {
+    return std::nan("");
+  }
+  return metrics.Sum(name, labels);
 }
 
 // ---------------------------------------------------------------------------------------------
