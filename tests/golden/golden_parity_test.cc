@@ -15,6 +15,7 @@
 #include "engine/model.h"
 #include "engine/safetensors.h"
 #include "nlohmann/json.hpp"
+#include "tests/test_model.h"
 
 namespace attn {
 namespace {
@@ -39,7 +40,7 @@ class GoldenParityTest : public ::testing::Test {
   // failed assertion here would only mark the tests skipped).
   static void SetUpTestSuite() { setup_error_ = new std::string(Load()); }
   static std::string Load() {
-    auto loaded = Model::Load(ATTN_TEST_MODEL_DIR);
+    const auto& loaded = testing::TestModel();
     if (!loaded.ok()) return "the model did not load: " + loaded.status().ToString();
     model_ = new std::shared_ptr<const Model>(*loaded);
 
@@ -215,7 +216,8 @@ TEST_F(GoldenParityTest, EngineCliMatchesSentenceTransformers) {
   ASSERT_NE(king, nullptr);
   ASSERT_EQ(king->spec["pooled_source"], "sentence_transformers");
   const std::string command = std::string("echo '") + king->spec["text"].get<std::string>() +
-                              "' | " + ATTN_EMBED_BINARY + " --model_dir=" + ATTN_TEST_MODEL_DIR;
+                              "' | " + ATTN_EMBED_BINARY +
+                              " --model_dir=" + testing::TestModelDir();
   std::unique_ptr<FILE, int (*)(FILE*)> pipe(popen(command.c_str(), "r"), pclose);
   ASSERT_NE(pipe, nullptr);
   std::string output;

@@ -20,6 +20,7 @@
 #include "engine/training/encoder_backward.h"
 #include "engine/training/losses.h"
 #include "nlohmann/json.hpp"
+#include "tests/test_model.h"
 
 namespace attn {
 namespace {
@@ -39,7 +40,7 @@ class GradParityTest : public ::testing::Test {
   // failed assertion here would only mark the tests skipped).
   static void SetUpTestSuite() { setup_error_ = new std::string(Load()); }
   static std::string Load() {
-    auto loaded = Model::Load(ATTN_TEST_MODEL_DIR);
+    const auto& loaded = testing::TestModel();
     if (!loaded.ok()) return "the model did not load: " + loaded.status().ToString();
     model_ = new std::shared_ptr<const Model>(*loaded);
     std::ifstream json_file(std::string(ATTN_GOLDEN_DIR) + "/grad_cases.json");

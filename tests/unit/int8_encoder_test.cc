@@ -342,7 +342,7 @@ TEST_F(Int8EncoderTest, WarmUpBuildsTheShortRequestPrimitivesAtLoad) {
       ModelOptions options;
       options.precision = Precision::kInt8;
       options.warm_up = warm_up;
-      auto model = Model::Load(ATTN_TEST_MODEL_DIR, options);
+      auto model = Model::Load(testing::TestModelDir(), options);
       ASSERT_TRUE(model.ok()) << model.status();
       std::vector<SequenceInput> batch(1);
       batch[0].token_ids.assign(16, 1234);

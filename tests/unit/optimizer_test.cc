@@ -23,6 +23,7 @@
 #include "engine/safetensors.h"
 #include "engine/weights.h"
 #include "nlohmann/json.hpp"
+#include "tests/test_model.h"
 #include "tests/test_policy.h"
 #include "tests/test_util.h"
 
@@ -498,7 +499,7 @@ Tensor ReadF32(const SafetensorsFile& file, const std::string& name) {
 
 TEST(AdamWGoldenTest, OneClippedStepMatchesTorchOnMiniLmGradients) {
   const std::string golden_dir = ATTN_GOLDEN_DIR;
-  const std::string model_dir = ATTN_TEST_MODEL_DIR;
+  const std::string model_dir = testing::TestModelDir();
   std::ifstream json_file(golden_dir + "/grad_cases.json");
   ASSERT_TRUE(json_file.good()) << "missing tests/golden/grad_cases.json";
   const nlohmann::json doc = nlohmann::json::parse(json_file, nullptr, false);
