@@ -1,8 +1,10 @@
 // Golden parity with Hugging Face: fixtures made by tests/golden/make_golden.py (transformers
 // BertModel + sentence-transformers on the same weights; see tests/golden/README.md).
 // Tolerances: token ids, type ids, tokens and char offsets identical; every layer's hidden
-// state max abs error <= 1e-4; attention probabilities <= 1e-5; pooled normalised embedding
-// cosine >= 0.99999.
+// state max abs error <= 5e-5; attention probabilities <= 1e-5; pooled normalised embedding max
+// abs error <= 2e-6 (and cosine >= 0.99999, which the max abs error implies many times over).
+// Each bound is <= 10x the worst error measured (AVX2 host, portable kernels): hidden states
+// 6.2e-6 (was 1e-4), attention 3.1e-6, pooled 3.0e-7 (was: cosine only).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -20,10 +22,10 @@
 namespace attn {
 namespace {
 
-constexpr double kHiddenTolerance = 1e-4;
+constexpr double kHiddenTolerance = 5e-5;
 constexpr double kAttentionTolerance = 1e-5;
 constexpr double kPooledMinCosine = 0.99999;
-constexpr double kPooledMaxAbs = 1e-5;
+constexpr double kPooledMaxAbs = 2e-6;
 
 struct GoldenCase {
   nlohmann::json spec;

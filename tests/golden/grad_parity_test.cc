@@ -1,9 +1,16 @@
 // Gradient parity with PyTorch autograd on the real all-MiniLM-L6-v2 weights: fixtures made by
 // tests/golden/make_grad_golden.py (see README_grad.md). For each case the engine runs the
 // training forward (dropout off), mean pooling, L2 normalisation and the loss, then backward
-// through all of them to every parameter. Checks: loss within 1e-5 relative; every stored
-// gradient within 1e-3 relative (Frobenius over the stored entries); gradients that are exactly
-// zero in theory (key biases) within an absolute bound.
+// through all of them to every parameter. Checks, for every one of the 101 parameters on the
+// loss's path: loss within 1e-5 relative; every stored gradient within 5e-5 relative (Frobenius
+// over the stored entries); gradients that are exactly zero in theory (key biases) below 1e-7 of
+// the largest gradient.
+//
+// Tolerances from the errors measured on the AVX2 host (portable kernels; the AVX-512 host of
+// issue 21 measured 2.6e-6 for gradients), each bound <= 10x the worst measured:
+//   loss      1.0e-6 relative (mnrl_hard_negatives)      -> 1e-5
+//   gradient  8.0e-6 relative (layer 2 key.weight)        -> 5e-5  (was 1e-3)
+//   zero grad 1.6e-8 x max |grad| (layer 5 key.bias)     -> 1e-7  (was 1e-5)
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -26,7 +33,8 @@ namespace attn {
 namespace {
 
 constexpr double kLossTolerance = 1e-5;
-constexpr double kGradTolerance = 1e-3;
+constexpr double kGradTolerance = 5e-5;
+constexpr double kZeroGradTolerance = 1e-7;  // x the case's largest gradient
 
 struct CaseResult {
   double loss = 0;
@@ -188,7 +196,8 @@ class GradParityTest : public ::testing::Test {
         max_ours = std::max(max_ours, double{std::abs(ours)});
       }
       if (param["exact_grad_is_zero"].get<bool>()) {
-        EXPECT_LE(max_ours, 1e-5 * max_abs_grad) << name << ": " << p << " should be ~0";
+        EXPECT_LE(max_ours, kZeroGradTolerance * max_abs_grad)
+            << name << ": " << p << " should be ~0";
         std::printf("%s: %s (exactly zero in theory): max |ours| %.3g = %.3g x max |grad|\n",
                     name.c_str(), p.c_str(), max_ours, max_ours / max_abs_grad);
         ++checked;

@@ -56,12 +56,23 @@ TEST_P(LinearTest, MatchesNaiveForEveryEpilogue) {
         erf_form[i] = GeluReference(pre_activation.data()[i]);
         tanh_form[i] = GeluTanhReference(pre_activation.data()[i]);
       }
-      const double gelu_error = MaxAbsDiff(y.data(), erf_form);
-      // Measured: <= 4.8e-7 (all shapes); the tanh form is off by up to 4.7e-4.
-      EXPECT_LE(gelu_error, 2e-6) << "GELU epilogue vs the erf form";
+      // In units of max(1, |GELU|): a few fp32 ulps of the output, whatever its size.
+      double gelu_error = 0;
+      for (int64_t i = 0; i < y.numel(); ++i) {
+        gelu_error = std::max(gelu_error, std::abs(y.data()[i] - erf_form[i]) /
+                                              std::max(1.0, std::abs(erf_form[i])));
+      }
+      const double tanh_away = MaxAbsDiff(y.data(), tanh_form);
+      // Measured (AVX2 host, oneDNN's gelu_erf post-op): <= 2.6e-7; the bound leaves ~4x for
+      // other kernels. The tanh form is off by up to 4.7e-4, 470x the bound.
+      constexpr double kGeluEpilogueTolerance = 1e-6;
+      EXPECT_LE(gelu_error, kGeluEpilogueTolerance) << "GELU epilogue vs the erf form";
+      if (y.numel() >= 32) {
+        EXPECT_GT(tanh_away, 100 * kGeluEpilogueTolerance) << "inputs too small to tell";
+      }
       std::printf("linear %ldx%ldx%ld: GELU epilogue error %.3g (tanh form %.3g away)\n",
                   static_cast<long>(c.rows), static_cast<long>(c.in), static_cast<long>(c.out),
-                  gelu_error, MaxAbsDiff(y.data(), tanh_form));
+                  gelu_error, tanh_away);
     }
     std::vector<double> expected(c.rows * c.out);
     for (int64_t m = 0; m < c.rows; ++m) {
