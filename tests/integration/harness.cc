@@ -311,6 +311,18 @@ int PickFreePort() {
   return port;
 }
 
+bool AcceptsConnections(int port) {
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return false;
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  const bool connected = connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+  close(fd);
+  return connected;
+}
+
 bool FindOnPath(const std::string& name, std::string* path) {
   const char* env = std::getenv("PATH");
   std::stringstream dirs(env != nullptr ? env : "/usr/local/bin:/usr/bin:/bin");

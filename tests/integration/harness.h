@@ -127,6 +127,9 @@ ServerProcess& SharedServer();
 // that need the port on their command line).
 int PickFreePort();
 
+// Whether a TCP connection to 127.0.0.1:port is accepted (a listener is open).
+bool AcceptsConnections(int port);
+
 // Whether an executable named `name` is on $PATH; its full path in *path.
 bool FindOnPath(const std::string& name, std::string* path);
 

@@ -312,10 +312,13 @@ TEST(DrainTest, SigtermFinishesInFlightRequestsAndExitsZero) {
   server.process().Signal(SIGTERM);
 
   // A request sent during the drain must be refused promptly (or, at worst, served). The drain
-  // has begun once the server logs it.
+  // has begun once the server logs it and has closed its listener (gRPC's Shutdown; a call that
+  // slips in between the two is cancelled, not refused).
   EXPECT_TRUE(WaitFor(
       [&] {
-        return server.process().LogTail().find("draining in-flight requests") != std::string::npos;
+        return server.process().LogTail().find("draining in-flight requests") !=
+                   std::string::npos &&
+               !AcceptsConnections(server.grpc_port());
       },
       ScaledSeconds(10)))
       << "no drain after SIGTERM:\n"
