@@ -227,21 +227,15 @@ class TrainerTest : public ::testing::Test {
 
   static void StopServer() {
     if (server_ == nullptr) return;
-    if (!server_->spawned()) {
-      delete encoder_;
-      delete trainer_;
-      delete server_;
-      encoder_ = nullptr;
-      trainer_ = nullptr;
-      server_ = nullptr;
-      return;
-    }
-    const int status = server_->process().Stop(ScaledSeconds(35));
-    EXPECT_TRUE(status != -1 && WIFEXITED(status) && WEXITSTATUS(status) == 0)
-        << server_->process().ExitDescription() << "\n"
-        << server_->process().LogTail();
-    if (::testing::Test::HasFailure()) {
-      std::printf("--- attnserve log ---\n%s\n--- end ---\n", server_->process().LogTail().c_str());
+    if (server_->spawned()) {  // else StartServer already reported why
+      const int status = server_->process().Stop(ScaledSeconds(35));
+      EXPECT_TRUE(status != -1 && WIFEXITED(status) && WEXITSTATUS(status) == 0)
+          << server_->process().ExitDescription() << "\n"
+          << server_->process().LogTail();
+      if (::testing::Test::HasFailure()) {
+        std::printf("--- attnserve log ---\n%s\n--- end ---\n",
+                    server_->process().LogTail().c_str());
+      }
     }
     delete encoder_;
     delete trainer_;
