@@ -63,10 +63,16 @@ class TestPolicyListener : public ::testing::EmptyTestEventListener {
         Report("skipped", isa, name, skip_message_);
       } else {
         // An empty message is GoogleTest's own: the suite's SetUpTestSuite failed.
-        unexpected_.push_back(name + ": " +
-                              (skip_message_.empty() ? "not run (a suite or environment set-up "
-                                                       "failed, see above)"
-                                                     : skip_message_));
+        const std::string why = skip_message_.empty()
+                                    ? "not run (a suite or environment set-up failed, see above)"
+                                    : skip_message_;
+        unexpected_.push_back(name + ": " + why);
+        // Turn the skip into a failure. Here, before the result printer's OnTestEnd (end events
+        // run in reverse order), so the test reads FAILED, not "[  SKIPPED ]", which ctest's
+        // rule for discovered tests would count as a skip.
+        ADD_FAILURE() << "the test did not run: " << why
+                      << "\n(a test may skip only through ATTN_SKIP_UNLESS_CPU_HAS, when its "
+                         "name says which instruction set it needs)";
       }
     } else if (!isa.empty()) {
       Report(info.result()->Passed() ? "ran" : "failed", isa, name, "");

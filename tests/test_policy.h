@@ -2,10 +2,10 @@
 // says which instruction set they need, on a CPU without it.
 //
 // A test may skip only through ATTN_SKIP_UNLESS_CPU_HAS: any other skip (GTEST_SKIP, a failed
-// SetUpTestSuite, which GoogleTest reports as "skipped") makes the test binary exit 1 (see
-// tests/test_main.cc). The ISA-gated tests that ran or were skipped are printed at the end and,
-// when $ATTN_TEST_ISA_REPORT names a file, appended to it: scripts/test.sh lists them with the
-// host's CPU flags.
+// SetUpTestSuite, which GoogleTest reports as "skipped") is turned into a failure of that test,
+// and the binary exits 1 (tests/test_main.cc). The ISA-gated tests that ran or were skipped are
+// printed at the end and, when $ATTN_TEST_ISA_REPORT names a file, appended to it: scripts/test.sh
+// lists them with the host's CPU flags.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -14,8 +14,8 @@
 
 namespace attn::testing {
 
-// Marker printed for an ISA-gated skip; ctest's SKIP_REGULAR_EXPRESSION for discovered tests
-// (tests/AttnGTest.cmake) matches it, so ctest lists the test as skipped, not passed.
+// Marker printed for an ISA-gated skip (GoogleTest's "[  SKIPPED ]" follows, which ctest's rule
+// for discovered tests counts as a skip).
 inline constexpr char kIsaSkipMarker[] = "[ ISA-GATED SKIP ]";
 // Every ISA-gated skip message starts with this.
 inline constexpr char kIsaSkipPrefix[] = "needs CPU feature ";
