@@ -20,7 +20,8 @@ It prints a table of ratios (ours / peer) with the goal of each row met or misse
 with the raw timings, machine and versions to <out>/latest.json, and with --results-md also as
 Markdown. Peers that are not set up (bench/run.sh makes .venv-bench and the ONNX export) are
 skipped, and so is our int8 row when the engine has no int8 path; ours always runs. Timings are
-never asserted: the exit status is non-zero only when ours fails to run.
+never asserted: the exit status is non-zero only when ours fails to run or a served request
+fails (any error makes the served numbers meaningless).
 
   python3 bench/harness.py --build-dir build            # usually through bench/run.sh
   python3 bench/harness.py --smoke --build-dir build    # tiny sizes, one run (ctest bench_smoke)
@@ -680,6 +681,15 @@ class Run:
                         raise RuntimeError(f"attn-load-gen failed: {out.stderr.strip()} "
                                            f"{out.stdout.strip()}")
                     report = json.loads(out.stdout)
+                    # A served error makes the row's numbers meaningless (and is a bug when
+                    # the server runs as configured here): stop, do not tabulate it.
+                    errors = sum(report["errors"].values())
+                    if errors or report["requests"] == 0:
+                        raise RuntimeError(
+                            f"served: {clients} clients got {errors} errors "
+                            f"{report['errors']} in {report['requests']} requests; first: "
+                            f"{report.get('first_error', 'none')} (server log "
+                            f"{server_log.name})")
                     per_level[clients].append(report)
                     log(f"served: round {round_index + 1}, {clients} clients: "
                         f"{report['requests_per_s']:.1f} req/s, p50 {report['p50_ms']:.1f} ms, "

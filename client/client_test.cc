@@ -34,6 +34,7 @@
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "gtest/gtest.h"
+#include "tests/time_scale.h"
 
 #ifndef ATTNCTL_BINARY
 #error "ATTNCTL_BINARY must be defined by the build"
@@ -579,17 +580,23 @@ class ClientTest : public ::testing::Test {
     builder.RegisterService(service_);
     builder.RegisterService(trainer_);
     server_ = builder.BuildAndStart().release();
-    ASSERT_NE(server_, nullptr);
-    ASSERT_GT(port_, 0);
-    server_->GetHealthCheckService()->SetServingStatus("attnserve.v1.Encoder", true);
+    // Checked in SetUp: a failed assertion here would only mark every test skipped.
+    if (server_ != nullptr) {
+      server_->GetHealthCheckService()->SetServingStatus("attnserve.v1.Encoder", true);
+    }
   }
   static void TearDownTestSuite() {
-    server_->Shutdown();
+    if (server_ != nullptr) server_->Shutdown();
     delete server_;
     delete service_;
     delete trainer_;
   }
+  void SetUp() override {
+    ASSERT_NE(server_, nullptr) << "the fake server did not start";
+    ASSERT_GT(port_, 0);
+  }
   void TearDown() override {
+    if (server_ == nullptr) return;
     service_->FailWith(grpc::Status::OK);
     service_->SetDelay(std::chrono::milliseconds(0));
     server_->GetHealthCheckService()->SetServingStatus(true);
@@ -1121,21 +1128,27 @@ TEST_F(ClientTest, FineTuneSessionAbortErrorsAndCancel) {
   EXPECT_FALSE(IsUnreachable(status));
   trainer_->FailAtBatch(0);
 
-  // Cancel() from another thread ends a stream that waits for a slow step.
-  trainer_->SetStepDelay(std::chrono::milliseconds(2000));
+  // Cancel() from another thread ends a stream that waits for a slow step: cancelled once the
+  // server holds the batch (and sleeps the step delay), it must end well before the step would.
+  const auto step_delay = testing::ScaledMilliseconds(2000);
+  trainer_->SetStepDelay(step_delay);
   session = client.FineTune();
   ASSERT_TRUE(session->Start(config).ok());
   ASSERT_TRUE(session->SendBatch({Pair("a", "b")}));
+  const auto start = std::chrono::steady_clock::now();
   std::thread canceller([&] {
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    while (trainer_->batches_received() < 1 &&
+           std::chrono::steady_clock::now() - start < step_delay) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
     session->Cancel();
   });
-  const auto start = std::chrono::steady_clock::now();
   EXPECT_FALSE(session->Read(&progress));
   canceller.join();
-  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(1500));
+  EXPECT_GE(trainer_->batches_received(), 1u);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, step_delay * 3 / 4);
   EXPECT_EQ(session->Finish().code(), absl::StatusCode::kCancelled);
-  EXPECT_TRUE(trainer_->WaitForJobEnd(std::chrono::milliseconds(5000)));
+  EXPECT_TRUE(trainer_->WaitForJobEnd(testing::ScaledMilliseconds(5000)));
 
   // Dropping a running session cancels it: the server's job ends.
   trainer_->SetStepDelay(std::chrono::milliseconds(0));
@@ -1144,7 +1157,7 @@ TEST_F(ClientTest, FineTuneSessionAbortErrorsAndCancel) {
   ASSERT_TRUE(session->SendBatch({Pair("a", "b")}));
   ASSERT_TRUE(session->Read(&progress));
   session.reset();
-  EXPECT_TRUE(trainer_->WaitForJobEnd(std::chrono::milliseconds(5000)));
+  EXPECT_TRUE(trainer_->WaitForJobEnd(testing::ScaledMilliseconds(5000)));
   EXPECT_FALSE(trainer_->jobs().back().status.ok());
 }
 
@@ -1628,7 +1641,7 @@ TEST_F(TrainerCliTest, SilentServerTimesOut) {
   EXPECT_EXIT_CODE(r, 1);
   EXPECT_TRUE(absl::StrContains(r.err, "no answer from the server for 300 ms: cancelled the job"))
       << r.err;
-  EXPECT_TRUE(trainer_->WaitForJobEnd(std::chrono::milliseconds(5000)));
+  EXPECT_TRUE(trainer_->WaitForJobEnd(testing::ScaledMilliseconds(5000)));
 }
 
 // Runs attnctl in the background (stdout/stderr to files); the caller waits for it.
@@ -1666,7 +1679,7 @@ TEST_F(TrainerCliTest, CtrlCAbortsTheJob) {
   const pid_t pid = SpawnCli(FineTuneArgs({"--batch-size", "1", "--epochs", "10", "--commit"}),
                              out_path, err_path);
   ASSERT_GT(pid, 0);
-  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  const auto until = std::chrono::steady_clock::now() + testing::ScaledSeconds(20);
   while (trainer_->batches_received() < 3 && std::chrono::steady_clock::now() < until) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }

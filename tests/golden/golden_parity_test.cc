@@ -1,8 +1,10 @@
 // Golden parity with Hugging Face: fixtures made by tests/golden/make_golden.py (transformers
 // BertModel + sentence-transformers on the same weights; see tests/golden/README.md).
 // Tolerances: token ids, type ids, tokens and char offsets identical; every layer's hidden
-// state max abs error <= 1e-4; attention probabilities <= 1e-5; pooled normalised embedding
-// cosine >= 0.99999.
+// state max abs error <= 5e-5; attention probabilities <= 1e-5; pooled normalised embedding max
+// abs error <= 2e-6 (and cosine >= 0.99999, which the max abs error implies many times over).
+// Each bound is <= 10x the worst error measured (AVX2 host, portable kernels): hidden states
+// 6.2e-6 (was 1e-4), attention 3.1e-6, pooled 3.0e-7 (was: cosine only).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -15,13 +17,15 @@
 #include "engine/model.h"
 #include "engine/safetensors.h"
 #include "nlohmann/json.hpp"
+#include "tests/test_model.h"
 
 namespace attn {
 namespace {
 
-constexpr double kHiddenTolerance = 1e-4;
+constexpr double kHiddenTolerance = 5e-5;
 constexpr double kAttentionTolerance = 1e-5;
 constexpr double kPooledMinCosine = 0.99999;
+constexpr double kPooledMaxAbs = 2e-6;
 
 struct GoldenCase {
   nlohmann::json spec;
@@ -34,37 +38,51 @@ struct GoldenCase {
 
 class GoldenParityTest : public ::testing::Test {
  protected:
-  static void SetUpTestSuite() {
-    auto loaded = Model::Load(ATTN_TEST_MODEL_DIR);
-    ASSERT_TRUE(loaded.ok()) << loaded.status();
+  // Loads the model and the fixtures once; a failure is reported by every test's SetUp (a
+  // failed assertion here would only mark the tests skipped).
+  static void SetUpTestSuite() { setup_error_ = new std::string(Load()); }
+  static std::string Load() {
+    const auto& loaded = testing::TestModel();
+    if (!loaded.ok()) return "the model did not load: " + loaded.status().ToString();
     model_ = new std::shared_ptr<const Model>(*loaded);
 
     std::ifstream cases_file(std::string(ATTN_GOLDEN_DIR) + "/minilm_cases.json");
-    ASSERT_TRUE(cases_file.good()) << "missing tests/golden/minilm_cases.json";
-    const nlohmann::json cases = nlohmann::json::parse(cases_file)["cases"];
+    if (!cases_file.good()) return "missing tests/golden/minilm_cases.json";
+    const nlohmann::json cases = nlohmann::json::parse(cases_file, nullptr, false);
+    if (cases.is_discarded() || !cases.contains("cases")) {
+      return "tests/golden/minilm_cases.json is not the fixture's JSON";
+    }
     auto tensors =
         SafetensorsFile::Open(std::string(ATTN_GOLDEN_DIR) + "/minilm_golden.safetensors");
-    ASSERT_TRUE(tensors.ok()) << tensors.status();
+    if (!tensors.ok()) return "minilm_golden.safetensors: " + tensors.status().ToString();
     cases_ = new std::vector<GoldenCase>();
-    for (const nlohmann::json& spec : cases) {
+    for (const nlohmann::json& spec : cases["cases"]) {
       GoldenCase c;
       c.spec = spec;
       const std::string name = spec["name"];
       auto hidden = (*tensors)->ReadFloat32(name + ".hidden_states");
       auto attentions = (*tensors)->ReadFloat32(name + ".attentions");
       auto pooled = (*tensors)->ReadFloat32(name + ".pooled");
-      ASSERT_TRUE(hidden.ok() && attentions.ok() && pooled.ok()) << name;
+      if (!hidden.ok() || !attentions.ok() || !pooled.ok()) {
+        return "minilm_golden.safetensors lacks a tensor of case " + name;
+      }
       c.hidden_states = std::move(*hidden);
       c.attentions = std::move(*attentions);
       c.pooled = std::move(*pooled);
       c.rows = spec["rows"].get<std::vector<int64_t>>();
       cases_->push_back(std::move(c));
     }
+    return "";
   }
   static void TearDownTestSuite() {
     delete model_;
     delete cases_;
+    delete setup_error_;
+    model_ = nullptr;
+    cases_ = nullptr;
+    setup_error_ = nullptr;
   }
+  void SetUp() override { ASSERT_EQ(*setup_error_, "") << "fixture set-up failed"; }
 
   static const Model& model() { return **model_; }
 
@@ -84,9 +102,11 @@ class GoldenParityTest : public ::testing::Test {
 
   static std::shared_ptr<const Model>* model_;
   static std::vector<GoldenCase>* cases_;
+  static std::string* setup_error_;
 };
 std::shared_ptr<const Model>* GoldenParityTest::model_ = nullptr;
 std::vector<GoldenCase>* GoldenParityTest::cases_ = nullptr;
+std::string* GoldenParityTest::setup_error_ = nullptr;
 
 TEST_F(GoldenParityTest, HasTheRequiredCases) {
   EXPECT_GE(cases_->size(), 12u);
@@ -130,7 +150,7 @@ TEST_F(GoldenParityTest, HiddenStatesAttentionsAndPooledMatchHuggingFace) {
   auto result = model().Forward(batch, options);
   ASSERT_TRUE(result.ok()) << result.status();
 
-  double worst_hidden = 0, worst_attention = 0, worst_cosine = 1;
+  double worst_hidden = 0, worst_attention = 0, worst_cosine = 1, worst_pooled = 0;
   for (size_t b = 0; b < cases_->size(); ++b) {
     const GoldenCase& c = (*cases_)[b];
     SCOPED_TRACE(c.name());
@@ -174,9 +194,18 @@ TEST_F(GoldenParityTest, HiddenStatesAttentionsAndPooledMatchHuggingFace) {
     const double cosine = dot / std::sqrt(norm_a * norm_b);
     EXPECT_GE(cosine, kPooledMinCosine) << "pooled embedding";
     worst_cosine = std::min(worst_cosine, cosine);
+    double pooled_err = 0;
+    for (int64_t j = 0; j < H; ++j) {
+      pooled_err = std::max(
+          pooled_err, double{std::abs(result->pooled.data()[b * H + j] - c.pooled.data()[j])});
+    }
+    EXPECT_LE(pooled_err, kPooledMaxAbs) << "pooled embedding, max abs error";
+    worst_pooled = std::max(worst_pooled, pooled_err);
   }
-  std::printf("worst hidden-state error %.3g, worst attention error %.3g, min pooled cosine %.9f\n",
-              worst_hidden, worst_attention, worst_cosine);
+  std::printf(
+      "worst hidden-state error %.3g, worst attention error %.3g, worst pooled error %.3g, min "
+      "pooled cosine %.9f\n",
+      worst_hidden, worst_attention, worst_pooled, worst_cosine);
 }
 
 // The acceptance check for the engine CLI: `echo text | attn-embed` prints the
@@ -189,7 +218,8 @@ TEST_F(GoldenParityTest, EngineCliMatchesSentenceTransformers) {
   ASSERT_NE(king, nullptr);
   ASSERT_EQ(king->spec["pooled_source"], "sentence_transformers");
   const std::string command = std::string("echo '") + king->spec["text"].get<std::string>() +
-                              "' | " + ATTN_EMBED_BINARY + " --model_dir=" + ATTN_TEST_MODEL_DIR;
+                              "' | " + ATTN_EMBED_BINARY +
+                              " --model_dir=" + testing::TestModelDir();
   std::unique_ptr<FILE, int (*)(FILE*)> pipe(popen(command.c_str(), "r"), pclose);
   ASSERT_NE(pipe, nullptr);
   std::string output;
@@ -198,13 +228,16 @@ TEST_F(GoldenParityTest, EngineCliMatchesSentenceTransformers) {
   const nlohmann::json line = nlohmann::json::parse(output);
   const std::vector<float> embedding = line["embedding"].get<std::vector<float>>();
   ASSERT_EQ(embedding.size(), 384u);
-  double dot = 0, norm = 0;
+  double dot = 0, norm = 0, max_err = 0;
   for (size_t j = 0; j < embedding.size(); ++j) {
     dot += double{embedding[j]} * king->pooled.data()[j];
     norm += double{embedding[j]} * embedding[j];
+    max_err = std::max(max_err, double{std::abs(embedding[j] - king->pooled.data()[j])});
   }
   EXPECT_NEAR(norm, 1.0, 1e-5);
   EXPECT_GE(dot, kPooledMinCosine);  // both unit length: the dot product is the cosine
+  EXPECT_LE(max_err, kPooledMaxAbs);
+  std::printf("attn-embed vs sentence-transformers: max abs error %.3g\n", max_err);
 }
 
 }  // namespace

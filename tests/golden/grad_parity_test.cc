@@ -1,9 +1,16 @@
 // Gradient parity with PyTorch autograd on the real all-MiniLM-L6-v2 weights: fixtures made by
 // tests/golden/make_grad_golden.py (see README_grad.md). For each case the engine runs the
 // training forward (dropout off), mean pooling, L2 normalisation and the loss, then backward
-// through all of them to every parameter. Checks: loss within 1e-5 relative; every stored
-// gradient within 1e-3 relative (Frobenius over the stored entries); gradients that are exactly
-// zero in theory (key biases) within an absolute bound.
+// through all of them to every parameter. Checks, for every one of the 101 parameters on the
+// loss's path: loss within 1e-5 relative; every stored gradient within 5e-5 relative (Frobenius
+// over the stored entries); gradients that are exactly zero in theory (key biases) below 1e-7 of
+// the largest gradient.
+//
+// Tolerances from the errors measured on the AVX2 host (portable kernels; the AVX-512 host of
+// issue 21 measured 2.6e-6 for gradients), each bound <= 10x the worst measured:
+//   loss      1.0e-6 relative (mnrl_hard_negatives)      -> 1e-5
+//   gradient  8.0e-6 relative (layer 2 key.weight)        -> 5e-5  (was 1e-3)
+//   zero grad 1.6e-8 x max |grad| (layer 5 key.bias)     -> 1e-7  (was 1e-5)
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -20,12 +27,14 @@
 #include "engine/training/encoder_backward.h"
 #include "engine/training/losses.h"
 #include "nlohmann/json.hpp"
+#include "tests/test_model.h"
 
 namespace attn {
 namespace {
 
 constexpr double kLossTolerance = 1e-5;
-constexpr double kGradTolerance = 1e-3;
+constexpr double kGradTolerance = 5e-5;
+constexpr double kZeroGradTolerance = 1e-7;  // x the case's largest gradient
 
 struct CaseResult {
   double loss = 0;
@@ -35,22 +44,33 @@ struct CaseResult {
 
 class GradParityTest : public ::testing::Test {
  protected:
-  static void SetUpTestSuite() {
-    auto loaded = Model::Load(ATTN_TEST_MODEL_DIR);
-    ASSERT_TRUE(loaded.ok()) << loaded.status();
+  // Loads the model and the fixtures once; a failure is reported by every test's SetUp (a
+  // failed assertion here would only mark the tests skipped).
+  static void SetUpTestSuite() { setup_error_ = new std::string(Load()); }
+  static std::string Load() {
+    const auto& loaded = testing::TestModel();
+    if (!loaded.ok()) return "the model did not load: " + loaded.status().ToString();
     model_ = new std::shared_ptr<const Model>(*loaded);
     std::ifstream json_file(std::string(ATTN_GOLDEN_DIR) + "/grad_cases.json");
-    ASSERT_TRUE(json_file.good()) << "missing tests/golden/grad_cases.json";
-    spec_ = new nlohmann::json(nlohmann::json::parse(json_file));
+    if (!json_file.good()) return "missing tests/golden/grad_cases.json";
+    spec_ = new nlohmann::json(nlohmann::json::parse(json_file, nullptr, false));
+    if (spec_->is_discarded()) return "tests/golden/grad_cases.json is not valid JSON";
     auto tensors = SafetensorsFile::Open(std::string(ATTN_GOLDEN_DIR) + "/grad_golden.safetensors");
-    ASSERT_TRUE(tensors.ok()) << tensors.status();
+    if (!tensors.ok()) return "grad_golden.safetensors: " + tensors.status().ToString();
     fixtures_ = tensors->release();
+    return "";
   }
   static void TearDownTestSuite() {
     delete model_;
     delete spec_;
     delete fixtures_;
+    delete setup_error_;
+    model_ = nullptr;
+    spec_ = nullptr;
+    fixtures_ = nullptr;
+    setup_error_ = nullptr;
   }
+  void SetUp() override { ASSERT_EQ(*setup_error_, "") << "fixture set-up failed"; }
 
   static const nlohmann::json& Case(const std::string& name) {
     for (const nlohmann::json& c : (*spec_)["cases"]) {
@@ -130,10 +150,15 @@ class GradParityTest : public ::testing::Test {
     const double max_abs_grad = spec["max_abs_grad"].get<double>();
     double worst = 0;
     std::string worst_name;
-    int checked = 0;
+    int checked = 0, in_graph = 0;
     for (const nlohmann::json& param : (*spec_)["params"]) {
       const std::string p = param["name"];
-      if (!param["in_graph"].get<bool>() || !slots.count(p)) continue;
+      if (!param["in_graph"].get<bool>()) continue;  // the pooler: not on the loss's path
+      ++in_graph;
+      if (!slots.count(p)) {
+        ADD_FAILURE() << name << ": the engine has no parameter " << p;
+        continue;
+      }
       const ParameterSlot& slot = *slots[p];
       const int64_t cols = slot.shape.size() == 2 ? slot.shape[1] : 1;
       std::vector<std::pair<float, float>> pairs;  // (ours, torch)
@@ -171,13 +196,15 @@ class GradParityTest : public ::testing::Test {
         max_ours = std::max(max_ours, double{std::abs(ours)});
       }
       if (param["exact_grad_is_zero"].get<bool>()) {
-        EXPECT_LE(max_ours, 1e-5 * max_abs_grad) << name << ": " << p << " should be ~0";
+        EXPECT_LE(max_ours, kZeroGradTolerance * max_abs_grad)
+            << name << ": " << p << " should be ~0";
+        std::printf("%s: %s (exactly zero in theory): max |ours| %.3g = %.3g x max |grad|\n",
+                    name.c_str(), p.c_str(), max_ours, max_ours / max_abs_grad);
+        ++checked;
         continue;
       }
-      if (norm == 0) {  // e.g. sampled entries that all fall in unused embedding rows
-        EXPECT_EQ(max_ours, 0.0) << name << ": " << p;
-        continue;
-      }
+      ASSERT_GT(norm, 0) << name << ": the stored gradient of " << p
+                         << " is all zeros, so it checks nothing";
       const double relative = std::sqrt(diff / norm);
       EXPECT_LE(relative, kGradTolerance) << name << ": gradient of " << p;
       if (relative > worst) {
@@ -186,7 +213,9 @@ class GradParityTest : public ::testing::Test {
       }
       ++checked;
     }
-    EXPECT_GT(checked, 90) << "too few parameters compared";
+    // Every parameter on the loss's path (101 of MiniLM's 103 tensors), none left out.
+    EXPECT_EQ(checked, in_graph) << "parameters compared";
+    EXPECT_EQ(in_graph, static_cast<int>(result.table.size())) << "engine parameters";
     std::printf("%s: %d parameter gradients compared, worst relative error %.3g (%s)\n",
                 name.c_str(), checked, worst, worst_name.c_str());
   }
@@ -194,10 +223,12 @@ class GradParityTest : public ::testing::Test {
   static std::shared_ptr<const Model>* model_;
   static nlohmann::json* spec_;
   static SafetensorsFile* fixtures_;
+  static std::string* setup_error_;
 };
 std::shared_ptr<const Model>* GradParityTest::model_ = nullptr;
 nlohmann::json* GradParityTest::spec_ = nullptr;
 SafetensorsFile* GradParityTest::fixtures_ = nullptr;
+std::string* GradParityTest::setup_error_ = nullptr;
 
 TEST_F(GradParityTest, MultipleNegativesRankingPairs) { CheckCase("mnrl_pairs"); }
 TEST_F(GradParityTest, MultipleNegativesRankingHardNegatives) { CheckCase("mnrl_hard_negatives"); }

@@ -26,7 +26,7 @@ class AttentionTest : public ::testing::Test {
   static grpc::Status Attention(const pb::AttentionMapRequest& request,
                                 pb::AttentionMapResponse* response) {
     grpc::ClientContext context;
-    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+    context.set_deadline(std::chrono::system_clock::now() + ScaledSeconds(60));
     return stub_->AttentionMap(&context, request, response);
   }
 

@@ -8,7 +8,6 @@
 #include <cstdlib>
 #include <functional>
 #include <map>
-#include <optional>
 #include <thread>
 
 #include "tests/integration/harness.h"
@@ -51,14 +50,14 @@ class ErrorsTest : public ::testing::Test {
   }
 
   static grpc::Status Encode(const pb::EncodeRequest& request, pb::EncodeResponse* response,
-                             std::chrono::milliseconds timeout = std::chrono::seconds(60)) {
+                             std::chrono::milliseconds timeout = ScaledSeconds(60)) {
     grpc::ClientContext context;
     context.set_deadline(std::chrono::system_clock::now() + timeout);
     return stub_->Encode(&context, request, response);
   }
   static grpc::Status Attention(const pb::AttentionMapRequest& request) {
     grpc::ClientContext context;
-    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+    context.set_deadline(std::chrono::system_clock::now() + ScaledSeconds(60));
     pb::AttentionMapResponse response;
     return stub_->AttentionMap(&context, request, &response);
   }
@@ -310,12 +309,13 @@ TEST_F(ErrorsTest, DeadlineAlreadyExpired) {
   }
 }
 
-// Runs `probe` (a short request) while a long batch (8 x 512 tokens) occupies the engine, so
-// the probe waits in the queue. Returns the probe's status, or nullopt if the long batch ended
-// before the probe did (nothing was queued: the machine was too fast to test this).
-std::optional<grpc::Status> BehindLongBatch(pb::Encoder::Stub* stub,
-                                            const std::function<grpc::Status()>& probe) {
-  std::atomic<bool> heavy_done{false};
+// Runs `probe` (a short request) once a long batch (8 x 512 tokens, ~180 GFLOP: seconds here,
+// well over 100 ms on any CPU) is running, so the probe waits in the queue
+// behind it. "Running" is observed, not assumed: the batcher records a request's queue time
+// (attnserve_queue_duration_seconds_count) when its batch starts. The probe's status.
+grpc::Status BehindLongBatch(pb::Encoder::Stub* stub, const std::function<grpc::Status()>& probe) {
+  const double started_before = ScrapeSum(SharedServer(), "attnserve_queue_duration_seconds_count");
+  EXPECT_EQ(ScrapeSum(SharedServer(), "attnserve_queue_depth"), 0) << "the server is not idle";
   grpc::Status heavy_status;
   std::thread heavy([&] {
     pb::EncodeRequest request;
@@ -324,17 +324,16 @@ std::optional<grpc::Status> BehindLongBatch(pb::Encoder::Stub* stub,
     pb::EncodeResponse response;
     grpc::ClientContext context;
     heavy_status = stub->Encode(&context, request, &response);
-    heavy_done = true;
   });
-  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // let the long batch start
+  const bool started = WaitFor(
+      [&] {
+        return ScrapeSum(SharedServer(), "attnserve_queue_duration_seconds_count") > started_before;
+      },
+      ScaledSeconds(30));
+  EXPECT_TRUE(started) << "the long batch never started";
   const grpc::Status status = probe();
-  const bool overlapped = !heavy_done;
   heavy.join();
   EXPECT_TRUE(heavy_status.ok()) << StatusString(heavy_status);
-  if (!overlapped) {
-    std::printf("[warning] the long batch finished before the probe: nothing was queued\n");
-    return std::nullopt;
-  }
   return status;
 }
 
@@ -342,11 +341,13 @@ std::optional<grpc::Status> BehindLongBatch(pb::Encoder::Stub* stub,
 void ExpectDroppedIncrease(const std::string& reason, double before) {
   double dropped = before;
   Metrics metrics;
-  for (int i = 0; i < 50 && dropped <= before; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    metrics = ScrapeOrFail(SharedServer());
-    dropped = metrics.Sum("attnserve_dropped_requests_total", {{"reason", reason}});
-  }
+  WaitFor(
+      [&] {
+        metrics = ScrapeOrFail(SharedServer());
+        dropped = metrics.Sum("attnserve_dropped_requests_total", {{"reason", reason}});
+        return dropped > before;
+      },
+      ScaledSeconds(5));
   std::string all;
   for (const MetricSample& sample : metrics.samples()) {
     if (sample.name != "attnserve_dropped_requests_total") continue;
@@ -363,13 +364,11 @@ void ExpectDroppedIncrease(const std::string& reason, double before) {
 TEST_F(ErrorsTest, DeadlineExpiresInQueue) {
   const double before = ScrapeOrFail(SharedServer())
                             .Sum("attnserve_dropped_requests_total", {{"reason", "deadline"}});
-  const std::optional<grpc::Status> status = BehindLongBatch(stub_, [] {
+  const grpc::Status status = BehindLongBatch(stub_, [] {
     pb::EncodeResponse response;
-    return Encode(TextRequest({"queued behind a long batch"}), &response,
-                  std::chrono::milliseconds(50));
+    return Encode(TextRequest({"queued behind a long batch"}), &response, ScaledMilliseconds(50));
   });
-  if (!status.has_value()) return;
-  EXPECT_EQ(status->error_code(), grpc::DEADLINE_EXCEEDED) << StatusString(*status);
+  EXPECT_EQ(status.error_code(), grpc::DEADLINE_EXCEEDED) << StatusString(status);
   ExpectDroppedIncrease("deadline", before);
 }
 
@@ -377,10 +376,13 @@ TEST_F(ErrorsTest, DeadlineExpiresInQueue) {
 TEST_F(ErrorsTest, CancelledInQueue) {
   const double before = ScrapeOrFail(SharedServer())
                             .Sum("attnserve_dropped_requests_total", {{"reason", "cancelled"}});
-  const std::optional<grpc::Status> status = BehindLongBatch(stub_, [] {
+  const grpc::Status status = BehindLongBatch(stub_, [] {
     grpc::ClientContext context;
     std::thread canceller([&] {
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      // Cancel once the probe is admitted (queued behind the running long batch).
+      EXPECT_TRUE(WaitFor([] { return ScrapeSum(SharedServer(), "attnserve_queue_depth") >= 2; },
+                          ScaledSeconds(30)))
+          << "the probe was never admitted";
       context.TryCancel();
     });
     pb::EncodeResponse response;
@@ -389,8 +391,7 @@ TEST_F(ErrorsTest, CancelledInQueue) {
     canceller.join();
     return result;
   });
-  if (!status.has_value()) return;
-  EXPECT_EQ(status->error_code(), grpc::CANCELLED) << StatusString(*status);
+  EXPECT_EQ(status.error_code(), grpc::CANCELLED) << StatusString(status);
   ExpectDroppedIncrease("cancelled", before);
 }
 

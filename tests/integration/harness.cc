@@ -177,13 +177,13 @@ std::string TestModelDir() {
   return env != nullptr && *env != '\0' ? env : ATTN_TEST_MODEL_DIR;
 }
 
-std::chrono::seconds ScaledSeconds(int seconds) {
-  double scale = 1;
-  if (const char* env = std::getenv("ATTN_TEST_TIME_SCALE"); env != nullptr && *env != '\0') {
-    scale = std::strtod(env, nullptr);
-    if (!(scale >= 1 && scale <= 100)) scale = 1;  // a typo must not shorten or void a limit
+bool WaitFor(const std::function<bool()>& condition, std::chrono::duration<double> timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (true) {
+    if (condition()) return true;
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
-  return std::chrono::seconds(static_cast<int64_t>(std::ceil(seconds * scale)));
 }
 
 ServerProcess::ServerProcess(std::vector<std::string> extra_flags, int port)
@@ -309,6 +309,18 @@ int PickFreePort() {
   }
   close(fd);
   return port;
+}
+
+bool AcceptsConnections(int port) {
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return false;
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  const bool connected = connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+  close(fd);
+  return connected;
 }
 
 bool FindOnPath(const std::string& name, std::string* path) {
@@ -482,6 +494,16 @@ Metrics ScrapeOrFail(const ServerProcess& server) {
   }
   if (!Metrics::Parse(body, &metrics, &error)) ADD_FAILURE() << error;
   return metrics;
+}
+
+double ScrapeSum(const ServerProcess& server, const std::string& name,
+                 const std::map<std::string, std::string>& labels) {
+  Metrics metrics;
+  std::string body, error;
+  if (!server.ScrapeMetrics(&body, &error) || !Metrics::Parse(body, &metrics, &error)) {
+    return std::nan("");
+  }
+  return metrics.Sum(name, labels);
 }
 
 // ---------------------------------------------------------------------------------------------

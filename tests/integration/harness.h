@@ -9,6 +9,7 @@
 #include <sys/types.h>
 
 #include <chrono>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -17,6 +18,7 @@
 
 #include "attnserve/v1/encoder.grpc.pb.h"
 #include "nlohmann/json.hpp"
+#include "tests/time_scale.h"
 
 namespace attn::integration {
 
@@ -67,10 +69,13 @@ class Subprocess {
 std::string AttnserveBinary();
 // The model served by the tests: $ATTN_TEST_MODEL_DIR, else the configured default.
 std::string TestModelDir();
-// A test's own time limit (a stream deadline, a drain window) times $ATTN_TEST_TIME_SCALE
-// (default 1): sanitizer builds run the engine several times slower, and a limit that is a
-// contract of the test, not of the server, should stretch with them (scripts/sanitize.sh).
-std::chrono::seconds ScaledSeconds(int seconds);
+// Time limits scaled by $ATTN_TEST_TIME_SCALE (tests/time_scale.h).
+using ::attn::testing::ScaledMilliseconds;
+using ::attn::testing::ScaledSeconds;
+
+// Polls `condition` every 10 ms until it holds (true) or `timeout` passes (false): how a test
+// waits for something to happen, instead of sleeping and hoping it did.
+bool WaitFor(const std::function<bool()>& condition, std::chrono::duration<double> timeout);
 
 // The real server: `attnserve --model_dir=... --host=127.0.0.1 --port=P --metrics_port=0
 // --ready_file=...` plus extra flags.
@@ -122,6 +127,9 @@ ServerProcess& SharedServer();
 // that need the port on their command line).
 int PickFreePort();
 
+// Whether a TCP connection to 127.0.0.1:port is accepted (a listener is open).
+bool AcceptsConnections(int port);
+
 // Whether an executable named `name` is on $PATH; its full path in *path.
 bool FindOnPath(const std::string& name, std::string* path);
 
@@ -159,6 +167,10 @@ class Metrics {
 
 // Scrapes and parses, with gtest assertions on the way.
 Metrics ScrapeOrFail(const ServerProcess& server);
+// One metric's sum from a fresh scrape (no gtest assertions: NaN if the scrape failed), for
+// WaitFor conditions such as "attnserve_queue_depth reached 2".
+double ScrapeSum(const ServerProcess& server, const std::string& name,
+                 const std::map<std::string, std::string>& labels = {});
 
 // ---------------------------------------------------------------------------------------------
 // Tensors and golden fixtures

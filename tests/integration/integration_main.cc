@@ -9,6 +9,7 @@
 #include <cstdio>
 
 #include "tests/integration/harness.h"
+#include "tests/test_policy.h"
 
 namespace attn::integration {
 namespace {
@@ -23,7 +24,8 @@ class SharedServerEnvironment : public ::testing::Environment {
     g_shared_server = new ServerProcess(*flags);
     const auto start = std::chrono::steady_clock::now();
     std::string error;
-    // A fatal failure here makes gtest skip every test.
+    // A fatal failure here makes gtest skip every test, which fails the binary
+    // (tests/test_policy.h).
     ASSERT_TRUE(g_shared_server->StartAndWait(std::chrono::seconds(90), &error)) << error;
     const double seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -77,8 +79,9 @@ ServerProcess& SharedServer() {
 
 int main(int argc, char** argv) {
   ::testing::InitGoogleTest(&argc, argv);
+  attn::testing::InstallTestPolicy();
   // A test that writes to a closed socket must fail, not die.
   signal(SIGPIPE, SIG_IGN);
   ::testing::AddGlobalTestEnvironment(new attn::integration::SharedServerEnvironment());
-  return RUN_ALL_TESTS();
+  return attn::testing::FinishTestPolicy(RUN_ALL_TESTS());
 }

@@ -77,7 +77,7 @@ class LifecycleTest : public ::testing::Test {
       auto channel = FreshChannel(port);
       auto stub = health::Health::NewStub(channel);
       auto encoder = pb::Encoder::NewStub(channel);
-      if (!server_->process().Running() || Clock::now() - start > std::chrono::seconds(90)) break;
+      if (!server_->process().Running() || Clock::now() - start > ScaledSeconds(90)) break;
       ++observations_->polls;
       for (const std::string service : {"", "attnserve.v1.Encoder"}) {
         const bool ready_before = server_->ReadyFileExists();
@@ -95,7 +95,7 @@ class LifecycleTest : public ::testing::Test {
           request.add_inputs()->set_text("serving already?");
           pb::EncodeResponse encoded;
           grpc::ClientContext context;
-          context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+          context.set_deadline(std::chrono::system_clock::now() + ScaledSeconds(30));
           const grpc::Status encode_status = encoder->Encode(&context, request, &encoded);
           if (!encode_status.ok()) {
             observations_->violations.push_back(
@@ -103,7 +103,7 @@ class LifecycleTest : public ::testing::Test {
                 "' said SERVING but Encode failed: " + StatusString(encode_status));
           }
           const auto seen = Clock::now();
-          while (!server_->ReadyFileExists() && Clock::now() - seen < std::chrono::seconds(1)) {
+          while (!server_->ReadyFileExists() && Clock::now() - seen < ScaledSeconds(1)) {
             std::this_thread::sleep_for(std::chrono::milliseconds(5));
           }
           if (!server_->ReadyFileExists()) {
@@ -118,7 +118,7 @@ class LifecycleTest : public ::testing::Test {
           request.add_inputs()->set_text("too early");
           pb::EncodeResponse encoded;
           grpc::ClientContext context;
-          context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+          context.set_deadline(std::chrono::system_clock::now() + ScaledSeconds(10));
           const grpc::Status encode_status = encoder->Encode(&context, request, &encoded);
           if (!server_->ReadyFileExists()) {
             observations_->encode_while_loading.push_back(encode_status);
@@ -131,7 +131,7 @@ class LifecycleTest : public ::testing::Test {
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
     }
-    if (!server_->WaitReady(std::chrono::seconds(5), &error)) {
+    if (!server_->WaitReady(ScaledSeconds(5), &error)) {
       start_error_ =
           new std::string(error + "\n--- attnserve log ---\n" + server_->process().LogTail());
       return;
@@ -184,6 +184,14 @@ TEST_F(LifecycleTest, HealthNeverServingBeforeReady) {
         << " (expected NOT_SERVING until the model is loaded)";
   }
 
+  // Start-up must have been observed, or this test proved nothing: the server listens (and
+  // answers NOT_SERVING) before it loads the model, which takes far longer than a 5 ms poll.
+  for (const std::string service : {"''", "'attnserve.v1.Encoder'"}) {
+    EXPECT_GE(observations_->counts[service + " NOT_SERVING"], 1)
+        << "health " << service << " was never seen NOT_SERVING during start-up";
+  }
+  EXPECT_FALSE(observations_->encode_while_loading.empty())
+      << "no Encode call was made while the model loaded";
   for (const grpc::Status& status : observations_->encode_while_loading) {
     // OK is acceptable only if loading finished between the health check and the call.
     EXPECT_TRUE(status.error_code() == grpc::UNAVAILABLE || status.ok())
@@ -206,7 +214,7 @@ TEST_F(LifecycleTest, HealthNeverServingBeforeReady) {
 TEST_F(LifecycleTest, ReflectionListsServicesAndDescribesEncoder) {
   auto stub = reflection::ServerReflection::NewStub(server_->NewChannel());
   grpc::ClientContext context;
-  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  context.set_deadline(std::chrono::system_clock::now() + ScaledSeconds(10));
   auto stream = stub->ServerReflectionInfo(&context);
 
   reflection::ServerReflectionRequest list;
@@ -259,7 +267,7 @@ TEST(DrainTest, SigtermFinishesInFlightRequestsAndExitsZero) {
   const int drain_timeout_s = static_cast<int>(ScaledSeconds(30).count());
   ServerProcess server({"--drain_timeout_s=" + std::to_string(drain_timeout_s)});
   std::string error;
-  ASSERT_TRUE(server.StartAndWait(std::chrono::seconds(90), &error)) << error;
+  ASSERT_TRUE(server.StartAndWait(ScaledSeconds(90), &error)) << error;
   auto channel = server.NewChannel();
 
   struct Outcome {
@@ -289,13 +297,32 @@ TEST(DrainTest, SigtermFinishesInFlightRequestsAndExitsZero) {
     });
   }
   while (started < kRequests) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  // On loopback 300 ms is ample for every request to reach the server: all were accepted.
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  // Every request reached the server: each is admitted (attnserve_queue_depth) or answered
+  // (attnserve_requests_total; a request leaves the first just before entering the second, so
+  // the sum reaches kRequests once the last one is in).
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        return ScrapeSum(server, "attnserve_queue_depth") +
+                   ScrapeSum(server, "attnserve_requests_total", {{"method", "Encode"}}) >=
+               kRequests;
+      },
+      ScaledSeconds(30)))
+      << "not all " << kRequests << " requests reached the server";
   const Clock::time_point sigterm = Clock::now();
   server.process().Signal(SIGTERM);
 
-  // A request sent during the drain must be refused promptly (or, at worst, served).
-  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  // A request sent during the drain must be refused promptly (or, at worst, served). The drain
+  // has begun once the server logs it and has closed its listener (gRPC's Shutdown; a call that
+  // slips in between the two is cancelled, not refused).
+  EXPECT_TRUE(WaitFor(
+      [&] {
+        return server.process().LogTail().find("draining in-flight requests") !=
+                   std::string::npos &&
+               !AcceptsConnections(server.grpc_port());
+      },
+      ScaledSeconds(10)))
+      << "no drain after SIGTERM:\n"
+      << server.process().LogTail();
   grpc::Status late_status;
   double late_seconds = 0;
   {
@@ -323,8 +350,8 @@ TEST(DrainTest, SigtermFinishesInFlightRequestsAndExitsZero) {
     const double done_ms = std::chrono::duration<double, std::milli>(o.done - sigterm).count();
     if (o.status.ok()) ++ok;
     if (o.done > sigterm) ++after_sigterm;
-    // All were sent >= 300 ms before SIGTERM, so UNAVAILABLE here means an accepted request
-    // was dropped, not a new one refused.
+    // All were admitted before SIGTERM, so UNAVAILABLE here means an accepted request was
+    // dropped, not a new one refused.
     EXPECT_TRUE(o.status.ok()) << "request " << i << " sent " << -sent_ms
                                << " ms before SIGTERM, finished " << done_ms
                                << " ms after it: " << StatusString(o.status);

@@ -31,18 +31,20 @@ class ServingTest : public ::testing::Test {
   static grpc::Status Encode(pb::Encoder::Stub* stub, const pb::EncodeRequest& request,
                              pb::EncodeResponse* response) {
     grpc::ClientContext context;
-    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+    context.set_deadline(std::chrono::system_clock::now() + ScaledSeconds(60));
     return stub->Encode(&context, request, response);
   }
 
   // Waits (up to 5 s) until `done` holds for a fresh scrape: the server may update metrics just
   // after sending the response.
   static Metrics ScrapeUntil(const std::function<bool(const Metrics&)>& done) {
-    Metrics metrics = ScrapeOrFail(SharedServer());
-    for (int i = 0; i < 50 && !done(metrics); ++i) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(100));
-      metrics = ScrapeOrFail(SharedServer());
-    }
+    Metrics metrics;
+    WaitFor(
+        [&] {
+          metrics = ScrapeOrFail(SharedServer());
+          return done(metrics);
+        },
+        ScaledSeconds(5));
     return metrics;
   }
 
@@ -215,7 +217,7 @@ TEST_F(ServingTest, RealPrometheusScrapes) {
       &error))
       << error;
 
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  const auto deadline = std::chrono::steady_clock::now() + ScaledSeconds(30);
   double best = 0;
   std::string last;
   while (std::chrono::steady_clock::now() < deadline && best <= 0) {
@@ -245,7 +247,7 @@ TEST_F(ServingTest, RealPrometheusScrapes) {
                   << server.LogTail(6000);
   }
   std::printf("[info] Prometheus sees attnserve_requests_total up to %.0f\n", best);
-  server.Stop(std::chrono::seconds(10));
+  server.Stop(ScaledSeconds(10));
 }
 
 }  // namespace

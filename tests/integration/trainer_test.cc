@@ -20,6 +20,7 @@
 #include <tuple>
 
 #include "attnserve/v1/trainer.grpc.pb.h"
+#include "engine/safetensors.h"
 #include "tests/integration/harness.h"
 
 namespace attn::integration {
@@ -189,9 +190,11 @@ struct Job {
   }
 };
 
+// Each test gets its own server on its own empty model store, so it runs alone or in any order
+// (--gtest_shuffle) and asserts on exactly the versions it made.
 class TrainerTest : public ::testing::Test {
  protected:
-  static void SetUpTestSuite() {
+  void SetUp() override {
     work_ = new std::string(std::filesystem::temp_directory_path() /
                             ("attnserve-it-trainer-" + std::to_string(getpid())));
     std::filesystem::remove_all(*work_);
@@ -201,7 +204,7 @@ class TrainerTest : public ::testing::Test {
     StartServer();
   }
 
-  static void TearDownTestSuite() {
+  void TearDown() override {
     StopServer();
     if (std::getenv("ATTN_KEEP_TEST_DIRS") == nullptr) {
       std::error_code ignored;
@@ -216,19 +219,23 @@ class TrainerTest : public ::testing::Test {
     server_ = new ServerProcess({"--trainer_token_file=" + *token_file_, "--model_store=" + *store_,
                                  "--trainer_threads=1", "--drain_timeout_s=2"});
     std::string error;
-    ASSERT_TRUE(server_->StartAndWait(std::chrono::seconds(90), &error)) << error;
+    const bool started = server_->StartAndWait(ScaledSeconds(90), &error);
     encoder_ = server_->NewStub().release();
     trainer_ = pb::Trainer::NewStub(server_->NewChannel()).release();
+    ASSERT_TRUE(started) << error;
   }
 
   static void StopServer() {
     if (server_ == nullptr) return;
-    const int status = server_->process().Stop(std::chrono::seconds(35));
-    EXPECT_TRUE(status != -1 && WIFEXITED(status) && WEXITSTATUS(status) == 0)
-        << server_->process().ExitDescription() << "\n"
-        << server_->process().LogTail();
-    if (::testing::Test::HasFailure()) {
-      std::printf("--- attnserve log ---\n%s\n--- end ---\n", server_->process().LogTail().c_str());
+    if (server_->spawned()) {  // else StartServer already reported why
+      const int status = server_->process().Stop(ScaledSeconds(35));
+      EXPECT_TRUE(status != -1 && WIFEXITED(status) && WEXITSTATUS(status) == 0)
+          << server_->process().ExitDescription() << "\n"
+          << server_->process().LogTail();
+      if (::testing::Test::HasFailure()) {
+        std::printf("--- attnserve log ---\n%s\n--- end ---\n",
+                    server_->process().LogTail().c_str());
+      }
     }
     delete encoder_;
     delete trainer_;
@@ -650,7 +657,7 @@ TEST_F(TrainerTest, OneJobAtATime) {
   // the cancellation, so the slot frees shortly after: poll with new jobs until one starts.
   third->context.TryCancel();
   EXPECT_EQ(third->Finish().error_code(), grpc::StatusCode::CANCELLED);
-  const auto deadline = Clock::now() + std::chrono::seconds(10);
+  const auto deadline = Clock::now() + ScaledSeconds(10);
   while (true) {
     auto next = OpenJob();
     ASSERT_TRUE(next->stream->Write(ConfigRequest(pb::CONTRASTIVE, 1e-5)));
@@ -669,9 +676,10 @@ TEST_F(TrainerTest, OneJobAtATime) {
 }
 
 TEST_F(TrainerTest, ListRollbackAndSetServingVersion) {
-  // A second version, committed without being served.
-  const std::string first = ListVersions().serving_version();
-  ASSERT_NE(first, "base") << "needs the version committed by the previous test";
+  // A first version, served, and a second, committed without being served.
+  const std::string first = TrainAndCommit(1);
+  ASSERT_FALSE(first.empty());
+  ASSERT_EQ(ListVersions().serving_version(), first);
   const std::string second = TrainAndCommit(1, nullptr, /*do_not_serve=*/true);
   ASSERT_FALSE(second.empty());
   pb::ListVersionsResponse listed = ListVersions();
@@ -801,6 +809,67 @@ TEST_F(TrainerTest, CosineAndClassificationJobs) {
   EXPECT_EQ(pinned, version);
 }
 
+// A parameter selection sent over RPC trains what it names and nothing else: in the committed
+// checkpoint (read back from the store) every tensor outside the selection is bit-identical to
+// the base model's, and the selected weight matrices moved.
+TEST_F(TrainerTest, ParameterSelectionsLeaveFrozenTensorsBitIdentical) {
+  auto base = SafetensorsFile::Open(TestModelDir() + "/model.safetensors");
+  ASSERT_TRUE(base.ok()) << base.status();
+  struct Selection {
+    pb::ParameterSelection selection;
+    std::function<bool(const std::string&)> trains;  // by Hugging Face name
+  };
+  const std::vector<Selection> selections = {
+      {pb::PARAMETERS_ATTENTION_ONLY,
+       [](const std::string& name) {
+         return name.find(".attention.self.") != std::string::npos ||
+                name.find(".attention.output.dense.") != std::string::npos;
+       }},
+      {pb::PARAMETERS_ALL_BUT_EMBEDDINGS,
+       [](const std::string& name) { return name.rfind("encoder.layer.", 0) == 0; }},
+  };
+  for (const Selection& s : selections) {
+    const std::string selection = pb::ParameterSelection_Name(s.selection);
+    SCOPED_TRACE(selection);
+    auto job = OpenJob();
+    pb::FineTuneRequest config = ConfigRequest(pb::CONTRASTIVE, 1e-3);
+    config.mutable_config()->set_parameters(s.selection);
+    ASSERT_TRUE(job->stream->Write(config));
+    pb::FineTuneProgress progress;
+    for (int step = 1; step <= 2; ++step) {
+      ASSERT_TRUE(job->Send(BatchRequest(ContrastiveBatch()), &progress))
+          << StatusString(job->Finish());
+      EXPECT_EQ(progress.step(), step);
+    }
+    ASSERT_TRUE(job->Send(CommitRequest(selection, /*do_not_serve=*/true), &progress));
+    ASSERT_TRUE(job->Finish().ok());
+    const std::string version = progress.committed_version();
+    ASSERT_FALSE(version.empty());
+
+    auto tuned = SafetensorsFile::Open(*store_ + "/" + version + "/model.safetensors");
+    ASSERT_TRUE(tuned.ok()) << tuned.status();
+    int frozen = 0, trained = 0;
+    for (const TensorInfo& info : (*tuned)->tensors()) {
+      const std::string name = info.name.rfind("bert.", 0) == 0 ? info.name.substr(5) : info.name;
+      const TensorInfo* original = (*base)->Find(name);
+      if (original == nullptr) original = (*base)->Find("bert." + name);
+      ASSERT_NE(original, nullptr) << "the checkpoint has " << info.name << ", the base not";
+      const bool identical = (*tuned)->RawBytes(info) == (*base)->RawBytes(*original);
+      if (!s.trains(name)) {
+        ++frozen;
+        EXPECT_TRUE(identical) << name << " is frozen under " << selection << " but changed";
+      } else if (name.find(".weight") != std::string::npos) {
+        ++trained;
+        EXPECT_FALSE(identical) << name << " is selected but did not change";
+      }
+    }
+    EXPECT_GT(frozen, 0);
+    EXPECT_GT(trained, 0);
+    std::printf("[trainer] %s: %d frozen tensors bit-identical, %d selected weights changed\n",
+                selection.c_str(), frozen, trained);
+  }
+}
+
 TEST_F(TrainerTest, DivergingJobFailsAndLeavesTheServedVersionAlone) {
   std::string served_before;
   const auto before = Embed("", &served_before);
@@ -827,10 +896,25 @@ TEST_F(TrainerTest, DivergingJobFailsAndLeavesTheServedVersionAlone) {
 }
 
 TEST_F(TrainerTest, RestartServesTheLatestCommittedVersion) {
+  // Two committed versions, the older one served (rolled back to).
+  const std::string older = TrainAndCommit(1);
+  const std::string newer = TrainAndCommit(1);
+  ASSERT_FALSE(older.empty());
+  ASSERT_FALSE(newer.empty());
+  {
+    grpc::ClientContext context;
+    Authorize(&context);
+    pb::RollbackRequest request;
+    request.set_version(older);
+    pb::ListVersionsResponse response;
+    const grpc::Status status = trainer_->Rollback(&context, request, &response);
+    ASSERT_TRUE(status.ok()) << StatusString(status);
+  }
   const pb::ListVersionsResponse before = ListVersions();
-  ASSERT_GE(before.versions_size(), 3);
+  ASSERT_EQ(before.versions_size(), 3);
   const std::string latest = before.versions(before.versions_size() - 1).version();
-  ASSERT_NE(before.serving_version(), latest) << "the previous test leaves an older one served";
+  EXPECT_EQ(latest, newer);
+  ASSERT_EQ(before.serving_version(), older);
   const auto latest_embeddings = Embed(latest);
   // A crash leftover that start-up must clean.
   std::filesystem::create_directories(*store_ + "/.tmp-ft-999999-20000101T000000Z-1");
@@ -882,7 +966,7 @@ TEST_F(TrainerTest, DisabledWithoutTokenAndFlagChecks) {
   // Without --trainer-token-file the Trainer answers UNIMPLEMENTED; the Encoder works.
   ServerProcess plain({"--trainer_threads=1"});
   std::string error;
-  ASSERT_TRUE(plain.StartAndWait(std::chrono::seconds(90), &error)) << error;
+  ASSERT_TRUE(plain.StartAndWait(ScaledSeconds(90), &error)) << error;
   auto stub = pb::Trainer::NewStub(plain.NewChannel());
   grpc::ClientContext context;
   Authorize(&context);
@@ -895,7 +979,8 @@ TEST_F(TrainerTest, DisabledWithoutTokenAndFlagChecks) {
 
 TEST_F(TrainerTest, TlsServesEveryService) {
   std::string openssl;
-  if (!FindOnPath("openssl", &openssl)) GTEST_SKIP() << "no openssl to make a test certificate";
+  ASSERT_TRUE(FindOnPath("openssl", &openssl))
+      << "no openssl on PATH to make a test certificate (scripts/setup.sh installs it)";
   const std::string cert = *work_ + "/cert.pem", key = *work_ + "/key.pem";
   const std::string command =
       openssl + " req -x509 -newkey rsa:2048 -nodes -days 1 -subj /CN=localhost -addext " +
@@ -905,7 +990,7 @@ TEST_F(TrainerTest, TlsServesEveryService) {
   ServerProcess tls(
       {"--tls_cert=" + cert, "--tls_key=" + key, "--trainer_token_file=" + *token_file_});
   std::string error;
-  ASSERT_TRUE(tls.StartAndWait(std::chrono::seconds(90), &error)) << error;
+  ASSERT_TRUE(tls.StartAndWait(ScaledSeconds(90), &error)) << error;
 
   std::ifstream in(cert);
   const std::string pem((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
@@ -939,7 +1024,7 @@ TEST_F(TrainerTest, TlsServesEveryService) {
     request.add_inputs()->set_text("plaintext");
     pb::EncodeResponse response;
     grpc::ClientContext context;
-    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    context.set_deadline(std::chrono::system_clock::now() + ScaledSeconds(5));
     EXPECT_FALSE(encoder->Encode(&context, request, &response).ok());
   }
   tls.process().Stop();

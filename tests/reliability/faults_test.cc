@@ -164,7 +164,7 @@ std::unique_ptr<Server> StartServer(const WorkDir& work, const std::string& stor
                                     "--drain_timeout_s=5"};
   flags.insert(flags.end(), extra_flags.begin(), extra_flags.end());
   server->process = std::make_unique<ServerProcess>(flags);
-  if (!server->process->StartAndWait(std::chrono::seconds(120), error)) return nullptr;
+  if (!server->process->StartAndWait(ScaledSeconds(120), error)) return nullptr;
   server->encoder = server->process->NewStub();
   server->trainer = pb::Trainer::NewStub(server->process->NewChannel());
   return server;
@@ -172,7 +172,7 @@ std::unique_ptr<Server> StartServer(const WorkDir& work, const std::string& stor
 
 void Authorize(grpc::ClientContext* context) {
   context->AddMetadata("authorization", std::string("Bearer ") + kToken);
-  context->set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(120));
+  context->set_deadline(std::chrono::system_clock::now() + ScaledSeconds(120));
 }
 
 // Embeddings of a few probe texts from `version` ("" = the served one); the answering
@@ -187,7 +187,7 @@ grpc::Status Embed(Server& server, const std::string& version, Embeddings* out,
   request.set_model_version(version);
   pb::EncodeResponse response;
   grpc::ClientContext context;
-  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+  context.set_deadline(std::chrono::system_clock::now() + ScaledSeconds(60));
   const grpc::Status status = server.encoder->Encode(&context, request, &response);
   out->clear();
   for (const auto& result : response.results()) {
@@ -464,7 +464,7 @@ TEST(FaultsTest, KillDuringCommitLeavesTheStoreConsistent) {
     }
     server->process->process().Signal(SIGKILL);
     int wait_status = 0;
-    ASSERT_TRUE(server->process->process().WaitExit(std::chrono::seconds(30), &wait_status));
+    ASSERT_TRUE(server->process->process().WaitExit(ScaledSeconds(30), &wait_status));
     ASSERT_TRUE(WIFSIGNALED(wait_status) && WTERMSIG(wait_status) == SIGKILL)
         << server->process->process().ExitDescription() << "\n"
         << server->Log();
@@ -531,7 +531,7 @@ TEST(FaultsTest, KillDuringCommitLeavesTheStoreConsistent) {
   }
   ASSERT_FALSE(::testing::Test::HasFatalFailure());
   ExpectServerMatchesStore(*server, store, served, reference, /*pin_all=*/true);
-  const int stop_status = server->process->process().Stop(std::chrono::seconds(35));
+  const int stop_status = server->process->process().Stop(ScaledSeconds(35));
   EXPECT_TRUE(WIFEXITED(stop_status) && WEXITSTATUS(stop_status) == 0)
       << server->process->process().ExitDescription();
 
@@ -752,7 +752,7 @@ TEST(FaultsTest, DiskFullDuringCommitFailsCleanlyAndTheServerKeepsServing) {
   EXPECT_GT(MaxDiff(second_embeddings, before.embeddings), 1e-4);
 
   // A restart on the store finds exactly the two good versions.
-  const int stop_status = server->process->process().Stop(std::chrono::seconds(35));
+  const int stop_status = server->process->process().Stop(ScaledSeconds(35));
   EXPECT_TRUE(WIFEXITED(stop_status) && WEXITSTATUS(stop_status) == 0)
       << server->process->process().ExitDescription();
   server = StartServer(work, store, &error);
@@ -782,7 +782,7 @@ TEST(FaultsTest, CorruptedCheckpointsAreSkippedWithAReasonAndNeverServed) {
   ASSERT_TRUE(status.ok()) << StatusString(status) << "\n" << server->Log();
   const Embeddings good_embeddings = EmbedOrFail(*server, good);
   const Embeddings base_embeddings = EmbedOrFail(*server, "base");
-  const int stop_status = server->process->process().Stop(std::chrono::seconds(35));
+  const int stop_status = server->process->process().Stop(ScaledSeconds(35));
   ASSERT_TRUE(WIFEXITED(stop_status) && WEXITSTATUS(stop_status) == 0);
   server.reset();
 
@@ -958,7 +958,7 @@ TEST(FaultsTest, CorruptedCheckpointsAreSkippedWithAReasonAndNeverServed) {
                 StatusString(rollback).c_str());
     EXPECT_EQ(ListVersions(*server).serving_version(), next);
   }
-  const int final_status = server->process->process().Stop(std::chrono::seconds(35));
+  const int final_status = server->process->process().Stop(ScaledSeconds(35));
   EXPECT_TRUE(WIFEXITED(final_status) && WEXITSTATUS(final_status) == 0)
       << server->process->process().ExitDescription();
 }
@@ -988,7 +988,7 @@ TEST(FaultsTest, SigtermDuringCommitExitsZeroAndLeavesACompleteVersion) {
     ASSERT_TRUE(job->stream->Write(Commit("sigterm")));
     job->stream->WritesDone();
     // As soon as the checkpoint's temp dir appears: the write has begun.
-    const auto deadline = Clock::now() + std::chrono::seconds(30);
+    const auto deadline = Clock::now() + ScaledSeconds(30);
     while (ListStoreDir(store).temp_dirs.empty() && Clock::now() < deadline) {
       std::this_thread::sleep_for(std::chrono::milliseconds(2));
     }
@@ -997,7 +997,7 @@ TEST(FaultsTest, SigtermDuringCommitExitsZeroAndLeavesACompleteVersion) {
     const auto signalled = Clock::now();
     server->process->process().Signal(SIGTERM);
     int wait_status = 0;
-    ASSERT_TRUE(server->process->process().WaitExit(std::chrono::seconds(60), &wait_status))
+    ASSERT_TRUE(server->process->process().WaitExit(ScaledSeconds(60), &wait_status))
         << server->Log();
     const double exit_seconds = SecondsSince(signalled);
     EXPECT_TRUE(WIFEXITED(wait_status) && WEXITSTATUS(wait_status) == 0)
@@ -1040,7 +1040,7 @@ TEST(FaultsTest, SigtermDuringCommitExitsZeroAndLeavesACompleteVersion) {
       EXPECT_GT(MaxDiff(embeddings, EmbedOrFail(*server, "base")), 1e-4);
     }
     EXPECT_EQ(Names(ListVersions(*server)), ExpectedListing(store, ListStoreDir(store).versions));
-    const int stop_status = server->process->process().Stop(std::chrono::seconds(35));
+    const int stop_status = server->process->process().Stop(ScaledSeconds(35));
     EXPECT_TRUE(WIFEXITED(stop_status) && WEXITSTATUS(stop_status) == 0);
   }
 }

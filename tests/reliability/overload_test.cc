@@ -63,7 +63,7 @@ struct Outcome {
 Outcome Call(pb::Encoder::Stub* stub, const pb::EncodeRequest& request) {
   grpc::ClientContext context;
   // Far longer than anything here takes: a reject must come from the server, not a deadline.
-  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(120));
+  context.set_deadline(std::chrono::system_clock::now() + ScaledSeconds(120));
   pb::EncodeResponse response;
   const auto start = Clock::now();
   Outcome outcome;
@@ -102,7 +102,7 @@ class OverloadTest : public ::testing::Test {
   }
   void TearDown() override {
     reliability::ExpectHealthy(SharedServer(), "the overload test");
-    EXPECT_TRUE(WaitForQueueDepth(0, std::chrono::seconds(30)))
+    EXPECT_TRUE(WaitForQueueDepth(0, ScaledSeconds(30)))
         << "attnserve_queue_depth should return to 0, reads " << QueueDepth();
   }
   static std::shared_ptr<grpc::Channel>* channel_;
@@ -122,7 +122,7 @@ TEST_F(OverloadTest, BurstWhileFullGetsImmediateResourceExhausted) {
   for (int i = 0; i < kMaxConcurrent; ++i) {
     heavy_threads.emplace_back([&, i] { heavy[i] = Call(stub.get(), HeavyRequest(i)); });
   }
-  ASSERT_TRUE(WaitForQueueDepth(kMaxConcurrent, std::chrono::seconds(30)))
+  ASSERT_TRUE(WaitForQueueDepth(kMaxConcurrent, ScaledSeconds(30)))
       << "the long requests were not admitted; queue depth " << QueueDepth();
 
   constexpr int kBurst = 32;
@@ -209,7 +209,7 @@ TEST_F(OverloadTest, RepeatedMixedBurstsOnlyOkOrResourceExhausted) {
         request.add_layers(-1);
         request.set_top_k(4);
         grpc::ClientContext context;
-        context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(120));
+        context.set_deadline(std::chrono::system_clock::now() + ScaledSeconds(120));
         pb::AttentionMapResponse response;
         const auto start = Clock::now();
         outcomes[i].status = stub->AttentionMap(&context, request, &response);

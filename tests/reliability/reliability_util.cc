@@ -23,7 +23,7 @@ std::string HealthOf(const std::shared_ptr<grpc::Channel>& channel, const std::s
   request.set_service(service);
   grpc::health::v1::HealthCheckResponse response;
   grpc::ClientContext context;
-  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  context.set_deadline(std::chrono::system_clock::now() + testing::ScaledSeconds(10));
   const grpc::Status status = stub->Check(&context, request, &response);
   if (!status.ok()) return "RPC error " + StatusString(status);
   return grpc::health::v1::HealthCheckResponse::ServingStatus_Name(response.status());
@@ -50,7 +50,7 @@ bool ExpectHealthy(ServerProcess& server, const std::string& after) {
   request.add_inputs()->set_text("still serving after a hostile request");
   pb::EncodeResponse response;
   grpc::ClientContext context;
-  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+  context.set_deadline(std::chrono::system_clock::now() + testing::ScaledSeconds(60));
   const grpc::Status status = stub->Encode(&context, request, &response);
   if (!status.ok() || response.results_size() != 1 || response.results(0).embedding_size() == 0) {
     ADD_FAILURE() << "Encode after " << after << ": " << StatusString(status);

@@ -98,7 +98,7 @@ grpc::Status FineTune(pb::Trainer::Stub* trainer, const Metadata& metadata,
                       std::vector<pb::FineTuneProgress>* answers = nullptr) {
   grpc::ClientContext context;
   AddMetadata(&context, metadata);
-  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(300));
+  context.set_deadline(std::chrono::system_clock::now() + ScaledSeconds(300));
   auto stream = trainer->FineTune(&context);
   for (const pb::FineTuneRequest& request : requests) {
     if (!stream->Write(request)) break;
@@ -442,7 +442,7 @@ TEST_F(SecurityTest, SymlinksInTheStoreAreNotFollowed) {
   ServerProcess server({"--trainer_token_file=" + Work().path() + "/token",
                         "--model_store=" + store, "--trainer_threads=1"});
   std::string error;
-  ASSERT_TRUE(server.StartAndWait(std::chrono::seconds(120), &error)) << error;
+  ASSERT_TRUE(server.StartAndWait(ScaledSeconds(120), &error)) << error;
   auto trainer = pb::Trainer::NewStub(server.NewChannel());
   pb::ListVersionsResponse versions;
   const grpc::Status status = ListVersions(trainer.get(), Bearer(Token()), &versions);
@@ -515,21 +515,20 @@ grpc::Status EncodeOver(const std::shared_ptr<grpc::Channel>& channel) {
   request.add_inputs()->set_text("over tls");
   pb::EncodeResponse response;
   grpc::ClientContext context;
-  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  context.set_deadline(std::chrono::system_clock::now() + ScaledSeconds(10));
   return stub->Encode(&context, request, &response);
 }
 
 TEST_F(SecurityTest, TlsServesTlsClientsAndRejectsTheRest) {
   reliability::TempDir dir("tls");
   Certificate server_cert, stranger;
-  if (!MakeCertificate(dir.path(), "server", &server_cert) ||
-      !MakeCertificate(dir.path(), "stranger", &stranger)) {
-    GTEST_SKIP() << "openssl cannot make a test certificate";
-  }
+  ASSERT_TRUE(MakeCertificate(dir.path(), "server", &server_cert) &&
+              MakeCertificate(dir.path(), "stranger", &stranger))
+      << "openssl cannot make a test certificate (scripts/setup.sh installs openssl)";
   ServerProcess server({"--tls_cert=" + server_cert.cert_path, "--tls_key=" + server_cert.key_path,
                         "--trainer_token_file=" + Work().path() + "/token"});
   std::string error;
-  ASSERT_TRUE(server.StartAndWait(std::chrono::seconds(120), &error)) << error;
+  ASSERT_TRUE(server.StartAndWait(ScaledSeconds(120), &error)) << error;
 
   // A client that trusts the certificate: every service works, the Trainer still wants a token.
   const auto trusted = TlsChannel(server.grpc_port(), server_cert.pem);
@@ -573,7 +572,7 @@ TEST_F(SecurityTest, TlsServesTlsClientsAndRejectsTheRest) {
     ServerProcess bad({"--tls_cert=" + server_cert.cert_path, "--tls_key=" + bad_key});
     ASSERT_TRUE(bad.Start(&error)) << error;
     int wait_status = 0;
-    ASSERT_TRUE(bad.process().WaitExit(std::chrono::seconds(60), &wait_status))
+    ASSERT_TRUE(bad.process().WaitExit(ScaledSeconds(60), &wait_status))
         << "attnserve kept running with a bad TLS key";
     EXPECT_TRUE(WIFEXITED(wait_status) && WEXITSTATUS(wait_status) != 0)
         << bad.process().ExitDescription();

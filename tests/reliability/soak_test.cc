@@ -207,7 +207,7 @@ const char* KindName(Kind kind) {
 
 // Sent with every call; far beyond any latency a closed loop of 64 clients sees here, so a
 // DEADLINE_EXCEEDED means the server stalled.
-constexpr auto kRequestDeadline = std::chrono::seconds(120);
+const std::chrono::seconds kRequestDeadline = ScaledSeconds(120);
 
 // What one call returned: the gRPC status, or a response that does not answer the request.
 struct CallResult {
@@ -221,7 +221,25 @@ CallResult CheckStatus(const grpc::Status& status) {
 }
 CallResult BadResponse(const std::string& what) { return {grpc::OK, "bad response: " + what}; }
 
-CallResult CallEncode(pb::Encoder::Stub* stub, TextMaker& text) {
+// Each client's fixed probe sentence and its embedding, computed alone on the idle server
+// before the load. About 40% of the Encode calls carry the probe at a random position:
+// under load it must come back with the same embedding, whatever batch it was packed into (a
+// mix-up between requests or sequences would return another sentence's embedding).
+struct Probe {
+  std::string text;
+  std::vector<float> embedding;
+};
+// The engine's bound for a sequence packed with others vs alone (tests/unit/encoder_test.cc,
+// PackedBatchEqualsEachSequenceAlone); another sentence's embedding is ~0.1 away or more.
+constexpr double kProbeMaxAbs = 1e-5;
+
+struct ProbeStats {
+  int64_t checked = 0;
+  double worst = 0;  // max abs difference to the serial embedding
+};
+
+CallResult CallEncode(pb::Encoder::Stub* stub, TextMaker& text, const Probe& probe,
+                      ProbeStats* probes) {
   pb::EncodeRequest request;
   const int inputs = text.Uniform(1, 8);
   for (int i = 0; i < inputs; ++i) {
@@ -236,6 +254,11 @@ CallResult CallEncode(pb::Encoder::Stub* stub, TextMaker& text) {
   const double r = text.Unit();
   if (r < 0.1) request.set_pooling(pb::POOLING_CLS);
   if (r >= 0.1 && r < 0.15) request.set_pooling(pb::POOLING_MAX);
+  int probe_index = -1;  // the probe has the model's default pooling
+  if (r >= 0.15 && text.Unit() < 0.5) {
+    probe_index = text.Uniform(0, inputs - 1);
+    request.mutable_inputs(probe_index)->set_text(probe.text);
+  }
   const bool token_embeddings = text.Unit() < 0.1;
   if (token_embeddings) {
     request.set_return_token_embeddings(true);
@@ -263,6 +286,17 @@ CallResult CallEncode(pb::Encoder::Stub* stub, TextMaker& text) {
     }
     if (r.hidden_states_size() != request.hidden_layers_size()) {
       return BadResponse("Encode: " + std::to_string(r.hidden_states_size()) + " hidden layers");
+    }
+  }
+  if (probe_index >= 0) {
+    const auto& got = response.results(probe_index).embedding();
+    const double diff = MaxAbsDiff(std::vector<float>(got.begin(), got.end()), probe.embedding);
+    ++probes->checked;
+    probes->worst = std::max(probes->worst, diff);
+    if (!(diff <= kProbeMaxAbs)) {
+      return BadResponse("Encode: the probe at input " + std::to_string(probe_index) + " of " +
+                         std::to_string(inputs) + " differs from its serial embedding by " +
+                         std::to_string(diff));
     }
   }
   return {};
@@ -339,6 +373,7 @@ struct ClientStats {
   int64_t measured_ok = 0;
   std::map<std::string, int64_t> errors;  // by code name (BAD_RESPONSE for wrong shapes)
   std::string first_error;
+  ProbeStats probes;
 };
 
 struct SoakPlan {
@@ -366,8 +401,8 @@ struct SoakProgress {
 };
 
 // Closed loop: the next call goes out as soon as the previous one is answered.
-void RunClient(int id, const std::string& address, const SoakPlan& plan, SoakProgress* progress,
-               ClientStats* stats) {
+void RunClient(int id, const std::string& address, const SoakPlan& plan, const Probe* probe,
+               SoakProgress* progress, ClientStats* stats) {
   grpc::ChannelArguments args;
   args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);  // a TCP connection of its own
   args.SetMaxReceiveMessageSize(-1);
@@ -385,7 +420,7 @@ void RunClient(int id, const std::string& address, const SoakPlan& plan, SoakPro
     CallResult result;
     switch (kind) {
       case Kind::kEncode:
-        result = CallEncode(stub.get(), text);
+        result = CallEncode(stub.get(), text, *probe, &stats->probes);
         break;
       case Kind::kAttentionMap:
         result = CallAttentionMap(stub.get(), text);
@@ -481,6 +516,26 @@ TEST(SoakTest, MixedLoadFromSixtyFourClients) {
       kWarmupBatches, static_cast<int>(pid), ServerThreads(), MaxConcurrentRequests());
   std::fflush(stdout);
 
+  // The probes' serial embeddings, one call each on the idle server.
+  std::vector<Probe> probes(kClients);
+  {
+    auto stub = server.NewStub();
+    for (int i = 0; i < kClients; ++i) {
+      probes[i].text = "probe " + std::to_string(i) + ": the violin concerto was played twice";
+      pb::EncodeRequest request;
+      request.add_inputs()->set_text(probes[i].text);
+      pb::EncodeResponse response;
+      grpc::ClientContext context;
+      context.set_deadline(std::chrono::system_clock::now() + kRequestDeadline);
+      const grpc::Status status = stub->Encode(&context, request, &response);
+      ASSERT_TRUE(status.ok()) << StatusString(status);
+      ASSERT_EQ(response.results_size(), 1);
+      probes[i].embedding.assign(response.results(0).embedding().begin(),
+                                 response.results(0).embedding().end());
+      ASSERT_EQ(probes[i].embedding.size(), static_cast<size_t>(kHidden));
+    }
+  }
+
   const Metrics before = ScrapeOrFail(server);
   const int64_t idle_kib = ResidentKiB(pid);
   ASSERT_GT(idle_kib, 0) << "cannot read VmRSS of pid " << pid;
@@ -531,7 +586,8 @@ TEST(SoakTest, MixedLoadFromSixtyFourClients) {
   });
   std::vector<std::thread> clients;
   for (int i = 0; i < kClients; ++i) {
-    clients.emplace_back(RunClient, i, server.address(), std::cref(plan), &progress, &stats[i]);
+    clients.emplace_back(RunClient, i, server.address(), std::cref(plan), &probes[i], &progress,
+                         &stats[i]);
   }
   for (std::thread& t : clients) t.join();
   const double load_seconds = Seconds(Clock::now() - plan.start);
@@ -545,7 +601,10 @@ TEST(SoakTest, MixedLoadFromSixtyFourClients) {
   std::map<Kind, std::vector<double>> latencies;
   int64_t measured_ok = 0, slowest_client_ok = -1;
   std::string first_error;
+  ProbeStats probe_stats;
   for (const ClientStats& s : stats) {
+    probe_stats.checked += s.probes.checked;
+    probe_stats.worst = std::max(probe_stats.worst, s.probes.worst);
     for (const auto& [kind, n] : s.sent) sent[kind] += n;
     for (const auto& [key, n] : s.outcomes) outcomes[key] += n;
     for (const auto& [code, n] : s.errors) errors[code] += n;
@@ -654,11 +713,13 @@ TEST(SoakTest, MixedLoadFromSixtyFourClients) {
     }
     return true;
   };
-  Metrics after = ScrapeOrFail(server);
-  for (int i = 0; i < 50 && !counts_agree(after); ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    after = ScrapeOrFail(server);
-  }
+  Metrics after;
+  WaitFor(
+      [&] {
+        after = ScrapeOrFail(server);
+        return counts_agree(after);
+      },
+      ScaledSeconds(5));
   for (Kind kind : kKinds) {
     report["server_requests_total"][KindName(kind)] =
         after.Sum("attnserve_requests_total", {{"method", KindName(kind)}}) -
@@ -679,6 +740,10 @@ TEST(SoakTest, MixedLoadFromSixtyFourClients) {
       delta("attnserve_tokens_total"), delta("attnserve_tokens_total") / load_seconds, batches,
       report["server_engine"]["mean_batch_tokens"].get<double>(),
       report["server_engine"]["mean_batch_inputs"].get<double>());
+  std::printf("[soak] probes: %lld checked, worst difference to the serial embedding %.3g\n",
+              static_cast<long long>(probe_stats.checked), probe_stats.worst);
+  report["probes"] = {{"checked", probe_stats.checked}, {"worst_max_abs", probe_stats.worst}};
+
   const char* report_path = std::getenv("ATTN_SOAK_REPORT");
   const std::string path =
       report_path != nullptr && *report_path != '\0' ? report_path : "reliability_soak_report.json";
@@ -688,6 +753,8 @@ TEST(SoakTest, MixedLoadFromSixtyFourClients) {
 
   // Assertions.
   EXPECT_GT(total, 0);
+  // The probes ran (a mismatch is a BAD_RESPONSE error above).
+  EXPECT_GE(probe_stats.checked, 16) << "too few probes: the mix sent almost none";
   for (const auto& [code, n] : errors) {
     if (code == "RESOURCE_EXHAUSTED" && plan.rejects_expected) continue;
     ADD_FAILURE() << n << " calls failed with " << code << " (first error: " << first_error << ")";
@@ -702,11 +769,13 @@ TEST(SoakTest, MixedLoadFromSixtyFourClients) {
   }
   EXPECT_TRUE(reliability::ExpectHealthy(server, "the soak"));
   // Nothing is waiting any more; the gauge drops just after the last response leaves.
-  double queue_depth = ScrapeOrFail(server).Sum("attnserve_queue_depth");
-  for (int i = 0; i < 100 && queue_depth != 0; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    queue_depth = ScrapeOrFail(server).Sum("attnserve_queue_depth");
-  }
+  double queue_depth = -1;
+  WaitFor(
+      [&] {
+        queue_depth = ScrapeOrFail(server).Sum("attnserve_queue_depth");
+        return queue_depth == 0;
+      },
+      ScaledSeconds(10));
   EXPECT_EQ(queue_depth, 0) << "attnserve_queue_depth after the load";
   EXPECT_EQ(reliability::CrashLines(reliability::FullLog(server)), std::vector<std::string>{});
 }

@@ -7,38 +7,25 @@
 #include <vector>
 
 #include "engine/model.h"
+#include "tests/test_model.h"
+#include "tests/test_util.h"
 
 namespace attn {
 namespace {
 
 class EncoderTest : public ::testing::Test {
  protected:
-  static void SetUpTestSuite() {
-    auto loaded = Model::Load(ATTN_TEST_MODEL_DIR);
-    ASSERT_TRUE(loaded.ok()) << loaded.status();
-    model_ = new std::shared_ptr<const Model>(*loaded);
-  }
-  static void TearDownTestSuite() {
-    delete model_;
-    model_ = nullptr;
-  }
-  static const Model& model() { return **model_; }
+  void SetUp() override { ASSERT_TRUE(testing::TestModel().ok()) << testing::TestModel().status(); }
+  static const Model& model() { return **testing::TestModel(); }
 
   static SequenceInput Tokenize(const std::string& text) {
     auto encoding = model().tokenizer().Encode(text);
     EXPECT_TRUE(encoding.ok()) << encoding.status();
     return {encoding->ids, encoding->type_ids};
   }
-
-  static std::shared_ptr<const Model>* model_;
 };
-std::shared_ptr<const Model>* EncoderTest::model_ = nullptr;
 
-double MaxAbsDiff(const float* a, const float* b, int64_t n) {
-  double worst = 0;
-  for (int64_t i = 0; i < n; ++i) worst = std::max(worst, double{std::abs(a[i] - b[i])});
-  return worst;
-}
+using testing::MaxAbsDiff;
 
 TEST_F(EncoderTest, LoadsTheDefaultModel) {
   EXPECT_EQ(model().config().hidden_size, 384);

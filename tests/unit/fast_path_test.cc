@@ -15,35 +15,23 @@
 #include "engine/ops/fused_attention.h"
 #include "engine/ops/prepared_linear.h"
 #include "engine/tensor.h"
+#include "tests/test_policy.h"
+#include "tests/test_util.h"
 
 namespace attn {
 namespace {
 
-Tensor RandomTensor(std::vector<int64_t> shape, std::mt19937& rng, float scale = 1.0f) {
-  Tensor t(std::move(shape));
-  std::normal_distribution<float> dist(0.0f, scale);
-  for (int64_t i = 0; i < t.numel(); ++i) t.data()[i] = dist(rng);
-  return t;
-}
-
-double MaxAbsDiff(const float* a, const std::vector<double>& b) {
-  double worst = 0;
-  for (size_t i = 0; i < b.size(); ++i) worst = std::max(worst, std::abs(a[i] - b[i]));
-  return worst;
-}
+using testing::MaxAbsDiff;
+using testing::RandomTensor;
 
 // Runs each test body with the AVX-512 kernels (when the CPU has them) and the portable loops.
 class KernelPathTest : public ::testing::TestWithParam<bool> {
  protected:
   void SetUp() override {
-    if (GetParam() && !UseAvx512Kernels()) GTEST_SKIP() << "CPU without AVX-512";
+    if (GetParam()) ATTN_SKIP_UNLESS_CPU_HAS("Avx512", UseAvx512Kernels());
     SetAvx512KernelsEnabledForTesting(GetParam());
   }
   void TearDown() override { SetAvx512KernelsEnabledForTesting(true); }
-};
-
-struct AttentionReference {
-  std::vector<double> scores, probs, context;  // per sequence (heads,T,T); context (M, H)
 };
 
 TEST_P(KernelPathTest, PackedAttentionMatchesNaivePerSequence) {
@@ -75,32 +63,9 @@ TEST_P(KernelPathTest, PackedAttentionMatchesNaivePerSequence) {
     for (size_t b = 0; b < lengths.size(); ++b) {
       const int64_t T = lengths[b];
       const float* seq = qkv.data() + offsets[b] * 3 * H;
-      std::vector<double> ref_scores(heads * T * T), ref_probs(heads * T * T);
-      for (int64_t h = 0; h < heads; ++h) {
-        for (int64_t i = 0; i < T; ++i) {
-          double max = -1e300;
-          for (int64_t j = 0; j < T; ++j) {
-            double dot = 0;
-            for (int64_t k = 0; k < d; ++k) {
-              dot += double{seq[i * 3 * H + h * d + k]} * seq[j * 3 * H + H + h * d + k];
-            }
-            ref_scores[(h * T + i) * T + j] = dot / std::sqrt(double(d));
-            max = std::max(max, ref_scores[(h * T + i) * T + j]);
-          }
-          double sum = 0;
-          for (int64_t j = 0; j < T; ++j) sum += std::exp(ref_scores[(h * T + i) * T + j] - max);
-          for (int64_t j = 0; j < T; ++j) {
-            ref_probs[(h * T + i) * T + j] = std::exp(ref_scores[(h * T + i) * T + j] - max) / sum;
-          }
-          for (int64_t k = 0; k < d; ++k) {
-            double acc = 0;
-            for (int64_t j = 0; j < T; ++j) {
-              acc += ref_probs[(h * T + i) * T + j] * seq[j * 3 * H + 2 * H + h * d + k];
-            }
-            ref_context[(offsets[b] + i) * H + h * d + k] = acc;
-          }
-        }
-      }
+      const testing::NaiveAttentionResult ref = testing::NaiveAttention(seq, T, heads, d, 3 * H);
+      const std::vector<double>&ref_scores = ref.scores, &ref_probs = ref.probs;
+      std::copy(ref.context.begin(), ref.context.end(), ref_context.begin() + offsets[b] * H);
       EXPECT_LT(MaxAbsDiff(probs[b].data(), ref_probs), 2e-6) << "d " << d << " T " << T;
       if (b % 2 == 0) {
         EXPECT_LT(MaxAbsDiff(scores[b].data(), ref_scores), 2e-5) << "d " << d << " T " << T;

@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include "tests/test_policy.h"
+
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
 #define ATTN_HAVE_X86 1
@@ -177,7 +179,7 @@ __attribute__((target("f16c"))) float HardwareFromHalf(uint16_t h) { return _cvt
 bool HasF16C() { return __builtin_cpu_supports("f16c"); }
 
 TEST(HalfTest, MatchesF16CHardwareOnRandomFloats) {
-  if (!HasF16C()) GTEST_SKIP() << "CPU has no F16C";
+  ATTN_SKIP_UNLESS_CPU_HAS("F16c", HasF16C());
   std::mt19937 rng(1234);
   std::uniform_int_distribution<uint32_t> any_bits;
   std::uniform_int_distribution<uint32_t> exp_dist(127 - 26, 127 + 16);
@@ -199,7 +201,7 @@ TEST(HalfTest, MatchesF16CHardwareOnRandomFloats) {
 }
 
 TEST(HalfTest, HalfToFloatMatchesF16CForAllPatterns) {
-  if (!HasF16C()) GTEST_SKIP() << "CPU has no F16C";
+  ATTN_SKIP_UNLESS_CPU_HAS("F16c", HasF16C());
   for (uint32_t h = 0; h <= 0xFFFF; ++h) {
     const float got = HalfBitsToFloat(static_cast<uint16_t>(h));
     const float want = HardwareFromHalf(static_cast<uint16_t>(h));
@@ -210,7 +212,7 @@ TEST(HalfTest, HalfToFloatMatchesF16CForAllPatterns) {
 // All 2^32 floats against F16C: about a minute, so run by hand with
 // --gtest_also_run_disabled_tests.
 TEST(HalfTest, DISABLED_ExhaustiveAgainstF16C) {
-  if (!HasF16C()) GTEST_SKIP() << "CPU has no F16C";
+  ATTN_SKIP_UNLESS_CPU_HAS("F16c", HasF16C());
   uint64_t mismatches = 0;
   for (uint64_t u = 0; u <= 0xFFFFFFFFull; ++u) {
     const float x = FromBits(static_cast<uint32_t>(u));

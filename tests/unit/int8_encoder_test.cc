@@ -17,6 +17,8 @@
 #include "engine/model.h"
 #include "engine/ops/cpu_kernels.h"
 #include "engine/ops/prepared_linear.h"
+#include "tests/test_model.h"
+#include "tests/test_policy.h"
 
 namespace attn {
 namespace {
@@ -170,22 +172,13 @@ std::vector<std::string> MakeServiceSentences(int count) {
 
 class Int8EncoderTest : public ::testing::Test {
  protected:
-  static void SetUpTestSuite() {
-    auto fp32 = Model::Load(ATTN_TEST_MODEL_DIR);
-    ASSERT_TRUE(fp32.ok()) << fp32.status();
-    ModelOptions options;
-    options.precision = Precision::kInt8;
-    auto int8 = Model::Load(ATTN_TEST_MODEL_DIR, options);
-    ASSERT_TRUE(int8.ok()) << int8.status();
-    fp32_ = new std::shared_ptr<const Model>(*fp32);
-    int8_ = new std::shared_ptr<const Model>(*int8);
+  void SetUp() override {
+    ASSERT_TRUE(testing::TestModel().ok()) << testing::TestModel().status();
+    ASSERT_TRUE(testing::TestModel(Precision::kInt8).ok())
+        << testing::TestModel(Precision::kInt8).status();
   }
-  static void TearDownTestSuite() {
-    delete fp32_;
-    delete int8_;
-  }
-  static const Model& fp32() { return **fp32_; }
-  static const Model& int8() { return **int8_; }
+  static const Model& fp32() { return **testing::TestModel(); }
+  static const Model& int8() { return **testing::TestModel(Precision::kInt8); }
 
   static std::vector<SequenceInput> Tokenize(const std::vector<std::string>& texts) {
     std::vector<SequenceInput> batch;
@@ -249,12 +242,7 @@ class Int8EncoderTest : public ::testing::Test {
         kept.size(), static_cast<long long>(stats.tokens), stats.min, stats.mean);
     return stats;
   }
-
-  static std::shared_ptr<const Model>* fp32_;
-  static std::shared_ptr<const Model>* int8_;
 };
-std::shared_ptr<const Model>* Int8EncoderTest::fp32_ = nullptr;
-std::shared_ptr<const Model>* Int8EncoderTest::int8_ = nullptr;
 
 TEST_F(Int8EncoderTest, ReportsItsPrecision) {
   EXPECT_EQ(fp32().precision(), Precision::kFp32);
@@ -354,7 +342,7 @@ TEST_F(Int8EncoderTest, WarmUpBuildsTheShortRequestPrimitivesAtLoad) {
       ModelOptions options;
       options.precision = Precision::kInt8;
       options.warm_up = warm_up;
-      auto model = Model::Load(ATTN_TEST_MODEL_DIR, options);
+      auto model = Model::Load(testing::TestModelDir(), options);
       ASSERT_TRUE(model.ok()) << model.status();
       std::vector<SequenceInput> batch(1);
       batch[0].token_ids.assign(16, 1234);
@@ -377,7 +365,12 @@ TEST_F(Int8EncoderTest, WarmUpBuildsTheShortRequestPrimitivesAtLoad) {
 // split off instead of coarsening the row's scale.
 class Int8OutliersTest : public ::testing::TestWithParam<bool> {
  protected:
-  void SetUp() override { SetAvx512KernelsEnabledForTesting(GetParam()); }
+  void SetUp() override {
+    SetAvx512KernelsEnabledForTesting(true);  // CPU detection
+    // The "Avx512" variant would silently run the portable loops on a CPU without AVX-512.
+    if (GetParam()) ATTN_SKIP_UNLESS_CPU_HAS("Avx512", UseAvx512Kernels());
+    SetAvx512KernelsEnabledForTesting(GetParam());
+  }
   void TearDown() override { SetAvx512KernelsEnabledForTesting(true); }
 };
 

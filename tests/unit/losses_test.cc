@@ -355,12 +355,10 @@ TEST(ClassificationHeadTest, InitIsSeededAndScaled) {
 
 TEST(LossGoldenTest, MatchesSentenceTransformersOnMiniLmEmbeddings) {
   const std::string dir = ATTN_GOLDEN_DIR;
-  if (!std::filesystem::exists(dir + "/grad_golden.safetensors") ||
-      !std::filesystem::exists(dir + "/grad_cases.json")) {
-    GTEST_SKIP() << "tests/golden/grad_golden.safetensors not present";
-  }
   std::ifstream json_file(dir + "/grad_cases.json");
-  const nlohmann::json doc = nlohmann::json::parse(json_file);
+  ASSERT_TRUE(json_file.good()) << "missing tests/golden/grad_cases.json";
+  const nlohmann::json doc = nlohmann::json::parse(json_file, nullptr, false);
+  ASSERT_FALSE(doc.is_discarded()) << "tests/golden/grad_cases.json is not valid JSON";
   absl::StatusOr<std::unique_ptr<SafetensorsFile>> golden =
       SafetensorsFile::Open(dir + "/grad_golden.safetensors");
   ASSERT_TRUE(golden.ok()) << golden.status();

@@ -24,6 +24,7 @@
 #include "engine/training/losses.h"
 #include "engine/weights.h"
 #include "nlohmann/json.hpp"
+#include "tests/test_model.h"
 
 namespace attn {
 namespace {
@@ -58,16 +59,9 @@ bool SameValues(const Tensor& a, const Tensor& b) {
 
 class ModelStoreTest : public ::testing::Test {
  protected:
-  static void SetUpTestSuite() {
-    auto loaded = Model::Load(ATTN_TEST_MODEL_DIR);
-    ASSERT_TRUE(loaded.ok()) << loaded.status();
-    base_ = new std::shared_ptr<const Model>(*loaded);
-  }
-  static void TearDownTestSuite() {
-    delete base_;
-    base_ = nullptr;
-  }
   void SetUp() override {
+    ASSERT_TRUE(testing::TestModel().ok()) << testing::TestModel().status();
+    base_ = &*testing::TestModel();
     std::string pattern = ::testing::TempDir() + "model_store_test_XXXXXX";
     ASSERT_NE(::mkdtemp(pattern.data()), nullptr);
     root_ = pattern;
@@ -131,11 +125,11 @@ class ModelStoreTest : public ::testing::Test {
     WriteText(dir + "/attnserve_version.json", info.dump());
   }
 
-  static std::shared_ptr<const Model>* base_;
+  static const std::shared_ptr<const Model>* base_;
   std::string root_, store_;
 };
 
-std::shared_ptr<const Model>* ModelStoreTest::base_ = nullptr;
+const std::shared_ptr<const Model>* ModelStoreTest::base_ = nullptr;
 
 TEST_F(ModelStoreTest, RoundTripIsBitExactAndForwardsIdentically) {
   BertWeights weights = PerturbedWeights();

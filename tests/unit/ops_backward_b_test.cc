@@ -23,6 +23,7 @@
 #include "engine/ops/embedding.h"
 #include "engine/ops/pooling.h"
 #include "engine/ops/softmax.h"
+#include "tests/test_util.h"
 
 namespace attn {
 namespace {
@@ -30,12 +31,7 @@ namespace {
 constexpr double kFdStep = 1e-6;
 constexpr double kMaxRelError = 1e-3;
 
-std::vector<float> RandomVector(int64_t n, std::mt19937& rng, float scale = 1.0f) {
-  std::normal_distribution<float> dist(0.0f, scale);
-  std::vector<float> v(n);
-  for (float& x : v) x = dist(rng);
-  return v;
-}
+using testing::RandomVector;
 
 std::vector<double> ToDouble(const std::vector<float>& v) { return {v.begin(), v.end()}; }
 
@@ -153,34 +149,10 @@ AttentionShape MakeShape(const AttentionCase& c) {
 std::vector<double> NaiveAttention(const AttentionShape& s, const std::vector<double>& qkv,
                                    const std::vector<uint8_t>* mask, double p,
                                    std::vector<double>* probs_out = nullptr) {
-  const int64_t T = s.tokens, d = s.head_dim, H = s.hidden();
-  const double scale = 1.0 / std::sqrt(static_cast<double>(d));
-  auto at = [&](int64_t t, int64_t col) { return qkv[t * s.qkv_stride + col]; };
-  std::vector<double> context(T * H, 0.0), scores(s.heads * T * T);
-  for (int64_t h = 0; h < s.heads; ++h) {
-    for (int64_t i = 0; i < T; ++i) {
-      for (int64_t j = 0; j < T; ++j) {
-        double dot = 0.0;
-        for (int64_t k = 0; k < d; ++k) dot += at(i, h * d + k) * at(j, H + h * d + k);
-        scores[(h * T + i) * T + j] = dot * scale;
-      }
-    }
-  }
-  const std::vector<double> probs = NaiveSoftmax(scores, s.heads * T, T);
-  for (int64_t h = 0; h < s.heads; ++h) {
-    for (int64_t i = 0; i < T; ++i) {
-      for (int64_t j = 0; j < T; ++j) {
-        const int64_t idx = (h * T + i) * T + j;
-        double weight = probs[idx];
-        if (mask != nullptr) weight = (*mask)[idx] != 0 ? weight / (1.0 - p) : 0.0;
-        for (int64_t k = 0; k < d; ++k) {
-          context[i * H + h * d + k] += weight * at(j, 2 * H + h * d + k);
-        }
-      }
-    }
-  }
-  if (probs_out != nullptr) *probs_out = probs;
-  return context;
+  testing::NaiveAttentionResult r =
+      testing::NaiveAttention(qkv.data(), s.tokens, s.heads, s.head_dim, s.qkv_stride, mask, p);
+  if (probs_out != nullptr) *probs_out = std::move(r.probs);
+  return std::move(r.context);
 }
 
 // Gathers the T x 3H used columns of a (T, qkv_stride) block.

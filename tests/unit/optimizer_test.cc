@@ -23,16 +23,14 @@
 #include "engine/safetensors.h"
 #include "engine/weights.h"
 #include "nlohmann/json.hpp"
+#include "tests/test_model.h"
+#include "tests/test_policy.h"
+#include "tests/test_util.h"
 
 namespace attn {
 namespace {
 
-Tensor RandomTensor(std::vector<int64_t> shape, std::mt19937& rng, float scale = 1.0f) {
-  Tensor t(std::move(shape));
-  std::normal_distribution<float> dist(0.0f, scale);
-  for (float& v : t.values()) v = dist(rng);
-  return t;
-}
+using testing::RandomTensor;
 
 // ------------------------------------------------------------------------------------------
 // AdamW
@@ -242,7 +240,7 @@ TEST(ClipGradNormTest, ComputeGradClipThenScaledStepEqualsClipThenStep) {
 }
 
 TEST(AdamWTest, Avx512KernelIsBitIdenticalToThePortableOne) {
-  if (!UseAvx512Kernels()) GTEST_SKIP() << "no AVX-512 on this CPU";
+  ATTN_SKIP_UNLESS_CPU_HAS("Avx512", UseAvx512Kernels());
   std::mt19937 rng(21);
   const Tensor w0 = RandomTensor({1000, 37}, rng), b0 = RandomTensor({37}, rng);  // odd tails
   Tensor w_vec = w0, w_ref = w0, b_vec = b0, b_ref = b0, dw({1000, 37}), db({37});
@@ -501,13 +499,11 @@ Tensor ReadF32(const SafetensorsFile& file, const std::string& name) {
 
 TEST(AdamWGoldenTest, OneClippedStepMatchesTorchOnMiniLmGradients) {
   const std::string golden_dir = ATTN_GOLDEN_DIR;
-  const std::string model_dir = ATTN_TEST_MODEL_DIR;
-  if (!std::filesystem::exists(golden_dir + "/grad_golden.safetensors") ||
-      !std::filesystem::exists(golden_dir + "/grad_cases.json")) {
-    GTEST_SKIP() << "tests/golden/grad_golden.safetensors not present";
-  }
+  const std::string model_dir = testing::TestModelDir();
   std::ifstream json_file(golden_dir + "/grad_cases.json");
-  const nlohmann::json doc = nlohmann::json::parse(json_file);
+  ASSERT_TRUE(json_file.good()) << "missing tests/golden/grad_cases.json";
+  const nlohmann::json doc = nlohmann::json::parse(json_file, nullptr, false);
+  ASSERT_FALSE(doc.is_discarded()) << "tests/golden/grad_cases.json is not valid JSON";
   const nlohmann::json& adam = doc.at("adamw");
   const std::string case_name = adam.at("case");
   absl::StatusOr<std::unique_ptr<SafetensorsFile>> golden =

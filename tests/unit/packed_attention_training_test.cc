@@ -18,18 +18,15 @@
 #include "engine/ops/attention.h"
 #include "engine/ops/cpu_kernels.h"
 #include "engine/ops/fused_attention.h"
+#include "tests/test_policy.h"
+#include "tests/test_util.h"
 
 namespace attn {
 namespace {
 
 constexpr double kMaxRelError = 1e-5;
 
-std::vector<float> RandomVector(int64_t n, std::mt19937& rng) {
-  std::normal_distribution<float> dist(0.0f, 1.0f);
-  std::vector<float> v(n);
-  for (float& x : v) x = dist(rng);
-  return v;
-}
+using testing::RandomVector;
 
 // max |got - want| / max |want|; infinity if got has a non-finite element (e.g. left unwritten).
 double RelError(const float* got, const float* want, int64_t n) {
@@ -66,7 +63,7 @@ class PackedAttentionTrainingTest : public ::testing::TestWithParam<PackedCase> 
     const PackedCase& c = GetParam();
     if (c.avx512) {
       SetAvx512KernelsEnabledForTesting(true);
-      if (!UseAvx512Kernels()) GTEST_SKIP() << "CPU without AVX-512";
+      ATTN_SKIP_UNLESS_CPU_HAS("Avx512", UseAvx512Kernels());
     } else {
       SetAvx512KernelsEnabledForTesting(false);
     }

@@ -11,18 +11,24 @@
 #include <vector>
 
 #include "engine/model.h"
+#include "tests/test_model.h"
 
 namespace attn {
 namespace {
 
 class TrainerTest : public ::testing::Test {
  protected:
-  static void SetUpTestSuite() {
-    auto loaded = Model::Load(ATTN_TEST_MODEL_DIR);
-    ASSERT_TRUE(loaded.ok()) << loaded.status();
-    base_ = new std::shared_ptr<const Model>(*loaded);
+  void SetUp() override {
+    ASSERT_TRUE(testing::TestModel().ok()) << testing::TestModel().status();
+    base_ = &*testing::TestModel();
   }
-  static void TearDownTestSuite() { delete base_; }
+
+  // One step's loss; a failed step fails the test (and reads as NaN, so no bound holds).
+  static double StepLoss(Trainer& trainer, const TrainingBatch& batch) {
+    absl::StatusOr<StepResult> result = trainer.Step(batch);
+    EXPECT_TRUE(result.ok()) << result.status();
+    return result.ok() ? result->loss : std::nan("");
+  }
 
   static SequenceInput Tokens(const std::string& text) {
     auto encoding = (*base_)->tokenizer().Encode(text);
@@ -44,9 +50,9 @@ class TrainerTest : public ::testing::Test {
     return batch;
   }
 
-  static std::shared_ptr<const Model>* base_;
+  static const std::shared_ptr<const Model>* base_;
 };
-std::shared_ptr<const Model>* TrainerTest::base_ = nullptr;
+const std::shared_ptr<const Model>* TrainerTest::base_ = nullptr;
 
 TEST_F(TrainerTest, ContrastiveLossDecreasesOnARepeatedBatch) {
   TrainerOptions options;
@@ -80,9 +86,9 @@ TEST_F(TrainerTest, CosineSimilarityAndClassificationLearn) {
     batch.first = {Tokens("a cat sits on the mat"), Tokens("stock prices fell today")};
     batch.second = {Tokens("the weather is sunny"), Tokens("markets dropped sharply")};
     batch.scores = {0.9f, 0.1f};  // deliberately the opposite of what the base model thinks
-    const double first = (*trainer)->Step(batch)->loss;
+    const double first = StepLoss(**trainer, batch);
     double last = first;
-    for (int i = 0; i < 5; ++i) last = (*trainer)->Step(batch)->loss;
+    for (int i = 0; i < 5; ++i) last = StepLoss(**trainer, batch);
     EXPECT_LT(last, 0.5 * first);
   }
   {
@@ -98,9 +104,9 @@ TEST_F(TrainerTest, CosineSimilarityAndClassificationLearn) {
     batch.inputs = {Tokens("great movie, loved it"), Tokens("terrible film, hated it"),
                     Tokens("wonderful and fun"), Tokens("boring and awful")};
     batch.labels = {1, 0, 1, 0};
-    const double first = (*trainer)->Step(batch)->loss;
+    const double first = StepLoss(**trainer, batch);
     double last = first;
-    for (int i = 0; i < 20; ++i) last = (*trainer)->Step(batch)->loss;
+    for (int i = 0; i < 20; ++i) last = StepLoss(**trainer, batch);
     EXPECT_LT(last, first);
     ASSERT_NE((*trainer)->head(), nullptr);
     EXPECT_EQ((*trainer)->head()->num_labels(), 2);
