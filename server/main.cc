@@ -65,10 +65,15 @@ ABSL_FLAG(int64_t, max_message_bytes, kDefaults.max_message_bytes,
           "Largest request and response in bytes.");
 ABSL_FLAG(int, threads, kDefaults.threads, "Engine (OpenMP) threads; 0 = all cores.");
 ABSL_FLAG(std::string, precision, attn::PrecisionName(kDefaults.precision),
-          "Engine precision: float32 (fp32), or int8 (linear layers quantised per output "
-          "channel at load, activations per token; pooled cosine to fp32 >= 0.995). Applies to "
-          "every served version, fine-tuned ones included; reported by GetModelInfo and the "
-          "attnserve_model_info metric.");
+          "Engine precision: float32 (fp32, bit-for-bit Hugging Face parity); int8 (linear "
+          "layers quantised per output channel at load, activations per token; pooled cosine to "
+          "fp32 >= 0.995); bf16 (every matmul on bfloat16 inputs with fp32 accumulation; "
+          "cosine >= 0.999; needs avx512_bf16 or AMX, see --allow-slow-precision); auto (bf16 "
+          "where the CPU has it, else float32). Applies to every served version, fine-tuned "
+          "ones included; reported by GetModelInfo and the attnserve_model_info metric.");
+ABSL_FLAG(bool, allow_slow_precision, kDefaults.allow_slow_precision,
+          "Serve --precision bf16 on a CPU without bfloat16 instructions (emulated: correct, "
+          "but no faster than float32).");
 ABSL_FLAG(double, drain_timeout_s, kDefaults.drain_timeout_s,
           "On SIGTERM/SIGINT: seconds to let in-flight requests finish before exiting.");
 ABSL_FLAG(std::string, log_level, "info", "debug, info, warning or error.");
@@ -508,7 +513,13 @@ int main(int argc, char** argv) {
   if (options.max_message_bytes < 1024) return usage_error("--max-message-bytes must be >= 1024");
   if (options.threads < 0) return usage_error("--threads must be >= 0");
   if (!attn::ParsePrecision(absl::GetFlag(FLAGS_precision), &options.precision)) {
-    return usage_error("--precision must be float32 (or fp32) or int8");
+    return usage_error("--precision must be float32 (or fp32), int8, bf16 or auto");
+  }
+  if (const std::string slow = attn::SlowPrecisionReason(options.precision);
+      !slow.empty() && !absl::GetFlag(FLAGS_allow_slow_precision)) {
+    return usage_error(absl::StrCat("--precision ", absl::GetFlag(FLAGS_precision), ": ", slow,
+                                    "; use --precision auto or float32, or pass "
+                                    "--allow-slow-precision to serve it anyway"));
   }
   if (options.drain_timeout_s < 0) return usage_error("--drain-timeout-s must be >= 0");
   if (options.trainer_threads < 0) return usage_error("--trainer-threads must be >= 0");

@@ -20,7 +20,8 @@ struct ServerOptions {
   int max_inputs_per_request = 256;
   int64_t max_message_bytes = 64ll << 20;  // request and response size limit
   int threads = 0;                         // OpenMP threads for the engine; 0 = all cores
-  Precision precision = Precision::kFp32;  // fp32, or int8 linear layers quantised at load
+  Precision precision = Precision::kFp32;  // fp32, int8 or bf16 (see --precision)
+  bool allow_slow_precision = false;       // serve bf16 where the CPU only emulates it
   double drain_timeout_s = 30.0;  // SIGTERM: how long in-flight requests may take to finish
 
   // Fine-tuning. The Trainer service answers UNIMPLEMENTED unless a token is configured.

@@ -6,6 +6,7 @@
 #include <limits>
 #include <numeric>
 
+#include "engine/half.h"
 #include "engine/ops/avx512_math.h"
 #include "engine/ops/cpu_kernels.h"
 #include "engine/ops/dropout.h"
@@ -35,6 +36,7 @@ struct Geometry {
   int64_t ld_qkv;      // 3H
   int64_t ld_context;  // H
   float scale;         // 1 / sqrt(d)
+  bool bf16_products;  // round P to bfloat16 before P V
 };
 
 // Per-thread scratch, sized for the longest sequence.
@@ -70,6 +72,7 @@ void HeadPortable(const Geometry& g, const HeadTask& t, FloatBuffer* row_buffer)
     const float inv = 1.0f / sum;
     for (int64_t j = 0; j < T; ++j) s[j] *= inv;
     if (t.probs != nullptr) std::copy(s, s + T, t.probs + i * T);
+    if (g.bf16_products) RoundFloatsToBFloat16(s, T, s);
     float* ci = t.context + i * g.ld_context;
     for (int64_t c = 0; c < d; ++c) ci[c] = 0.0f;
     for (int64_t j = 0; j < T; ++j) {
@@ -195,6 +198,20 @@ ATTN_AVX512 void ScaleRowAvx512(const float* row, int64_t T, float scale, float*
   }
 }
 
+// row[j] = bfloat16(row[j]) kept as fp32 (round to nearest even; finite inputs), j < T.
+ATTN_AVX512 void RoundRowToBf16Avx512(float* row, int64_t T) {
+  const __m512i low_half = _mm512_set1_epi32(0x7FFF), one = _mm512_set1_epi32(1);
+  const __m512i high_mask = _mm512_set1_epi32(static_cast<int32_t>(0xFFFF0000u));
+  for (int64_t j = 0; j < T; j += 16) {
+    const __mmask16 k = avx512::TailMask(T - j);
+    const __m512i u = _mm512_castps_si512(_mm512_maskz_loadu_ps(k, row + j));
+    const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), one);
+    const __m512i rounded =
+        _mm512_and_si512(_mm512_add_epi32(u, _mm512_add_epi32(low_half, odd)), high_mask);
+    _mm512_mask_storeu_ps(row + j, k, _mm512_castsi512_ps(rounded));
+  }
+}
+
 template <int R>
 ATTN_AVX512 void BlockAvx512(const Geometry& g, const HeadTask& t, Scratch* scratch, int64_t tp,
                              int64_t dp, int64_t i0) {
@@ -208,6 +225,10 @@ ATTN_AVX512 void BlockAvx512(const Geometry& g, const HeadTask& t, Scratch* scra
   ExpRowsAvx512(s, R, tp, T, inv_sums);
   if (t.probs != nullptr) {
     for (int r = 0; r < R; ++r) ScaleRowAvx512(s + r * tp, T, inv_sums[r], t.probs + (i0 + r) * T);
+  }
+  if (g.bf16_products) {
+    // The unnormalised exp rows: the row scale applied after P V is fp32 either way.
+    for (int r = 0; r < R; ++r) RoundRowToBf16Avx512(s + r * tp, T);
   }
   ContextRows<R>(s, tp, inv_sums, scratch->v.data(), dp, T, d, t.context + i0 * g.ld_context,
                  g.ld_context);
@@ -300,7 +321,7 @@ void PackedAttentionForward(const PackedAttentionShape& shape, const float* qkv,
                             const PackedAttentionOutputs* outputs) {
   const int64_t batch = static_cast<int64_t>(seq_offsets.size()) - 1;
   const int64_t heads = shape.heads, d = shape.head_dim, H = shape.hidden();
-  const Geometry g{d, 3 * H, H, 1.0f / std::sqrt(static_cast<float>(d))};
+  const Geometry g{d, 3 * H, H, 1.0f / std::sqrt(static_cast<float>(d)), shape.bf16_products};
 
   // Longest sequences first so the last items handed out are the short ones.
   std::vector<int64_t> order(batch);
