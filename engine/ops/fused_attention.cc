@@ -7,6 +7,7 @@
 #include <numeric>
 
 #include "engine/half.h"
+#include "engine/ops/attention_head.h"
 #include "engine/ops/avx512_math.h"
 #include "engine/ops/cpu_kernels.h"
 #include "engine/ops/dropout.h"
@@ -20,24 +21,8 @@ constexpr int kBlockRows = 8;  // query rows per block: 8 rows x 32 columns = 16
 
 int64_t RoundUp16(int64_t n) { return (n + 15) / 16 * 16; }
 
-// One (sequence, head) work item.
-struct HeadTask {
-  const float* q;  // (T, d), row stride ld_qkv
-  const float* k;  // (T, d)
-  const float* v;  // (T, d)
-  int64_t tokens;  // T
-  float* context;  // (T, d), row stride H
-  float* probs;    // (T, T) or null
-  float* scores;   // (T, T) or null
-};
-
-struct Geometry {
-  int64_t head_dim;    // d
-  int64_t ld_qkv;      // 3H
-  int64_t ld_context;  // H
-  float scale;         // 1 / sqrt(d)
-  bool bf16_products;  // round P to bfloat16 before P V
-};
+using HeadTask = AttentionHeadTask;
+using Geometry = AttentionHeadGeometry;
 
 // Per-thread scratch, sized for the longest sequence.
 struct Scratch {
@@ -336,6 +321,7 @@ void PackedAttentionForward(const PackedAttentionShape& shape, const float* qkv,
   }
   const int64_t items = batch * heads;
   const bool avx512 = UseAvx512Kernels();
+  const bool avx2 = !avx512 && UseAvx2Kernels();
 
 #pragma omp parallel if (flops > 2e6)
   {
@@ -358,6 +344,8 @@ void PackedAttentionForward(const PackedAttentionShape& shape, const float* qkv,
       }
       if (avx512) {
         HeadAvx512(g, task, &scratch);
+      } else if (avx2) {
+        AttentionHeadAvx2(g, task, &scratch.kt, &scratch.scores);
       } else {
         HeadPortable(g, task, &scratch.scores);
       }

@@ -1,5 +1,5 @@
 // The inference fast path's kernels against naive double-precision loops: packed attention over
-// variable-length sequences (AVX-512 and portable code), LayerNorm with the residual fused,
+// variable-length sequences (AVX-512, AVX2 and portable code), LayerNorm with the residual fused,
 // the int8 epilogues, and the prepared fp32 (view, packed) linear layers; the int8 linear
 // layers are tested in precision_encoder_test.cc.
 #include <gtest/gtest.h>
@@ -33,14 +33,24 @@ double MaxAbsDiff(const float* a, const std::vector<double>& b) {
   return worst;
 }
 
-// Runs each test body with the AVX-512 kernels (when the CPU has them) and the portable loops.
-class KernelPathTest : public ::testing::TestWithParam<bool> {
+enum class KernelPath { kAvx512, kAvx2, kPortable };
+
+// Runs each test body with the AVX-512 kernels, the AVX2 ones (each when the CPU has them; ops
+// without an AVX2 kernel run their portable loops there) and the portable loops.
+class KernelPathTest : public ::testing::TestWithParam<KernelPath> {
  protected:
   void SetUp() override {
-    if (GetParam() && !UseAvx512Kernels()) GTEST_SKIP() << "CPU without AVX-512";
-    SetAvx512KernelsEnabledForTesting(GetParam());
+    if (GetParam() == KernelPath::kAvx512 && !UseAvx512Kernels()) {
+      GTEST_SKIP() << "CPU without AVX-512";
+    }
+    if (GetParam() == KernelPath::kAvx2 && !UseAvx2Kernels()) GTEST_SKIP() << "CPU without AVX2";
+    SetAvx512KernelsEnabledForTesting(GetParam() == KernelPath::kAvx512);
+    SetAvx2KernelsEnabledForTesting(GetParam() == KernelPath::kAvx2);
   }
-  void TearDown() override { SetAvx512KernelsEnabledForTesting(true); }
+  void TearDown() override {
+    SetAvx512KernelsEnabledForTesting(true);
+    SetAvx2KernelsEnabledForTesting(true);
+  }
 };
 
 struct AttentionReference {
@@ -288,9 +298,13 @@ TEST_P(KernelPathTest, Int8EpiloguesMatchNaive) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Paths, KernelPathTest, ::testing::Values(true, false),
-                         [](const ::testing::TestParamInfo<bool>& info) {
-                           return info.param ? "Avx512" : "Portable";
+INSTANTIATE_TEST_SUITE_P(Paths, KernelPathTest,
+                         ::testing::Values(KernelPath::kAvx512, KernelPath::kAvx2,
+                                           KernelPath::kPortable),
+                         [](const ::testing::TestParamInfo<KernelPath>& info) {
+                           return info.param == KernelPath::kAvx512 ? "Avx512"
+                                  : info.param == KernelPath::kAvx2 ? "Avx2"
+                                                                    : "Portable";
                          });
 
 TEST(MatmulRowsTest, PadsAtMostAnEighthWithFewShapes) {
