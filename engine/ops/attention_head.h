@@ -5,7 +5,10 @@
 // (probs rounded to bfloat16 before P V when bf16_products is set).
 #pragma once
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <limits>
 
 #include "engine/tensor.h"
 
@@ -28,6 +31,20 @@ struct AttentionHeadGeometry {
   float scale;         // 1 / sqrt(d)
   bool bf16_products;  // round P to bfloat16 before P V
 };
+
+// s[0, T) = softmax(s[0, T)) in place: exp(s - max) / sum, in fp32 (the portable and AVX2
+// kernels' softmax).
+inline void SoftmaxRowInPlace(float* s, int64_t T) {
+  float max = -std::numeric_limits<float>::infinity();
+  for (int64_t j = 0; j < T; ++j) max = std::max(max, s[j]);
+  float sum = 0.0f;
+  for (int64_t j = 0; j < T; ++j) {
+    s[j] = std::exp(s[j] - max);
+    sum += s[j];
+  }
+  const float inv = 1.0f / sum;
+  for (int64_t j = 0; j < T; ++j) s[j] *= inv;
+}
 
 // AVX2 + FMA (engine/ops/avx2_attention.cc): the portable formulas with K transposed into
 // `keys_t` so the score and context products run 8 lanes wide; only when UseAvx2Kernels().

@@ -1,9 +1,6 @@
 #include <immintrin.h>
 
-#include <algorithm>
-#include <cmath>
 #include <cstring>
-#include <limits>
 
 #include "engine/half.h"
 #include "engine/ops/attention_head.h"
@@ -51,16 +48,7 @@ ATTN_AVX2 void AttentionHeadAvx2(const AttentionHeadGeometry& g, const Attention
       _mm256_storeu_ps(s + j, _mm256_mul_ps(a, scale));
     }
     if (t.scores != nullptr) std::memcpy(t.scores + i * T, s, sizeof(float) * T);
-    // softmax over the first T columns, in place
-    float max = -std::numeric_limits<float>::infinity();
-    for (int64_t k = 0; k < T; ++k) max = std::max(max, s[k]);
-    float sum = 0.0f;
-    for (int64_t k = 0; k < T; ++k) {
-      s[k] = std::exp(s[k] - max);
-      sum += s[k];
-    }
-    const float inv = 1.0f / sum;
-    for (int64_t k = 0; k < T; ++k) s[k] *= inv;
+    SoftmaxRowInPlace(s, T);
     if (t.probs != nullptr) std::memcpy(t.probs + i * T, s, sizeof(float) * T);
     if (g.bf16_products) RoundFloatsToBFloat16(s, T, s);
     // context_i (d) = s (T) · V (T, d): 32 columns at once, then 8, then single ones

@@ -40,22 +40,14 @@ void HeadPortable(const Geometry& g, const HeadTask& t, FloatBuffer* row_buffer)
   float* s = row_buffer->data();
   for (int64_t i = 0; i < T; ++i) {
     const float* qi = t.q + i * g.ld_qkv;
-    float max = -std::numeric_limits<float>::infinity();
     for (int64_t j = 0; j < T; ++j) {
       const float* kj = t.k + j * g.ld_qkv;
       float dot = 0.0f;
       for (int64_t c = 0; c < d; ++c) dot += qi[c] * kj[c];
       s[j] = dot * g.scale;
-      max = std::max(max, s[j]);
     }
     if (t.scores != nullptr) std::copy(s, s + T, t.scores + i * T);
-    float sum = 0.0f;
-    for (int64_t j = 0; j < T; ++j) {
-      s[j] = std::exp(s[j] - max);
-      sum += s[j];
-    }
-    const float inv = 1.0f / sum;
-    for (int64_t j = 0; j < T; ++j) s[j] *= inv;
+    SoftmaxRowInPlace(s, T);
     if (t.probs != nullptr) std::copy(s, s + T, t.probs + i * T);
     if (g.bf16_products) RoundFloatsToBFloat16(s, T, s);
     float* ci = t.context + i * g.ld_context;

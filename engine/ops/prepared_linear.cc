@@ -517,28 +517,9 @@ void PreparedLinear::ForwardBf16(ExecContext& ctx, const float* x, int64_t rows,
   const int64_t mrows = MatmulRows(rows), K = in_features_, N = out_features_;
   uint16_t* x_bf16 = Grow(ThreadLinearScratch().bf16_input, mrows * K);
   FloatsToBFloat16Bits(x, mrows * K, x_bf16);
-  const memory::desc x_desc({mrows, K}, memory::data_type::bf16, memory::dims{K, 1});
-  const memory::desc b_desc = RowMajorDesc({1, N});
-  const memory::desc y_desc = RowMajorDesc({mrows, N});
-  const std::string key =
-      absl::StrCat("bf16_linear_fwd:", mrows, "x", K, "x", N, ":", static_cast<int>(epilogue));
-  const CachedPrimitive cached = ctx.runtime().GetOrCreate(key, [&] {
-    dnnl::post_ops post_ops;
-    if (epilogue == LinearEpilogue::kGelu) {
-      post_ops.append_eltwise(1.0f, dnnl::algorithm::eltwise_gelu_erf, 0.0f, 0.0f);
-    }
-    dnnl::primitive_attr attr;
-    attr.set_post_ops(post_ops);
-    attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
-    dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(x_desc, weights_desc_, b_desc, y_desc), attr,
-                                    ctx.engine());
-    return CachedPrimitive{dnnl::matmul(pd), pd.scratchpad_desc()};
-  });
-  ctx.Execute(cached, {{DNNL_ARG_SRC, dnnl::memory(x_desc, ctx.engine(), x_bf16)},
-                       {DNNL_ARG_WEIGHTS, dnnl::memory(weights_desc_, ctx.engine(),
-                                                       const_cast<void*>(weights_data()))},
-                       {DNNL_ARG_BIAS, ctx.Wrap(b_desc, bias_)},
-                       {DNNL_ARG_DST, ctx.Wrap(y_desc, y)}});
+  RunMatmul(
+      ctx, absl::StrCat("bf16_linear_fwd:", mrows, "x", K, "x", N, ":", static_cast<int>(epilogue)),
+      memory::desc({mrows, K}, memory::data_type::bf16, memory::dims{K, 1}), x_bf16, epilogue, y);
 }
 
 const void* PreparedLinear::weights_data() const {
@@ -549,11 +530,16 @@ const void* PreparedLinear::weights_data() const {
 void PreparedLinear::Forward(ExecContext& ctx, const float* x, int64_t rows,
                              LinearEpilogue epilogue, float* y) const {
   const int64_t mrows = MatmulRows(rows), K = in_features_, N = out_features_;
-  const memory::desc x_desc = RowMajorDesc({mrows, K});
-  const memory::desc b_desc = RowMajorDesc({1, N});
-  const memory::desc y_desc = RowMajorDesc({mrows, N});
-  const std::string key = absl::StrCat("prepared_linear_fwd:", mrows, "x", K, "x", N, ":",
-                                       static_cast<int>(epilogue), packed() ? ":packed" : ":plain");
+  RunMatmul(ctx,
+            absl::StrCat("prepared_linear_fwd:", mrows, "x", K, "x", N, ":",
+                         static_cast<int>(epilogue), packed() ? ":packed" : ":plain"),
+            RowMajorDesc({mrows, K}), x, epilogue, y);
+}
+
+void PreparedLinear::RunMatmul(ExecContext& ctx, const std::string& key, const memory::desc& x_desc,
+                               const void* x, LinearEpilogue epilogue, float* y) const {
+  const memory::desc b_desc = RowMajorDesc({1, out_features_});
+  const memory::desc y_desc = RowMajorDesc({x_desc.dims()[0], out_features_});
   const CachedPrimitive cached = ctx.runtime().GetOrCreate(key, [&] {
     dnnl::post_ops post_ops;
     if (epilogue == LinearEpilogue::kGelu) {
@@ -568,7 +554,7 @@ void PreparedLinear::Forward(ExecContext& ctx, const float* x, int64_t rows,
                                     ctx.engine());
     return CachedPrimitive{dnnl::matmul(pd), pd.scratchpad_desc()};
   });
-  ctx.Execute(cached, {{DNNL_ARG_SRC, ctx.Wrap(x_desc, x)},
+  ctx.Execute(cached, {{DNNL_ARG_SRC, dnnl::memory(x_desc, ctx.engine(), const_cast<void*>(x))},
                        {DNNL_ARG_WEIGHTS, dnnl::memory(weights_desc_, ctx.engine(),
                                                        const_cast<void*>(weights_data()))},
                        {DNNL_ARG_BIAS, ctx.Wrap(b_desc, bias_)},

@@ -31,6 +31,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "engine/dnnl_context.h"
@@ -136,6 +137,9 @@ class PreparedLinear {
   // Native bf16: y = epilogue(bf16(x) · W^T + b), W already bf16.
   void ForwardBf16(ExecContext& ctx, const float* x, int64_t rows, LinearEpilogue epilogue,
                    float* y) const;
+  // The cached matmul (primitive `key`) y (rows, N) = epilogue(x · W^T + b), x of x_desc.
+  void RunMatmul(ExecContext& ctx, const std::string& key, const dnnl::memory::desc& x_desc,
+                 const void* x, LinearEpilogue epilogue, float* y) const;
 
   dnnl::memory::desc weights_desc_;  // (K, N) as oneDNN reads it
   const float* view_ = nullptr;      // fp32 view: the caller's (N, K) tensor

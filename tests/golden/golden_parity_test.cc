@@ -34,6 +34,18 @@ struct GoldenCase {
   std::string name() const { return spec["name"].get<std::string>(); }
 };
 
+// Cosine of our pooled row (H floats) to a golden pooled embedding.
+double PooledCosine(const float* ours, const Tensor& golden) {
+  double dot = 0, norm_a = 0, norm_b = 0;
+  for (int64_t j = 0; j < golden.numel(); ++j) {
+    const double a = ours[j], g = golden.data()[j];
+    dot += a * g;
+    norm_a += a * a;
+    norm_b += g * g;
+  }
+  return dot / std::sqrt(norm_a * norm_b);
+}
+
 class GoldenParityTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
@@ -166,14 +178,7 @@ TEST_F(GoldenParityTest, HiddenStatesAttentionsAndPooledMatchHuggingFace) {
       EXPECT_LE(err, kAttentionTolerance) << "attention of layer " << l;
       worst_attention = std::max(worst_attention, err);
     }
-    double dot = 0, norm_a = 0, norm_b = 0;
-    for (int64_t j = 0; j < H; ++j) {
-      const double a = result->pooled.data()[b * H + j], g = c.pooled.data()[j];
-      dot += a * g;
-      norm_a += a * a;
-      norm_b += g * g;
-    }
-    const double cosine = dot / std::sqrt(norm_a * norm_b);
+    const double cosine = PooledCosine(result->pooled.data() + b * H, c.pooled);
     EXPECT_GE(cosine, kPooledMinCosine) << "pooled embedding";
     worst_cosine = std::min(worst_cosine, cosine);
   }
@@ -201,14 +206,7 @@ TEST_F(GoldenParityTest, ReducedPrecisionPooledStaysCloseToHuggingFace) {
     double worst = 1, total = 0;
     for (size_t b = 0; b < cases_->size(); ++b) {
       const GoldenCase& c = (*cases_)[b];
-      double dot = 0, norm_a = 0, norm_b = 0;
-      for (int64_t j = 0; j < H; ++j) {
-        const double a = result->pooled.data()[b * H + j], g = c.pooled.data()[j];
-        dot += a * g;
-        norm_a += a * a;
-        norm_b += g * g;
-      }
-      const double cosine = dot / std::sqrt(norm_a * norm_b);
+      const double cosine = PooledCosine(result->pooled.data() + b * H, c.pooled);
       EXPECT_GE(cosine, bound) << PrecisionName(precision) << " " << c.name();
       worst = std::min(worst, cosine);
       total += cosine;
