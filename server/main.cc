@@ -515,8 +515,9 @@ int main(int argc, char** argv) {
   if (!attn::ParsePrecision(absl::GetFlag(FLAGS_precision), &options.precision)) {
     return usage_error("--precision must be float32 (or fp32), int8, bf16 or auto");
   }
+  options.allow_slow_precision = absl::GetFlag(FLAGS_allow_slow_precision);
   if (const std::string slow = attn::SlowPrecisionReason(options.precision);
-      !slow.empty() && !absl::GetFlag(FLAGS_allow_slow_precision)) {
+      !slow.empty() && !options.allow_slow_precision) {
     return usage_error(absl::StrCat("--precision ", absl::GetFlag(FLAGS_precision), ": ", slow,
                                     "; use --precision auto or float32, or pass "
                                     "--allow-slow-precision to serve it anyway"));
