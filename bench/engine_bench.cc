@@ -37,7 +37,8 @@
 
 ABSL_FLAG(std::string, model_dir, ATTN_DEFAULT_MODEL_DIR, "Hugging Face model directory.");
 ABSL_FLAG(std::string, precision, "fp32",
-          "fp32 or int8 (linear layers quantised at load). Exits with code 3 and an "
+          "fp32, int8 (linear layers quantised at load), bf16 (every matmul on bfloat16 "
+          "inputs; emulated on CPUs without avx512_bf16/AMX) or auto. Exits with code 3 and an "
           "\"unsupported\" JSON line when the engine cannot run that precision.");
 ABSL_FLAG(int, batch, 32, "One-shot: sequences per forward (random ids).");
 ABSL_FLAG(int, seq_len, 128, "One-shot: tokens per sequence, [CLS] and [SEP] included.");
@@ -71,7 +72,7 @@ class EngineUnderTest {
     attn::ModelOptions options;
     if (!attn::ParsePrecision(precision, &options.precision)) {
       return absl::InvalidArgumentError(
-          absl::StrCat("--precision must be fp32 or int8, not '", precision, "'"));
+          absl::StrCat("--precision must be fp32, int8, bf16 or auto, not '", precision, "'"));
     }
     absl::StatusOr<std::shared_ptr<const attn::Model>> model =
         attn::Model::Load(model_dir, options);

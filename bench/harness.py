@@ -45,7 +45,7 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 import sentences  # noqa: E402  (bench/sentences.py)
 
-SECTIONS = ["throughput", "latency", "int8", "finetune", "served"]
+SECTIONS = ["throughput", "latency", "int8", "bf16", "finetune", "served"]
 PAUSE_BETWEEN_RUNS_S = 0.05
 
 # Goals of issue 5 (ratios in the same run). kind "min": ratio >= value; "max": ratio <= value.
@@ -57,6 +57,7 @@ GOALS = {
     ("int8_vs_ort_fp32", None): ("min", 2.5),
     ("int8_vs_ort_int8", None): ("min", 1.5),
     ("int8_cosine_min", None): ("min", 0.995),
+    ("bf16_cosine_min", None): ("min", 0.999),
     ("served_32", None): ("min", 0.7),
     ("finetune", "torch-train"): ("min", 1.5),
 }
@@ -186,7 +187,7 @@ class Engines:
 
     def argv(self, engine):
         t = str(self.args.threads)
-        if engine in ("ours-fp32", "ours-int8"):
+        if engine in ("ours-fp32", "ours-int8", "ours-bf16"):
             return [self.engine_bin, "--worker", "--model-dir", self.args.model_dir,
                     "--precision", engine.split("-")[1], "--threads", t]
         if engine == "ours-train":
@@ -420,6 +421,38 @@ def cpu_flags():
     return []
 
 
+def isa_class(flags):
+    """The CPU class results are kept apart by: amx (Sapphire Rapids and later: AMX bf16/int8),
+    avx512-vnni (Cascade Lake / Ice Lake), skylake-avx512 (AVX-512F/BW only), avx2, generic."""
+    if "amx_bf16" in flags or "amx_int8" in flags:
+        return "amx"
+    if "avx512_vnni" in flags:
+        return "avx512-vnni"
+    if "avx512f" in flags:
+        return "skylake-avx512"
+    return "avx2" if "avx2" in flags else "generic"
+
+
+def results_md_sections(text):
+    """{ISA class: section text} of an existing RESULTS.md; a file from before the per-class
+    sections (one run, no '## ISA class' heading) was a Skylake-SP host's."""
+    sections, current, lines = {}, None, []
+    body = text.split("\n")
+    if not any(line.startswith("## ISA class: ") for line in body):
+        start = next((i for i, line in enumerate(body) if line.startswith("* Command:")), None)
+        return {} if start is None else {"skylake-avx512": "\n".join(body[start:]).strip()}
+    for line in body:
+        if line.startswith("## ISA class: "):
+            if current is not None:
+                sections[current] = "\n".join(lines).strip()
+            current, lines = line[len("## ISA class: "):].strip(), []
+        elif current is not None:
+            lines.append(line)
+    if current is not None:
+        sections[current] = "\n".join(lines).strip()
+    return sections
+
+
 def machine():
     model = platform.processor() or "unknown"
     try:
@@ -434,6 +467,7 @@ def machine():
     isa = [f for f in ("avx2", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16", "amx_int8")
            if f in flags]
     return {"cpu": model, "logical_cpus": os.cpu_count(), "isa": isa,
+            "isa_class": isa_class(flags),
             "kernel": platform.release(), "python": platform.python_version(),
             "loadavg_start": os.getloadavg()}
 
@@ -621,6 +655,33 @@ class Run:
                 self.table.add(row, None, f"{fp32} (cosine)", "-", None, (goal, None),
                                note=f"n/a ({reason})")
 
+    def bf16(self):
+        """Ours bf16 against ours fp32 at 32 x 128, and its pooled cosine to fp32. On CPUs
+        without avx512_bf16/AMX the engine emulates bf16 (correct, not faster): the row says so."""
+        workload = "tp_32x128"
+        results, by_name = self.time_section("bf16", ["ours-fp32", "ours-bf16"],
+                                             [(workload, self.sizes.runs)])
+        native = self.machine["isa_class"] == "amx" or "avx512_bf16" in self.machine["isa"]
+        self.ours_name = "ours-bf16"
+        self.ratio_row(f"bf16 {self.shape(workload)} vs ours fp32"
+                       + ("" if native else " (emulated: no bf16 instructions)"), workload,
+                       results[workload], "ours-fp32", ("bf16_vs_ours_fp32", None), "throughput")
+        row = f"bf16 cosine to fp32, ours, {self.describe['cosine']['sequences']} sentences"
+        if len(by_name) == 2:
+            embeddings = {}
+            for name, worker in by_name.items():
+                path = os.path.join(self.out_dir, f"embed-{name}.f32")
+                reply = worker.call({"cmd": "embed", "workload": "cosine", "out": path})
+                embeddings[name] = read_rows(path, reply["dim"])
+            c = cosines(embeddings["ours-bf16"], embeddings["ours-fp32"])
+            self.table.add(row, f"min {min(c):.6f} / mean {statistics.mean(c):.6f}",
+                           "ours-fp32 (cosine)", "-", min(c), ("bf16_cosine_min", None))
+            self.raw.setdefault("bf16", {})["cosine_ours"] = {
+                "min": min(c), "mean": statistics.mean(c), "count": len(c)}
+        else:
+            self.table.add(row, None, "ours-fp32 (cosine)", "-", None, ("bf16_cosine_min", None),
+                           note="n/a (a worker did not start)")
+
     def finetune(self):
         results, _ = self.time_section("finetune", ["ours-train", "torch-train"],
                                        [("finetune", self.sizes.runs)])
@@ -734,6 +795,8 @@ class Run:
             self.inference(sections)
             if "int8" in sections:
                 self.int8()
+            if "bf16" in sections:
+                self.bf16()
             self.close()  # the server gets the machine to itself
             if "finetune" in sections:
                 self.finetune()
@@ -746,7 +809,8 @@ class Run:
 
     def report(self):
         threads = self.args.threads
-        machine_line = (f"{self.machine['cpu']}, {self.machine['logical_cpus']} logical CPUs "
+        machine_line = (f"ISA class {self.machine['isa_class']}: "
+                        f"{self.machine['cpu']}, {self.machine['logical_cpus']} logical CPUs "
                         f"({', '.join(self.machine['isa'])}), {threads} threads per engine, "
                         f"Linux {self.machine['kernel']}, load average "
                         f"{self.machine['loadavg_start'][0]:.1f} at start / "
@@ -777,15 +841,7 @@ class Run:
             print(f"not written: {self.args.results_md} (only a full run of every section is "
                   f"recorded there)")
         elif self.args.results_md:
-            lines = [
-                "# Benchmark results",
-                "",
-                "The latest full run of the harness (`bench/run.sh`; see README.md, "
-                "\"Benchmarks\"). Ratios are ours / peer from the same run: for throughput "
-                "the peer's time over ours (higher is better), for latency our time over the "
-                "peer's (lower is better), for served the requests/s over ours offline "
-                "sentences/s on the same sentences.",
-                "",
+            section = [
                 f"* Command: `{command}`",
                 f"* Date: {date}",
                 f"* Machine: {machine_line}",
@@ -793,8 +849,28 @@ class Run:
                 f"* Settings: {settings}",
             ]
             if self.args.note:
-                lines.append(f"* Note: {self.args.note}")
-            lines += [""] + self.table.lines(markdown=True) + [""]
+                section.append(f"* Note: {self.args.note}")
+            section += [""] + self.table.lines(markdown=True)
+            # One section per ISA class: this run replaces its own class's, keeps the others.
+            sections = {}
+            if os.path.exists(self.args.results_md):
+                with open(self.args.results_md) as f:
+                    sections = results_md_sections(f.read())
+            sections[self.machine["isa_class"]] = "\n".join(section).strip()
+            lines = [
+                "# Benchmark results",
+                "",
+                "The latest full run of the harness (`bench/run.sh`; see README.md, "
+                "\"Benchmarks\") on each class of CPU seen, one section per ISA class (results "
+                "from different classes are never compared). Ratios are ours / peer from the "
+                "same run: for throughput the peer's time over ours (higher is better), for "
+                "latency our time over the peer's (lower is better), for served the requests/s "
+                "over ours offline sentences/s on the same sentences.",
+            ]
+            for name in ("amx", "avx512-vnni", "skylake-avx512", "avx2", "generic"):
+                if name in sections:
+                    lines += ["", f"## ISA class: {name}", "", sections[name]]
+            lines.append("")
             with open(self.args.results_md, "w") as f:
                 f.write("\n".join(lines))
             print(f"written: {self.args.results_md}")

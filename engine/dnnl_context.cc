@@ -42,11 +42,6 @@ int64_t DnnlRuntime::cache_misses() const {
   absl::MutexLock lock(&mutex_);
   return misses_;
 }
-int64_t DnnlRuntime::cache_size() const {
-  absl::MutexLock lock(&mutex_);
-  return static_cast<int64_t>(cache_.size());
-}
-
 ExecContext::ExecContext() : ExecContext(DnnlRuntime::Get()) {}
 
 ExecContext::ExecContext(DnnlRuntime& runtime) : runtime_(runtime), stream_(runtime.engine()) {}

@@ -33,7 +33,6 @@ class DnnlRuntime {
 
   int64_t cache_hits() const;
   int64_t cache_misses() const;
-  int64_t cache_size() const;
 
  private:
   DnnlRuntime();

@@ -6,6 +6,7 @@
 #include <set>
 
 #include "absl/strings/str_cat.h"
+#include "engine/half.h"
 #include "engine/ops/attention.h"
 #include "engine/ops/cpu_kernels.h"
 #include "engine/ops/embedding.h"
@@ -108,13 +109,11 @@ void KeepHiddenState(const ForwardOptions& options, int layer, const float* hidd
 }
 
 // Buffers of the inference forward, reused by every forward on the same thread (each thread has
-// its own, so concurrent forwards never share them). They grow to the largest batch seen.
+// its own, so concurrent forwards never share them). They grow to the largest batch seen. The
+// linear layers keep their own per-precision scratch (PreparedLinear::Apply).
 struct ForwardWorkspace {
   std::optional<ExecContext> ctx;  // stream + oneDNN scratchpad
-  FloatBuffer embeddings, hidden, qkv, context, linear_out, attn_out, intermediate;
-  // int8 path: quantised matmul inputs, and the s32 accumulators
-  Int8Input hidden_q, context_q, attn_out_q, intermediate_q;
-  Int32Buffer accumulators;
+  FloatBuffer embeddings, hidden, qkv, context, attn_out, intermediate;
 };
 
 ForwardWorkspace& ThreadWorkspace() {
@@ -122,16 +121,62 @@ ForwardWorkspace& ThreadWorkspace() {
   return workspace;
 }
 
-template <typename Buffer>
-auto* Grow(Buffer& buffer, int64_t size) {
+float* Grow(FloatBuffer& buffer, int64_t size) {
   if (static_cast<int64_t>(buffer.size()) < size) buffer.resize(size);
   return buffer.data();
 }
 
 // Rows [rows, padded_rows) of a matmul input must be finite (see MatmulRows).
-template <typename T>
-void ZeroPaddingRows(T* data, int64_t rows, int64_t padded_rows, int64_t cols) {
-  std::fill(data + rows * cols, data + padded_rows * cols, T{0});
+void ZeroPaddingRows(float* data, int64_t rows, int64_t padded_rows, int64_t cols) {
+  std::fill(data + rows * cols, data + padded_rows * cols, 0.0f);
+}
+
+// If `layer_index` is one whose attention the caller asked for: appends its LayerAttention to
+// `result` (tensors allocated for the requested sequences and parts, the per-head Q, K, V
+// copied out of qkv (M, 3H)) and returns where PackedAttentionForward writes the maps; else
+// returns nullopt.
+std::optional<PackedAttentionOutputs> CollectAttention(const BertConfig& config,
+                                                       const ForwardOptions& options,
+                                                       int layer_index, const float* qkv,
+                                                       ForwardResult* result) {
+  if (!Contains(options.attention_layers, layer_index)) return std::nullopt;
+  const int64_t H = config.hidden_size, heads = config.num_attention_heads, d = config.head_dim();
+  const int64_t batch_size = static_cast<int64_t>(result->seq_offsets.size()) - 1;
+  PackedAttentionOutputs outputs;
+  result->attentions.push_back(LayerAttention{layer_index, {}});
+  LayerAttention& layer_attention = result->attentions.back();
+  layer_attention.sequences.resize(batch_size);
+  if (options.attention_probs) outputs.probs.assign(batch_size, nullptr);
+  if (options.attention_scores) outputs.scores.assign(batch_size, nullptr);
+  for (int64_t b = 0; b < batch_size; ++b) {
+    if (!options.attention_sequences.empty() && !options.attention_sequences[b]) continue;
+    SequenceAttention& out = layer_attention.sequences[b];
+    const int64_t T = result->seq_offsets[b + 1] - result->seq_offsets[b];
+    if (options.attention_probs) {
+      out.probs = Tensor({heads, T, T});
+      outputs.probs[b] = out.probs.data();
+    }
+    if (options.attention_scores) {
+      out.scores = Tensor({heads, T, T});
+      outputs.scores[b] = out.scores.data();
+    }
+    if (options.attention_qkv) {
+      AttentionShape shape;
+      shape.tokens = T;
+      shape.heads = heads;
+      shape.head_dim = d;
+      shape.qkv_stride = 3 * H;
+      shape.context_stride = H;
+      const float* seq_qkv = qkv + result->seq_offsets[b] * 3 * H;
+      out.query = Tensor({heads, T, d});
+      out.key = Tensor({heads, T, d});
+      out.value = Tensor({heads, T, d});
+      ExtractHeads(shape, seq_qkv, 0, out.query.data());
+      ExtractHeads(shape, seq_qkv, 1, out.key.data());
+      ExtractHeads(shape, seq_qkv, 2, out.value.data());
+    }
+  }
+  return outputs;
 }
 
 absl::StatusOr<ForwardResult> RunForward(const BertConfig& config, const InferenceWeights& prepared,
@@ -170,11 +215,11 @@ absl::StatusOr<ForwardResult> RunForward(const BertConfig& config, const Inferen
     for (int32_t p = 0; p < length; ++p) positions.push_back(p);
   }
 
-  float* hidden = Grow(ws.hidden, Mp * H);          // (Mp, H) residual stream
-  float* qkv = Grow(ws.qkv, Mp * 3 * H);            // (Mp, 3H)
-  float* context = Grow(ws.context, Mp * H);        // (Mp, H)
-  float* linear_out = Grow(ws.linear_out, Mp * H);  // (Mp, H) output projections
-  float* attn_out = Grow(ws.attn_out, Mp * H);      // (Mp, H)
+  float* hidden = Grow(ws.hidden, Mp * H);              // (Mp, H) residual stream
+  float* qkv = Grow(ws.qkv, Mp * 3 * H);                // (Mp, 3H)
+  float* context = Grow(ws.context, Mp * H);            // (Mp, H)
+  float* attn_out = Grow(ws.attn_out, Mp * H);          // (Mp, H)
+  float* intermediate = Grow(ws.intermediate, Mp * I);  // (Mp, I)
   ZeroPaddingRows(hidden, M, Mp, H);
   ZeroPaddingRows(context, M, Mp, H);
   ZeroPaddingRows(attn_out, M, Mp, H);
@@ -189,22 +234,10 @@ absl::StatusOr<ForwardResult> RunForward(const BertConfig& config, const Inferen
                    weights.embedding_norm_beta.data(), eps, hidden);
   KeepHiddenState(options, 0, hidden, M, H, &result);
 
-  // The fp32 FFN intermediate (Mp, I), and for the linear layers that run in int8 the s32
-  // accumulators (quantised inputs: ws.*_q, sized by QuantizeInput).
-  const bool any_int8 = prepared.precision() == Precision::kInt8;
-  float* intermediate = Grow(ws.intermediate, Mp * I);
-  int32_t* accumulators = nullptr;  // (Mp, max(3H, I))
-  if (any_int8) {
-    accumulators = Grow(ws.accumulators, Mp * std::max(3 * H, I));
-    if (prepared.layer(0).qkv.precision() == Precision::kInt8) {
-      prepared.layer(0).qkv.QuantizeInput(hidden, M, &ws.hidden_q);
-    }
-  }
-  auto is_int8 = [](const PreparedLinear& linear) {
-    return linear.precision() == Precision::kInt8;
-  };
-
-  const PackedAttentionShape attention_shape{heads, d};
+  // Under bf16 the attention products take bfloat16 inputs too: Q, K, V are rounded here, the
+  // probabilities inside the attention kernel.
+  const bool bf16_attention = prepared.precision() == Precision::kBf16;
+  const PackedAttentionShape attention_shape{heads, d, bf16_attention};
   for (int layer_index = 0; layer_index < config.num_hidden_layers; ++layer_index) {
     if (options.stop_requested && options.stop_requested()) {
       return absl::CancelledError(absl::StrCat("forward stopped before layer ", layer_index, " of ",
@@ -214,99 +247,27 @@ absl::StatusOr<ForwardResult> RunForward(const BertConfig& config, const Inferen
     const LayerWeights& lw = weights.layers[layer_index];
     const InferenceLayer& layer = prepared.layer(layer_index);
     // qkv (M, 3H) = hidden · W_qkv^T + b_qkv
-    if (is_int8(layer.qkv)) {
-      layer.qkv.ForwardInt8(ctx, ws.hidden_q, M, accumulators);
-      DequantizeRows(
-          {accumulators, ws.hidden_q.scales.data(), layer.qkv.weight_scales(), layer.qkv.bias()}, M,
-          3 * H, qkv);
-    } else {
-      layer.qkv.Forward(ctx, hidden, M, LinearEpilogue::kNone, qkv);
-    }
+    layer.qkv.Apply(ctx, hidden, M, LinearOutput::Plain(), qkv);
+    if (bf16_attention) RoundFloatsToBFloat16(qkv, M * 3 * H, qkv);
 
     // context (M, H): per sequence and head, softmax(Q K^T / sqrt(d)) V
-    PackedAttentionOutputs outputs;
-    LayerAttention* layer_attention = nullptr;
-    if (Contains(options.attention_layers, layer_index)) {
-      result.attentions.push_back(LayerAttention{layer_index, {}});
-      layer_attention = &result.attentions.back();
-      layer_attention->sequences.resize(batch_size);
-      if (options.attention_probs) outputs.probs.assign(batch_size, nullptr);
-      if (options.attention_scores) outputs.scores.assign(batch_size, nullptr);
-      for (int64_t b = 0; b < batch_size; ++b) {
-        if (!options.attention_sequences.empty() && !options.attention_sequences[b]) continue;
-        SequenceAttention& out = layer_attention->sequences[b];
-        const int64_t T = result.seq_offsets[b + 1] - result.seq_offsets[b];
-        if (options.attention_probs) {
-          out.probs = Tensor({heads, T, T});
-          outputs.probs[b] = out.probs.data();
-        }
-        if (options.attention_scores) {
-          out.scores = Tensor({heads, T, T});
-          outputs.scores[b] = out.scores.data();
-        }
-        if (options.attention_qkv) {
-          AttentionShape shape;
-          shape.tokens = T;
-          shape.heads = heads;
-          shape.head_dim = d;
-          shape.qkv_stride = 3 * H;
-          shape.context_stride = H;
-          const float* seq_qkv = qkv + result.seq_offsets[b] * 3 * H;
-          out.query = Tensor({heads, T, d});
-          out.key = Tensor({heads, T, d});
-          out.value = Tensor({heads, T, d});
-          ExtractHeads(shape, seq_qkv, 0, out.query.data());
-          ExtractHeads(shape, seq_qkv, 1, out.key.data());
-          ExtractHeads(shape, seq_qkv, 2, out.value.data());
-        }
-      }
-    }
+    const std::optional<PackedAttentionOutputs> maps =
+        CollectAttention(config, options, layer_index, qkv, &result);
     PackedAttentionForward(attention_shape, qkv, result.seq_offsets, context,
-                           layer_attention != nullptr ? &outputs : nullptr);
+                           maps.has_value() ? &*maps : nullptr);
 
-    // attn_out (M, H) = LayerNorm(hidden + context · W_o^T + b_o), then quantised as the FFN
-    // input layer's input when that layer runs in int8
-    if (is_int8(layer.attn_output)) {
-      layer.attn_output.QuantizeInput(context, M, &ws.context_q);
-      layer.attn_output.ForwardInt8(ctx, ws.context_q, M, accumulators);
-      DequantizeAddLayerNormRows({accumulators, ws.context_q.scales.data(),
-                                  layer.attn_output.weight_scales(), layer.attn_output.bias()},
-                                 hidden, M, H, lw.attn_norm_gamma.data(), lw.attn_norm_beta.data(),
-                                 eps, attn_out);
-    } else {
-      layer.attn_output.Forward(ctx, context, M, LinearEpilogue::kNone, linear_out);
-      AddLayerNormRows(linear_out, hidden, M, H, lw.attn_norm_gamma.data(),
-                       lw.attn_norm_beta.data(), eps, attn_out);
-    }
-    if (is_int8(layer.ffn_in)) layer.ffn_in.QuantizeInput(attn_out, M, &ws.attn_out_q);
-    // intermediate (M, I) = gelu(attn_out · W_i^T + b_i), in fp32 (the FFN output layer
-    // quantises it itself when it runs in int8)
-    if (is_int8(layer.ffn_in)) {
-      layer.ffn_in.ForwardInt8(ctx, ws.attn_out_q, M, accumulators);
-      DequantizeGeluRows({accumulators, ws.attn_out_q.scales.data(), layer.ffn_in.weight_scales(),
-                          layer.ffn_in.bias()},
-                         M, I, intermediate);
-    } else {
-      layer.ffn_in.Forward(ctx, attn_out, M, LinearEpilogue::kGelu, intermediate);
-    }
-    // hidden (M, H) = LayerNorm(attn_out + intermediate · W_f^T + b_f), then quantised as the
-    // next layer's QKV input when that layer runs in int8
-    if (is_int8(layer.ffn_out)) {
-      layer.ffn_out.QuantizeInput(intermediate, M, &ws.intermediate_q);
-      layer.ffn_out.ForwardInt8(ctx, ws.intermediate_q, M, accumulators);
-      DequantizeAddLayerNormRows({accumulators, ws.intermediate_q.scales.data(),
-                                  layer.ffn_out.weight_scales(), layer.ffn_out.bias()},
-                                 attn_out, M, H, lw.ffn_norm_gamma.data(), lw.ffn_norm_beta.data(),
-                                 eps, hidden);
-    } else {
-      layer.ffn_out.Forward(ctx, intermediate, M, LinearEpilogue::kNone, linear_out);
-      AddLayerNormRows(linear_out, attn_out, M, H, lw.ffn_norm_gamma.data(),
-                       lw.ffn_norm_beta.data(), eps, hidden);
-    }
-    if (layer_index + 1 < config.num_hidden_layers &&
-        is_int8(prepared.layer(layer_index + 1).qkv)) {
-      prepared.layer(layer_index + 1).qkv.QuantizeInput(hidden, M, &ws.hidden_q);
-    }
+    // attn_out (M, H) = LayerNorm(hidden + context · W_o^T + b_o)
+    layer.attn_output.Apply(ctx, context, M,
+                            LinearOutput::AddLayerNorm(hidden, lw.attn_norm_gamma.data(),
+                                                       lw.attn_norm_beta.data(), eps),
+                            attn_out);
+    // intermediate (M, I) = gelu(attn_out · W_i^T + b_i)
+    layer.ffn_in.Apply(ctx, attn_out, M, LinearOutput::Gelu(), intermediate);
+    // hidden (M, H) = LayerNorm(attn_out + intermediate · W_f^T + b_f)
+    layer.ffn_out.Apply(ctx, intermediate, M,
+                        LinearOutput::AddLayerNorm(attn_out, lw.ffn_norm_gamma.data(),
+                                                   lw.ffn_norm_beta.data(), eps),
+                        hidden);
     KeepHiddenState(options, layer_index + 1, hidden, M, H, &result);
   }
 

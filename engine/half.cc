@@ -151,6 +151,20 @@ float HalfBitsToFloat(uint16_t bits) { return FromHalf(bits); }
 uint16_t FloatToBFloat16Bits(float value) { return ToBFloat16(value); }
 float BFloat16BitsToFloat(uint16_t bits) { return BitsFloat(static_cast<uint32_t>(bits) << 16); }
 
+namespace {
+constexpr int64_t kParallelConversions = int64_t{1} << 16;
+}  // namespace
+
+void FloatsToBFloat16Bits(const float* x, int64_t n, uint16_t* out) {
+#pragma omp parallel for schedule(static) if (n >= kParallelConversions)
+  for (int64_t i = 0; i < n; ++i) out[i] = ToBFloat16(x[i]);
+}
+
+void RoundFloatsToBFloat16(const float* x, int64_t n, float* out) {
+#pragma omp parallel for schedule(static) if (n >= kParallelConversions)
+  for (int64_t i = 0; i < n; ++i) out[i] = BitsFloat(static_cast<uint32_t>(ToBFloat16(x[i])) << 16);
+}
+
 int WireDTypeSize(WireDType dtype) { return dtype == WireDType::kFloat32 ? 4 : 2; }
 
 std::string EncodeFloats(const float* values, int64_t n, WireDType dtype) {

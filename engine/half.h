@@ -21,6 +21,12 @@ uint16_t FloatToBFloat16Bits(float value);
 // Exact: bfloat16 is the upper half of fp32 (NaN bits pass through unchanged).
 float BFloat16BitsToFloat(uint16_t bits);
 
+// Bulk forms for the bf16 forward (OpenMP-parallel on large arrays):
+// out[i] = FloatToBFloat16Bits(x[i]) for i < n.
+void FloatsToBFloat16Bits(const float* x, int64_t n, uint16_t* out);
+// out[i] = x[i] rounded to the nearest bfloat16, kept as fp32 (out may alias x).
+void RoundFloatsToBFloat16(const float* x, int64_t n, float* out);
+
 // Element types of attnserve.v1.Tensor.data (the server maps the proto enum onto this one;
 // named apart from the safetensors DType).
 enum class WireDType { kFloat32, kFloat16, kBFloat16 };

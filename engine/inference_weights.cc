@@ -7,12 +7,16 @@ namespace {
 PreparedLinear PrepareLinear(const Tensor& weight, const Tensor& bias, Precision precision,
                              bool pack) {
   if (precision == Precision::kInt8) return PreparedLinear::Int8Outliers(weight, bias);
+  if (precision == Precision::kBf16) return PreparedLinear::Bf16(weight, bias);
   return pack ? PreparedLinear::Fp32Packed(weight, bias) : PreparedLinear::Fp32View(weight, bias);
 }
 
 InferenceLayer PrepareLayer(const LayerWeights& lw, Precision precision, bool pack,
                             const Int8Linears& int8) {
-  auto at = [&](bool quantise) { return quantise ? precision : Precision::kFp32; };
+  // Int8Linears picks the int8 layers; bf16 and fp32 apply to all.
+  auto at = [&](bool quantise) {
+    return precision != Precision::kInt8 || quantise ? precision : Precision::kFp32;
+  };
   InferenceLayer layer;
   layer.qkv = PrepareLinear(lw.qkv_weight, lw.qkv_bias, at(int8.qkv), pack);
   layer.attn_output =

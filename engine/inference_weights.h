@@ -1,8 +1,8 @@
-// The encoder's linear layers prepared for the inference forward: packed fp32 copies or int8
-// quantisations made once per model version (at load, or when a fine-tuned version is
-// published), or zero-copy fp32 views for one-off forwards on raw BertWeights. Embeddings,
-// LayerNorm parameters and biases are read from the BertWeights in place, so the BertWeights
-// must outlive this and stay at the same address.
+// The encoder's linear layers prepared for the inference forward: packed fp32 copies, int8
+// quantisations or bfloat16 conversions made once per model version (at load, or when a fine-tuned
+// version is published), or zero-copy fp32 views for one-off forwards on raw BertWeights.
+// Embeddings, LayerNorm parameters and biases are read from the BertWeights in place, so the
+// BertWeights must outlive this and stay at the same address.
 #pragma once
 
 #include <vector>
@@ -33,7 +33,8 @@ class InferenceWeights {
  public:
   // fp32 views of `weights`: nothing copied, nothing packed.
   static InferenceWeights View(const BertWeights& weights);
-  // Packed fp32 (Precision::kFp32) or quantised int8 (Precision::kInt8) linear layers.
+  // Packed fp32 (Precision::kFp32), quantised int8 (Precision::kInt8) or bfloat16
+  // (Precision::kBf16) linear layers.
   static InferenceWeights Prepare(const BertWeights& weights, Precision precision,
                                   const Int8Linears& int8_linears = {});
 

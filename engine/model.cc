@@ -109,33 +109,4 @@ absl::StatusOr<ForwardResult> Model::Forward(const std::vector<SequenceInput>& b
   return EncoderForward(config_, *prepared_, batch, options);
 }
 
-absl::StatusOr<std::vector<EmbeddedText>> EmbedTexts(const Model& model,
-                                                     const std::vector<std::string>& texts,
-                                                     const ForwardOptions& options) {
-  std::vector<EmbeddedText> out(texts.size());
-  std::vector<SequenceInput> batch(texts.size());
-  TruncationOptions truncation;
-  truncation.max_length = model.default_max_length();
-  for (size_t i = 0; i < texts.size(); ++i) {
-    absl::StatusOr<Encoding> encoding = model.tokenizer().Encode(texts[i], truncation);
-    if (!encoding.ok()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("input ", i, ": ", encoding.status().message()));
-    }
-    batch[i].token_ids = encoding->ids;
-    batch[i].type_ids = encoding->type_ids;
-    out[i].encoding = std::move(*encoding);
-  }
-  ForwardOptions pooled_options = options;
-  pooled_options.pool = true;
-  absl::StatusOr<ForwardResult> result = model.Forward(batch, pooled_options);
-  if (!result.ok()) return result.status();
-  const int64_t H = model.config().hidden_size;
-  for (size_t i = 0; i < texts.size(); ++i) {
-    const float* row = result->pooled.data() + i * H;
-    out[i].embedding.assign(row, row + H);
-  }
-  return out;
-}
-
 }  // namespace attn

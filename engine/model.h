@@ -25,7 +25,7 @@ struct ModelOptions {
   // Under kInt8, the linear layers that are quantised. The fused QKV projection stays fp32 by
   // default: attention scores multiply its errors (Q·K^T); on all-MiniLM-L6-v2 an int8 QKV
   // lowers the min pooled cosine to fp32 from 0.9967 to 0.9957 on the mixed-length set of
-  // int8_encoder_test, too thin a margin above the 0.995 goal.
+  // precision_encoder_test, too thin a margin above the 0.995 goal.
   Int8Linears int8_linears = {/*qkv=*/false, /*attn_output=*/true, /*ffn_in=*/true,
                               /*ffn_out=*/true};
   // Run a few small forwards at load so oneDNN primitives and JIT kernels exist before the
@@ -84,15 +84,5 @@ class Model {
   std::optional<WordPieceTokenizer> tokenizer_;
   SentenceEmbeddingConfig sentence_config_;
 };
-
-// Tokenized + encoded texts with the model's default settings: the convenience path used by
-// the CLI and tests.
-struct EmbeddedText {
-  Encoding encoding;
-  std::vector<float> embedding;  // (H)
-};
-absl::StatusOr<std::vector<EmbeddedText>> EmbedTexts(const Model& model,
-                                                     const std::vector<std::string>& texts,
-                                                     const ForwardOptions& options);
 
 }  // namespace attn

@@ -1,6 +1,7 @@
-// Numeric precision of the inference forward.
+// Numeric precision of the inference forward, and what the CPU offers for each.
 #pragma once
 
+#include <string>
 #include <string_view>
 
 namespace attn {
@@ -10,24 +11,27 @@ enum class Precision {
   kInt8,  // linear layers on s8 weights (per output channel) x u8 activations (per token, with a
           // zero point; outliers kept in fp32); attention, softmax, LayerNorm, GELU and the
           // residual stream stay fp32
+  kBf16,  // every matmul (the linear layers and the attention products Q K^T and P V) on
+          // bfloat16 inputs with fp32 accumulation; LayerNorm, softmax, GELU and the residual
+          // stream fp32. Weights converted once at load.
 };
 
-// "float32" or "int8": the name GetModelInfo and the metrics report.
-inline const char* PrecisionName(Precision precision) {
-  return precision == Precision::kInt8 ? "int8" : "float32";
-}
+// "float32", "int8" or "bfloat16": the name GetModelInfo and the metrics report.
+const char* PrecisionName(Precision precision);
 
-// Accepts "fp32", "float32" and "int8"; returns false on anything else.
-inline bool ParsePrecision(std::string_view text, Precision* precision) {
-  if (text == "fp32" || text == "float32") {
-    *precision = Precision::kFp32;
-    return true;
-  }
-  if (text == "int8") {
-    *precision = Precision::kInt8;
-    return true;
-  }
-  return false;
-}
+// Accepts "fp32"/"float32", "int8", "bf16"/"bfloat16", and "auto" (resolved here by
+// AutoPrecision()); returns false on anything else.
+bool ParsePrecision(std::string_view text, Precision* precision);
+
+// Whether the CPU multiplies bfloat16 in hardware (cpuid: avx512_bf16 or amx_bf16).
+bool CpuHasNativeBf16();
+
+// The fastest precision whose accuracy bound holds on this CPU: kBf16 where it is native,
+// else kFp32 (int8 is never picked automatically: its bound is looser).
+Precision AutoPrecision();
+
+// Empty if `precision` runs at full speed on this CPU; else why it does not (for the server's
+// refusal at start-up, which --allow-slow-precision overrides).
+std::string SlowPrecisionReason(Precision precision);
 
 }  // namespace attn

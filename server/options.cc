@@ -41,10 +41,15 @@ ABSL_FLAG(int64_t, memory_budget_bytes, kDefaults.memory_budget_bytes,
           "when there is no limit.");
 ABSL_FLAG(int, threads, kDefaults.threads, "Engine (OpenMP) threads; 0 = all cores.");
 ABSL_FLAG(std::string, precision, attn::PrecisionName(kDefaults.precision),
-          "Engine precision: float32 (fp32), or int8 (linear layers quantised per output "
-          "channel at load, activations per token; pooled cosine to fp32 >= 0.995). Applies to "
-          "every served version, fine-tuned ones included; reported by GetModelInfo and the "
-          "attnserve_model_info metric.");
+          "Engine precision: float32 (fp32, bit-for-bit Hugging Face parity); int8 (linear "
+          "layers quantised per output channel at load, activations per token; pooled cosine to "
+          "fp32 >= 0.995); bf16 (every matmul on bfloat16 inputs with fp32 accumulation; "
+          "cosine >= 0.999; needs avx512_bf16 or AMX, see --allow-slow-precision); auto (bf16 "
+          "where the CPU has it, else float32). Applies to every served version, fine-tuned "
+          "ones included; reported by GetModelInfo and the attnserve_model_info metric.");
+ABSL_FLAG(bool, allow_slow_precision, kDefaults.allow_slow_precision,
+          "Serve --precision bf16 on a CPU without bfloat16 instructions (emulated: correct, "
+          "but no faster than float32).");
 ABSL_FLAG(double, drain_timeout_s, kDefaults.drain_timeout_s,
           "On SIGTERM/SIGINT: seconds to let in-flight requests finish before exiting.");
 ABSL_FLAG(std::string, log_level, kDefaults.log_level, "debug, info, warning or error.");
@@ -104,7 +109,7 @@ absl::StatusOr<ServerOptions> OptionsFromFlags() {
   options.tls_cert = absl::GetFlag(FLAGS_tls_cert);
   options.tls_key = absl::GetFlag(FLAGS_tls_key);
 
-  auto invalid = [](const char* message) { return absl::InvalidArgumentError(message); };
+  auto invalid = [](absl::string_view message) { return absl::InvalidArgumentError(message); };
   LogLevel level;
   if (!ParseLogLevel(options.log_level, &level)) {
     return invalid("--log-level must be debug, info, warning or error");
@@ -126,7 +131,14 @@ absl::StatusOr<ServerOptions> OptionsFromFlags() {
   if (options.memory_budget_bytes == 0) options.memory_budget_bytes = DefaultMemoryBudgetBytes();
   if (options.threads < 0) return invalid("--threads must be >= 0");
   if (!ParsePrecision(absl::GetFlag(FLAGS_precision), &options.precision)) {
-    return invalid("--precision must be float32 (or fp32) or int8");
+    return invalid("--precision must be float32 (or fp32), int8, bf16 or auto");
+  }
+  options.allow_slow_precision = absl::GetFlag(FLAGS_allow_slow_precision);
+  if (const std::string slow = SlowPrecisionReason(options.precision);
+      !slow.empty() && !options.allow_slow_precision) {
+    return invalid(absl::StrCat("--precision ", absl::GetFlag(FLAGS_precision), ": ", slow,
+                                "; use --precision auto or float32, or pass "
+                                "--allow-slow-precision to serve it anyway"));
   }
   if (options.drain_timeout_s < 0) return invalid("--drain-timeout-s must be >= 0");
   if (options.trainer_threads < 0) return invalid("--trainer-threads must be >= 0");

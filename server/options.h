@@ -28,7 +28,8 @@ struct ServerOptions {
   // physical memory when there is none). The engine workspace is taken off it once.
   int64_t memory_budget_bytes = 0;
   int threads = 0;                         // OpenMP threads for the engine; 0 = all cores
-  Precision precision = Precision::kFp32;  // fp32, or int8 linear layers quantised at load
+  Precision precision = Precision::kFp32;  // fp32, int8 or bf16 (see --precision)
+  bool allow_slow_precision = false;       // serve bf16 where the CPU only emulates it
   double drain_timeout_s = 30.0;   // SIGTERM: how long in-flight requests may take to finish
   std::string log_level = "info";  // debug, info, warning or error
 

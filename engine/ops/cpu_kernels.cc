@@ -20,6 +20,16 @@ std::atomic<bool>& Avx512Enabled() {
   return enabled;
 }
 
+bool CpuSupportsAvx2Fma() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+}
+
+std::atomic<bool>& Avx2Enabled() {
+  static std::atomic<bool> enabled(CpuSupportsAvx2Fma());
+  return enabled;
+}
+
 // Below this many elements a parallel region costs more than it saves.
 constexpr int64_t kParallelElements = 1 << 14;
 
@@ -110,6 +120,12 @@ bool UseAvx512Kernels() { return Avx512Enabled().load(std::memory_order_relaxed)
 
 void SetAvx512KernelsEnabledForTesting(bool enabled) {
   Avx512Enabled().store(enabled && CpuSupportsAvx512());
+}
+
+bool UseAvx2Kernels() { return Avx2Enabled().load(std::memory_order_relaxed); }
+
+void SetAvx2KernelsEnabledForTesting(bool enabled) {
+  Avx2Enabled().store(enabled && CpuSupportsAvx2Fma());
 }
 
 void AddLayerNormRows(const float* x, const float* residual, int64_t rows, int64_t cols,

@@ -14,6 +14,10 @@ namespace attn {
 bool UseAvx512Kernels();
 // Tests only: force the portable loops (false) or restore CPU detection (true).
 void SetAvx512KernelsEnabledForTesting(bool enabled);
+// True when the AVX2 + FMA kernels run where there is no AVX-512 (only some ops have them:
+// attention, engine/ops/avx2_*.cc); the same switch for tests.
+bool UseAvx2Kernels();
+void SetAvx2KernelsEnabledForTesting(bool enabled);
 
 // y[m] = LayerNorm(x[m] + residual[m]) * gamma + beta for each of `rows` rows of `cols` floats.
 // residual may be null (plain LayerNorm); y may alias x or residual. Biased variance, as torch.

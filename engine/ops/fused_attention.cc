@@ -6,6 +6,8 @@
 #include <limits>
 #include <numeric>
 
+#include "engine/half.h"
+#include "engine/ops/attention_head.h"
 #include "engine/ops/avx512_math.h"
 #include "engine/ops/cpu_kernels.h"
 #include "engine/ops/dropout.h"
@@ -19,23 +21,8 @@ constexpr int kBlockRows = 8;  // query rows per block: 8 rows x 32 columns = 16
 
 int64_t RoundUp16(int64_t n) { return (n + 15) / 16 * 16; }
 
-// One (sequence, head) work item.
-struct HeadTask {
-  const float* q;  // (T, d), row stride ld_qkv
-  const float* k;  // (T, d)
-  const float* v;  // (T, d)
-  int64_t tokens;  // T
-  float* context;  // (T, d), row stride H
-  float* probs;    // (T, T) or null
-  float* scores;   // (T, T) or null
-};
-
-struct Geometry {
-  int64_t head_dim;    // d
-  int64_t ld_qkv;      // 3H
-  int64_t ld_context;  // H
-  float scale;         // 1 / sqrt(d)
-};
+using HeadTask = AttentionHeadTask;
+using Geometry = AttentionHeadGeometry;
 
 // Per-thread scratch, sized for the longest sequence.
 struct Scratch {
@@ -53,23 +40,16 @@ void HeadPortable(const Geometry& g, const HeadTask& t, FloatBuffer* row_buffer)
   float* s = row_buffer->data();
   for (int64_t i = 0; i < T; ++i) {
     const float* qi = t.q + i * g.ld_qkv;
-    float max = -std::numeric_limits<float>::infinity();
     for (int64_t j = 0; j < T; ++j) {
       const float* kj = t.k + j * g.ld_qkv;
       float dot = 0.0f;
       for (int64_t c = 0; c < d; ++c) dot += qi[c] * kj[c];
       s[j] = dot * g.scale;
-      max = std::max(max, s[j]);
     }
     if (t.scores != nullptr) std::copy(s, s + T, t.scores + i * T);
-    float sum = 0.0f;
-    for (int64_t j = 0; j < T; ++j) {
-      s[j] = std::exp(s[j] - max);
-      sum += s[j];
-    }
-    const float inv = 1.0f / sum;
-    for (int64_t j = 0; j < T; ++j) s[j] *= inv;
+    SoftmaxRowInPlace(s, T);
     if (t.probs != nullptr) std::copy(s, s + T, t.probs + i * T);
+    if (g.bf16_products) RoundFloatsToBFloat16(s, T, s);
     float* ci = t.context + i * g.ld_context;
     for (int64_t c = 0; c < d; ++c) ci[c] = 0.0f;
     for (int64_t j = 0; j < T; ++j) {
@@ -195,6 +175,20 @@ ATTN_AVX512 void ScaleRowAvx512(const float* row, int64_t T, float scale, float*
   }
 }
 
+// row[j] = bfloat16(row[j]) kept as fp32 (round to nearest even; finite inputs), j < T.
+ATTN_AVX512 void RoundRowToBf16Avx512(float* row, int64_t T) {
+  const __m512i low_half = _mm512_set1_epi32(0x7FFF), one = _mm512_set1_epi32(1);
+  const __m512i high_mask = _mm512_set1_epi32(static_cast<int32_t>(0xFFFF0000u));
+  for (int64_t j = 0; j < T; j += 16) {
+    const __mmask16 k = avx512::TailMask(T - j);
+    const __m512i u = _mm512_castps_si512(_mm512_maskz_loadu_ps(k, row + j));
+    const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), one);
+    const __m512i rounded =
+        _mm512_and_si512(_mm512_add_epi32(u, _mm512_add_epi32(low_half, odd)), high_mask);
+    _mm512_mask_storeu_ps(row + j, k, _mm512_castsi512_ps(rounded));
+  }
+}
+
 template <int R>
 ATTN_AVX512 void BlockAvx512(const Geometry& g, const HeadTask& t, Scratch* scratch, int64_t tp,
                              int64_t dp, int64_t i0) {
@@ -208,6 +202,10 @@ ATTN_AVX512 void BlockAvx512(const Geometry& g, const HeadTask& t, Scratch* scra
   ExpRowsAvx512(s, R, tp, T, inv_sums);
   if (t.probs != nullptr) {
     for (int r = 0; r < R; ++r) ScaleRowAvx512(s + r * tp, T, inv_sums[r], t.probs + (i0 + r) * T);
+  }
+  if (g.bf16_products) {
+    // The unnormalised exp rows: the row scale applied after P V is fp32 either way.
+    for (int r = 0; r < R; ++r) RoundRowToBf16Avx512(s + r * tp, T);
   }
   ContextRows<R>(s, tp, inv_sums, scratch->v.data(), dp, T, d, t.context + i0 * g.ld_context,
                  g.ld_context);
@@ -300,7 +298,7 @@ void PackedAttentionForward(const PackedAttentionShape& shape, const float* qkv,
                             const PackedAttentionOutputs* outputs) {
   const int64_t batch = static_cast<int64_t>(seq_offsets.size()) - 1;
   const int64_t heads = shape.heads, d = shape.head_dim, H = shape.hidden();
-  const Geometry g{d, 3 * H, H, 1.0f / std::sqrt(static_cast<float>(d))};
+  const Geometry g{d, 3 * H, H, 1.0f / std::sqrt(static_cast<float>(d)), shape.bf16_products};
 
   // Longest sequences first so the last items handed out are the short ones.
   std::vector<int64_t> order(batch);
@@ -315,6 +313,7 @@ void PackedAttentionForward(const PackedAttentionShape& shape, const float* qkv,
   }
   const int64_t items = batch * heads;
   const bool avx512 = UseAvx512Kernels();
+  const bool avx2 = !avx512 && UseAvx2Kernels();
 
 #pragma omp parallel if (flops > 2e6)
   {
@@ -337,6 +336,8 @@ void PackedAttentionForward(const PackedAttentionShape& shape, const float* qkv,
       }
       if (avx512) {
         HeadAvx512(g, task, &scratch);
+      } else if (avx2) {
+        AttentionHeadAvx2(g, task, &scratch.kt, &scratch.scores);
       } else {
         HeadPortable(g, task, &scratch.scores);
       }

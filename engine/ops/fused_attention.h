@@ -25,6 +25,10 @@ namespace attn {
 struct PackedAttentionShape {
   int64_t heads = 0;
   int64_t head_dim = 0;  // d; hidden H = heads * d
+  // The probabilities are rounded to bfloat16 before they multiply V (Precision::kBf16; the
+  // caller rounds Q, K and V), so P V takes bfloat16 inputs with fp32 accumulation like the
+  // linear layers. The returned probs/scores are the fp32 values before rounding.
+  bool bf16_products = false;
   int64_t hidden() const { return heads * head_dim; }
 };
 

@@ -11,6 +11,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "engine/half.h"
 #include "engine/ops/avx512_math.h"
 #include "engine/ops/cpu_kernels.h"
 
@@ -140,6 +141,51 @@ PreparedLinear PreparedLinear::Fp32Packed(const Tensor& weight, const Tensor& bi
   } catch (const dnnl::error&) {
     return Fp32View(weight, bias);  // no better layout available: read the tensor as it is
   }
+  return linear;
+}
+
+PreparedLinear PreparedLinear::Bf16(const Tensor& weight, const Tensor& bias) {
+  const int64_t N = weight.dim(0), K = weight.dim(1);
+  const dnnl::engine& engine = DnnlRuntime::Get().engine();
+  try {
+    const memory::desc any({K, N}, memory::data_type::bf16, memory::format_tag::any);
+    auto make_pd = [&](int64_t rows, const memory::desc& weights_desc) {
+      return dnnl::matmul::primitive_desc(
+          dnnl::matmul::desc(memory::desc({rows, K}, memory::data_type::bf16, memory::dims{K, 1}),
+                             weights_desc, RowMajorDesc({1, N}), RowMajorDesc({rows, N})),
+          engine);
+    };
+    const memory::desc packed_desc = make_pd(128, any).weights_desc();
+    // A reference kernel is a loop nest, slower than the emulation below.
+    bool usable = !absl::StartsWith(make_pd(128, packed_desc).impl_info_str(), "ref");
+    for (int64_t rows : {int64_t{1}, int64_t{4096}}) {
+      usable = usable && !absl::StartsWith(make_pd(rows, packed_desc).impl_info_str(), "ref");
+    }
+    if (usable) {
+      PreparedLinear linear;
+      linear.precision_ = Precision::kBf16;
+      linear.native_bf16_ = true;
+      linear.out_features_ = N;
+      linear.in_features_ = K;
+      linear.bias_ = bias.data();
+      std::shared_ptr<float> packed = PackedWeightSlab::Allocate(packed_desc.get_size());
+      memory src(StridedDesc({K, N}, {1, K}), engine, const_cast<float*>(weight.data()));
+      memory dst(packed_desc, engine, packed.get());
+      dnnl::stream stream(engine);
+      dnnl::reorder(src, dst).execute(stream, src, dst);  // f32 -> bf16, round to nearest even
+      stream.wait();
+      linear.packed_ = std::move(packed);
+      linear.weights_desc_ = packed_desc;
+      return linear;
+    }
+  } catch (const dnnl::error&) {
+    // unimplemented: no bf16 matmul on this CPU (oneDNN 2.6 needs AVX-512); emulate below
+  }
+  Tensor rounded(weight.shape());
+  RoundFloatsToBFloat16(weight.data(), weight.numel(), rounded.data());
+  PreparedLinear linear = Fp32Packed(rounded, bias);
+  linear.precision_ = Precision::kBf16;
+  if (linear.view_ != nullptr) linear.rounded_weights_ = std::move(rounded);  // the view's data
   return linear;
 }
 
@@ -406,6 +452,76 @@ void PreparedLinear::ForwardInt8(ExecContext& ctx, const Int8Input& input, int64
   }
 }
 
+namespace {
+
+template <typename Buffer>
+auto* Grow(Buffer& buffer, int64_t size) {
+  if (static_cast<int64_t>(buffer.size()) < size) buffer.resize(size);
+  return buffer.data();
+}
+
+using Bf16Buffer = std::vector<uint16_t, AlignedAllocator<uint16_t>>;
+
+// Apply()'s per-thread buffers: the converted input and the matmul output before its epilogue.
+struct LinearScratch {
+  FloatBuffer rounded_input;  // emulated bf16: x rounded to bfloat16
+  Bf16Buffer bf16_input;      // native bf16: x as bfloat16
+  Int8Input int8_input;       // int8: x quantised
+  Int32Buffer accumulators;   // int8: (rows, N)
+  FloatBuffer product;        // x · W^T + b before the residual + LayerNorm
+};
+
+LinearScratch& ThreadLinearScratch() {
+  thread_local LinearScratch scratch;
+  return scratch;
+}
+
+}  // namespace
+
+void PreparedLinear::Apply(ExecContext& ctx, const float* x, int64_t rows,
+                           const LinearOutput& output, float* y) const {
+  LinearScratch& scratch = ThreadLinearScratch();
+  const int64_t mrows = MatmulRows(rows), K = in_features_, N = out_features_;
+  if (precision_ == Precision::kInt8) {
+    QuantizeInput(x, rows, &scratch.int8_input);
+    int32_t* acc = Grow(scratch.accumulators, mrows * N);
+    ForwardInt8(ctx, scratch.int8_input, rows, acc);
+    const Int8Accumulators in{acc, scratch.int8_input.scales.data(), weight_scales(), bias_};
+    if (output.residual != nullptr) {
+      DequantizeAddLayerNormRows(in, output.residual, rows, N, output.gamma, output.beta,
+                                 output.eps, y);
+    } else if (output.epilogue == LinearEpilogue::kGelu) {
+      DequantizeGeluRows(in, rows, N, y);
+    } else {
+      DequantizeRows(in, rows, N, y);
+    }
+    return;
+  }
+  float* product = output.residual != nullptr ? Grow(scratch.product, mrows * N) : y;
+  if (precision_ == Precision::kBf16 && native_bf16_) {
+    ForwardBf16(ctx, x, rows, output.epilogue, product);
+  } else if (precision_ == Precision::kBf16) {
+    float* rounded = Grow(scratch.rounded_input, mrows * K);
+    RoundFloatsToBFloat16(x, mrows * K, rounded);
+    Forward(ctx, rounded, rows, output.epilogue, product);
+  } else {
+    Forward(ctx, x, rows, output.epilogue, product);
+  }
+  if (output.residual != nullptr) {
+    AddLayerNormRows(product, output.residual, rows, N, output.gamma, output.beta, output.eps, y);
+  }
+}
+
+void PreparedLinear::ForwardBf16(ExecContext& ctx, const float* x, int64_t rows,
+                                 LinearEpilogue epilogue, float* y) const {
+  const int64_t mrows = MatmulRows(rows), K = in_features_, N = out_features_;
+  uint16_t* x_bf16 = Grow(ThreadLinearScratch().bf16_input, mrows * K);
+  FloatsToBFloat16Bits(x, mrows * K, x_bf16);
+  RunMatmul(
+      ctx, absl::StrCat("bf16_linear_fwd:", mrows, "x", K, "x", N, ":", static_cast<int>(epilogue)),
+      memory::desc({mrows, K}, memory::data_type::bf16, memory::dims{K, 1}), x_bf16, epilogue, y);
+}
+
 const void* PreparedLinear::weights_data() const {
   if (precision_ == Precision::kInt8) return qweights_.data();
   return packed_ == nullptr ? static_cast<const void*>(view_) : packed_.get();
@@ -414,11 +530,16 @@ const void* PreparedLinear::weights_data() const {
 void PreparedLinear::Forward(ExecContext& ctx, const float* x, int64_t rows,
                              LinearEpilogue epilogue, float* y) const {
   const int64_t mrows = MatmulRows(rows), K = in_features_, N = out_features_;
-  const memory::desc x_desc = RowMajorDesc({mrows, K});
-  const memory::desc b_desc = RowMajorDesc({1, N});
-  const memory::desc y_desc = RowMajorDesc({mrows, N});
-  const std::string key = absl::StrCat("prepared_linear_fwd:", mrows, "x", K, "x", N, ":",
-                                       static_cast<int>(epilogue), packed() ? ":packed" : ":plain");
+  RunMatmul(ctx,
+            absl::StrCat("prepared_linear_fwd:", mrows, "x", K, "x", N, ":",
+                         static_cast<int>(epilogue), packed() ? ":packed" : ":plain"),
+            RowMajorDesc({mrows, K}), x, epilogue, y);
+}
+
+void PreparedLinear::RunMatmul(ExecContext& ctx, const std::string& key, const memory::desc& x_desc,
+                               const void* x, LinearEpilogue epilogue, float* y) const {
+  const memory::desc b_desc = RowMajorDesc({1, out_features_});
+  const memory::desc y_desc = RowMajorDesc({x_desc.dims()[0], out_features_});
   const CachedPrimitive cached = ctx.runtime().GetOrCreate(key, [&] {
     dnnl::post_ops post_ops;
     if (epilogue == LinearEpilogue::kGelu) {
@@ -433,7 +554,7 @@ void PreparedLinear::Forward(ExecContext& ctx, const float* x, int64_t rows,
                                     ctx.engine());
     return CachedPrimitive{dnnl::matmul(pd), pd.scratchpad_desc()};
   });
-  ctx.Execute(cached, {{DNNL_ARG_SRC, ctx.Wrap(x_desc, x)},
+  ctx.Execute(cached, {{DNNL_ARG_SRC, dnnl::memory(x_desc, ctx.engine(), const_cast<void*>(x))},
                        {DNNL_ARG_WEIGHTS, dnnl::memory(weights_desc_, ctx.engine(),
                                                        const_cast<void*>(weights_data()))},
                        {DNNL_ARG_BIAS, ctx.Wrap(b_desc, bias_)},

@@ -14,6 +14,15 @@
 //       2 * 127 * 127 < 2^15) and 0..255 with VNNI. The matmul gives s32 accumulators, which
 //       ForwardInt8 corrects for the zero points and the outliers; the row kernels
 //       (engine/ops/cpu_kernels.h) then apply the input and weight scales and the bias.
+// bf16 (Bf16): W converted to bfloat16 once; each call converts x to bfloat16 and runs a
+//       bf16 x bf16 -> fp32 matmul (fp32 accumulation, bias and GELU as post-ops). Where oneDNN
+//       has no bf16 matmul (CPUs without AVX-512: it reports "unimplemented" instead of
+//       emulating), W and x are rounded to bfloat16 values kept in fp32 and the fp32 matmul
+//       runs: a product of two bfloat16 values is exact in fp32, so this computes the same as
+//       the native kernel up to the order of the fp32 sums.
+//
+// Apply() is the one entry point of the forward: the precision is the layer's business, and
+// the caller only says what happens to the product (bias, then GELU or residual + LayerNorm).
 //
 // Row counts are rounded up (MatmulRows) so a server seeing every batch size builds a bounded
 // set of primitives; callers size their buffers with MatmulRows(M) rows.
@@ -22,6 +31,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "engine/dnnl_context.h"
@@ -58,6 +68,23 @@ struct Int8Input {
 // hold finite values; the same rows of an output are meaningless.
 int64_t MatmulRows(int64_t rows);
 
+// What Apply() does with the product x · W^T + b before storing it in y.
+struct LinearOutput {
+  LinearEpilogue epilogue = LinearEpilogue::kNone;  // kNone or kGelu
+  // When residual is set: y = LayerNorm(residual + x · W^T + b) * gamma + beta.
+  const float* residual = nullptr;  // (rows, N)
+  const float* gamma = nullptr;     // (N)
+  const float* beta = nullptr;      // (N)
+  float eps = 0.0f;
+
+  static LinearOutput Plain() { return {}; }
+  static LinearOutput Gelu() { return {LinearEpilogue::kGelu}; }
+  static LinearOutput AddLayerNorm(const float* residual, const float* gamma, const float* beta,
+                                   float eps) {
+    return {LinearEpilogue::kNone, residual, gamma, beta, eps};
+  }
+};
+
 class PreparedLinear {
  public:
   PreparedLinear() = default;
@@ -70,6 +97,8 @@ class PreparedLinear {
   // int8 per-output-channel quantisation (see above), for inputs quantised by QuantizeInput
   // (outliers apart, so it also keeps an fp32 W^T for them). `bias` is read in place.
   static PreparedLinear Int8Outliers(const Tensor& weight, const Tensor& bias);
+  // bfloat16 weights (see above): native where oneDNN has a bf16 matmul, else emulated.
+  static PreparedLinear Bf16(const Tensor& weight, const Tensor& bias);
 
   Precision precision() const { return precision_; }
   int64_t in_features() const { return in_features_; }                  // K
@@ -78,8 +107,19 @@ class PreparedLinear {
   const float* weight_scales() const { return scales_.data(); }         // int8: (N)
   const int8_t* quantized_weights() const { return qweights_.data(); }  // int8: (N, K)
   bool packed() const { return packed_ != nullptr; }
+  // bf16: whether oneDNN runs a bf16 matmul (false: bf16-rounded values in the fp32 matmul).
+  bool native_bf16() const { return native_bf16_; }
 
-  // fp32: y (rows, N) = epilogue(x (rows, K) · W^T + b). x and y hold MatmulRows(rows) rows.
+  // y (rows, N) = output(x (rows, K) · W^T + b) at the layer's precision. x holds
+  // MatmulRows(rows) rows (the padding rows finite); y holds MatmulRows(rows) rows, of which
+  // the first `rows` are written. y must not alias x. Per-thread scratch: concurrent calls
+  // from different threads are safe.
+  void Apply(ExecContext& ctx, const float* x, int64_t rows, const LinearOutput& output,
+             float* y) const;
+
+  // The kernels Apply() runs, public for tests.
+  // fp32 (and emulated bf16): y (rows, N) = epilogue(x (rows, K) · W^T + b). x and y hold
+  // MatmulRows(rows) rows.
   void Forward(ExecContext& ctx, const float* x, int64_t rows, LinearEpilogue epilogue,
                float* y) const;
   // int8: quantises x (rows, K) into `input` (buffers grown as needed, padding rows
@@ -94,11 +134,19 @@ class PreparedLinear {
   const float* bias_ = nullptr;
   // The weights oneDNN reads: the view, or packed_, or qweights_.
   const void* weights_data() const;
+  // Native bf16: y = epilogue(bf16(x) · W^T + b), W already bf16.
+  void ForwardBf16(ExecContext& ctx, const float* x, int64_t rows, LinearEpilogue epilogue,
+                   float* y) const;
+  // The cached matmul (primitive `key`) y (rows, N) = epilogue(x · W^T + b), x of x_desc.
+  void RunMatmul(ExecContext& ctx, const std::string& key, const dnnl::memory::desc& x_desc,
+                 const void* x, LinearEpilogue epilogue, float* y) const;
 
   dnnl::memory::desc weights_desc_;  // (K, N) as oneDNN reads it
   const float* view_ = nullptr;      // fp32 view: the caller's (N, K) tensor
   // Packed fp32 weights: a slice of a slab shared with other layers' (see PackedWeightSlab).
-  std::shared_ptr<const float> packed_;
+  std::shared_ptr<const float> packed_;  // fp32, or bf16 bits when native_bf16_
+  bool native_bf16_ = false;
+  Tensor rounded_weights_;  // emulated bf16: W rounded to bfloat16 (the view or packing source)
   Int8Buffer qweights_;
   std::vector<float> scales_;
   float input_level_ = 127.0f;         // L_in, the largest input level

@@ -30,8 +30,10 @@ ABSL_FLAG(int, max_length, 0,
 ABSL_FLAG(int, batch_size, 32, "Lines encoded together in one packed forward pass.");
 ABSL_FLAG(int, threads, 0, "OpenMP threads for oneDNN; 0 = all cores.");
 ABSL_FLAG(std::string, precision, "fp32",
-          "fp32, or int8 (linear layers quantised at load: faster, pooled cosine to fp32 "
-          ">= 0.995).");
+          "fp32; int8 (linear layers quantised at load: faster, pooled cosine to fp32 "
+          ">= 0.995); bf16 (every matmul on bfloat16 inputs, fp32 accumulation: fast on CPUs "
+          "with avx512_bf16/AMX, emulated elsewhere; cosine >= 0.999); auto (bf16 where "
+          "native, else fp32).");
 ABSL_FLAG(bool, tokens, false, "Also print each line's tokens and ids.");
 ABSL_FLAG(std::string, log_level, "warning", "Log level: debug, info, warning, error.");
 
@@ -62,7 +64,7 @@ int main(int argc, char** argv) {
 
   attn::ModelOptions model_options;
   if (!attn::ParsePrecision(absl::GetFlag(FLAGS_precision), &model_options.precision)) {
-    return Fail("--precision must be fp32 or int8");
+    return Fail("--precision must be fp32, int8, bf16 or auto");
   }
   model_options.warm_up = false;  // one pass over stdin: nothing to gain from warming up
   auto model = attn::Model::Load(absl::GetFlag(FLAGS_model_dir), model_options);

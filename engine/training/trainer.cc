@@ -6,7 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "engine/ops/pooling.h"
-#include "engine/training/encoder_backward.h"
+#include "engine/training/encoder_training.h"
 
 namespace attn {
 namespace {

@@ -13,7 +13,7 @@
 #include "absl/status/statusor.h"
 #include "engine/encoder.h"
 #include "engine/model.h"
-#include "engine/training/encoder_backward.h"
+#include "engine/training/encoder_training.h"
 #include "engine/training/losses.h"
 #include "engine/training/optimizer.h"
 

@@ -24,7 +24,7 @@
 #include "engine/model.h"
 #include "engine/ops/pooling.h"
 #include "engine/safetensors.h"
-#include "engine/training/encoder_backward.h"
+#include "engine/training/encoder_training.h"
 #include "engine/training/losses.h"
 #include "nlohmann/json.hpp"
 #include "tests/test_model.h"

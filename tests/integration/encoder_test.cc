@@ -3,11 +3,13 @@
 // Tolerances: tokens identical, hidden states <= 1e-4, pooled embedding within 2e-6 (max abs,
 // the golden parity test's bound) and cosine >= 0.99999.
 #include <gtest/gtest.h>
+#include <sys/wait.h>
 
 #include <algorithm>
 #include <cmath>
 #include <vector>
 
+#include "engine/precision.h"
 #include "engine/safetensors.h"
 #include "tests/integration/harness.h"
 
@@ -441,6 +443,64 @@ TEST_F(EncoderTest, TokenIdsInputEqualsText) {
     EXPECT_GE(Cosine(b, c.pooled), kPooledMinCosine) << name;
     EXPECT_LE(MaxAbsDiff(a, b), 1e-5) << name;
   }
+}
+
+// --precision bf16 on the real server: served (GetModelInfo and attnserve_model_info say
+// bfloat16) where the CPU has bf16 instructions; elsewhere refused at start with exit code 2 and
+// a message naming the way out, unless --allow-slow-precision. Either way the pooled embeddings
+// of the golden cases stay within cosine 0.999 of Hugging Face's.
+TEST(PrecisionFlagTest, Bf16IsServedOrRefusedAsTheCpuAllows) {
+  const bool native = CpuHasNativeBf16();
+  std::string error;
+  if (!native) {
+    ServerProcess refused({"--precision=bf16"});
+    ASSERT_TRUE(refused.Start(&error)) << error;
+    int wait_status = 0;
+    ASSERT_TRUE(refused.process().WaitExit(ScaledSeconds(60), &wait_status))
+        << "the server did not refuse --precision bf16 on a CPU without bf16";
+    EXPECT_TRUE(WIFEXITED(wait_status) && WEXITSTATUS(wait_status) == 2)
+        << refused.process().ExitDescription();
+    const std::string log = refused.process().LogTail();
+    EXPECT_NE(log.find("--allow-slow-precision"), std::string::npos) << log;
+    EXPECT_NE(log.find("bfloat16"), std::string::npos) << log;
+  }
+  std::vector<std::string> flags = {"--precision=bf16"};
+  if (!native) flags.push_back("--allow-slow-precision");
+  ServerProcess server(flags);
+  ASSERT_TRUE(server.StartAndWait(ScaledSeconds(120), &error)) << error;
+  auto stub = server.NewStub();
+  grpc::ClientContext info_context;
+  pb::ModelInfo info;
+  ASSERT_TRUE(stub->GetModelInfo(&info_context, pb::GetModelInfoRequest(), &info).ok());
+  EXPECT_EQ(info.precision(), "bfloat16");
+  EXPECT_EQ(ScrapeOrFail(server).Sum("attnserve_model_info", {{"precision", "bfloat16"}}), 1);
+
+  const std::vector<const GoldenCase*> cases = RightTruncated512Cases();
+  pb::EncodeRequest request;
+  for (const GoldenCase* c : cases) *request.add_inputs() = GoldenInput(*c);
+  *request.mutable_tokenization() = GoldenTokenization(*cases[0]);
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + ScaledSeconds(60));
+  pb::EncodeResponse response;
+  const grpc::Status status = stub->Encode(&context, request, &response);
+  ASSERT_TRUE(status.ok()) << StatusString(status);
+  ASSERT_EQ(response.results_size(), static_cast<int>(cases.size()));
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const auto& embedding = response.results(static_cast<int>(i)).embedding();
+    const std::vector<float> pooled(embedding.begin(), embedding.end());
+    EXPECT_GE(Cosine(pooled, cases[i]->pooled), 0.999) << cases[i]->name;
+  }
+}
+
+// --precision auto picks bfloat16 exactly where the CPU has it, and never needs the override.
+TEST(PrecisionFlagTest, AutoPicksBf16OnlyWhereTheCpuHasIt) {
+  ServerProcess server({"--precision=auto"});
+  std::string error;
+  ASSERT_TRUE(server.StartAndWait(ScaledSeconds(120), &error)) << error;
+  grpc::ClientContext context;
+  pb::ModelInfo info;
+  ASSERT_TRUE(server.NewStub()->GetModelInfo(&context, pb::GetModelInfoRequest(), &info).ok());
+  EXPECT_EQ(info.precision(), CpuHasNativeBf16() ? "bfloat16" : "float32");
 }
 
 }  // namespace

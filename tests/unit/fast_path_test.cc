@@ -1,7 +1,7 @@
 // The inference fast path's kernels against naive double-precision loops: packed attention over
-// variable-length sequences (AVX-512 and portable code), LayerNorm with the residual fused,
+// variable-length sequences (AVX-512, AVX2 and portable code), LayerNorm with the residual fused,
 // the int8 epilogues, and the prepared fp32 (view, packed) linear layers; the int8 linear
-// layers are tested in int8_encoder_test.cc.
+// layers are tested in precision_encoder_test.cc.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "engine/dnnl_context.h"
+#include "engine/half.h"
 #include "engine/ops/cpu_kernels.h"
 #include "engine/ops/fused_attention.h"
 #include "engine/ops/prepared_linear.h"
@@ -24,14 +25,22 @@ namespace {
 using testing::MaxAbsDiff;
 using testing::RandomTensor;
 
-// Runs each test body with the AVX-512 kernels (when the CPU has them) and the portable loops.
-class KernelPathTest : public ::testing::TestWithParam<bool> {
+enum class KernelPath { kAvx512, kAvx2, kPortable };
+
+// Runs each test body with the AVX-512 kernels, the AVX2 ones (each when the CPU has them; ops
+// without an AVX2 kernel run their portable loops there) and the portable loops.
+class KernelPathTest : public ::testing::TestWithParam<KernelPath> {
  protected:
   void SetUp() override {
-    if (GetParam()) ATTN_SKIP_UNLESS_CPU_HAS("Avx512", UseAvx512Kernels());
-    SetAvx512KernelsEnabledForTesting(GetParam());
+    if (GetParam() == KernelPath::kAvx512) ATTN_SKIP_UNLESS_CPU_HAS("Avx512", UseAvx512Kernels());
+    if (GetParam() == KernelPath::kAvx2) ATTN_SKIP_UNLESS_CPU_HAS("Avx2", UseAvx2Kernels());
+    SetAvx512KernelsEnabledForTesting(GetParam() == KernelPath::kAvx512);
+    SetAvx2KernelsEnabledForTesting(GetParam() == KernelPath::kAvx2);
   }
-  void TearDown() override { SetAvx512KernelsEnabledForTesting(true); }
+  void TearDown() override {
+    SetAvx512KernelsEnabledForTesting(true);
+    SetAvx2KernelsEnabledForTesting(true);
+  }
 };
 
 TEST_P(KernelPathTest, PackedAttentionMatchesNaivePerSequence) {
@@ -80,6 +89,74 @@ TEST_P(KernelPathTest, PackedAttentionMatchesNaivePerSequence) {
     PackedAttentionForward({heads, d}, qkv.data(), offsets, context_only.data(), nullptr);
     EXPECT_LT(MaxAbsDiff(context_only.data(), ref_context), 2e-5);
   }
+}
+
+// bf16_products: P is rounded to bfloat16 before P V (the AVX-512 path rounds the unnormalised
+// exponentials, the portable one the probabilities: one bf16 step apart at most). The context is
+// checked against a double reference that multiplies V by bf16(P), with a bound of two bf16 steps
+// of sum_j P_j |V_j|, and must differ from the fp32 context (the rounding happened); the returned
+// probabilities stay the fp32 ones.
+TEST_P(KernelPathTest, PackedAttentionWithBf16ProductsRoundsTheProbabilities) {
+  const int64_t heads = 2, d = 32, H = heads * d;
+  const std::vector<int64_t> lengths = {5, 19, 40};
+  std::vector<int64_t> offsets = {0};
+  for (int64_t T : lengths) offsets.push_back(offsets.back() + T);
+  const int64_t M = offsets.back();
+  std::mt19937 rng(5);
+  const Tensor qkv = RandomTensor({M, 3 * H}, rng, 1.0f);
+  Tensor context({M, H}), fp32_context({M, H});
+  std::vector<Tensor> probs;
+  PackedAttentionOutputs outputs;
+  for (int64_t T : lengths) {
+    probs.emplace_back(std::vector<int64_t>{heads, T, T});
+    outputs.probs.push_back(probs.back().data());
+  }
+  PackedAttentionShape shape{heads, d};
+  PackedAttentionForward(shape, qkv.data(), offsets, fp32_context.data(), nullptr);
+  shape.bf16_products = true;
+  PackedAttentionForward(shape, qkv.data(), offsets, context.data(), &outputs);
+  auto bf16 = [](double v) {
+    return double{BFloat16BitsToFloat(FloatToBFloat16Bits(static_cast<float>(v)))};
+  };
+  double worst_excess = 0, rounding_effect = 0;
+  for (size_t b = 0; b < lengths.size(); ++b) {
+    const int64_t T = lengths[b];
+    const float* seq = qkv.data() + offsets[b] * 3 * H;
+    for (int64_t h = 0; h < heads; ++h) {
+      for (int64_t i = 0; i < T; ++i) {
+        std::vector<double> p(T);
+        double max = -1e300, sum = 0;
+        for (int64_t j = 0; j < T; ++j) {
+          double dot = 0;
+          for (int64_t k = 0; k < d; ++k) {
+            dot += double{seq[i * 3 * H + h * d + k]} * seq[j * 3 * H + H + h * d + k];
+          }
+          p[j] = dot / std::sqrt(double(d));
+          max = std::max(max, p[j]);
+        }
+        for (int64_t j = 0; j < T; ++j) sum += (p[j] = std::exp(p[j] - max));
+        for (int64_t j = 0; j < T; ++j) {
+          p[j] /= sum;
+          ASSERT_NEAR(probs[b].data()[(h * T + i) * T + j], p[j], 2e-6);
+        }
+        for (int64_t k = 0; k < d; ++k) {
+          double expected = 0, magnitude = 0;
+          for (int64_t j = 0; j < T; ++j) {
+            const double v = seq[j * 3 * H + 2 * H + h * d + k];
+            expected += bf16(p[j]) * v;
+            magnitude += p[j] * std::fabs(v);
+          }
+          const int64_t at = (offsets[b] + i) * H + h * d + k;
+          const double error = std::fabs(context.data()[at] - expected);
+          worst_excess = std::max(worst_excess, error - (2e-5 + magnitude / 128.0));
+          rounding_effect = std::max(
+              rounding_effect, double{std::fabs(context.data()[at] - fp32_context.data()[at])});
+        }
+      }
+    }
+  }
+  EXPECT_LE(worst_excess, 0.0);
+  EXPECT_GT(rounding_effect, 1e-5) << "the probabilities were not rounded";
 }
 
 TEST_P(KernelPathTest, AddLayerNormMatchesNaive) {
@@ -184,9 +261,13 @@ TEST_P(KernelPathTest, Int8EpiloguesMatchNaive) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Paths, KernelPathTest, ::testing::Values(true, false),
-                         [](const ::testing::TestParamInfo<bool>& info) {
-                           return info.param ? "Avx512" : "Portable";
+INSTANTIATE_TEST_SUITE_P(Paths, KernelPathTest,
+                         ::testing::Values(KernelPath::kAvx512, KernelPath::kAvx2,
+                                           KernelPath::kPortable),
+                         [](const ::testing::TestParamInfo<KernelPath>& info) {
+                           return info.param == KernelPath::kAvx512 ? "Avx512"
+                                  : info.param == KernelPath::kAvx2 ? "Avx2"
+                                                                    : "Portable";
                          });
 
 TEST(MatmulRowsTest, PadsAtMostAnEighthWithFewShapes) {

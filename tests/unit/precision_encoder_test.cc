@@ -1,6 +1,7 @@
-// The int8 encoder (ModelOptions::precision = kInt8) against the fp32 one on the real
-// all-MiniLM-L6-v2 weights: pooled-embedding cosine over a few hundred generated sentences,
-// attention maps, and the fast path's primitive reuse.
+// The int8 and bf16 encoders (ModelOptions::precision) against the fp32 one on the real
+// all-MiniLM-L6-v2 weights: pooled-embedding cosine over a few hundred generated sentences and
+// the benchmark's 256-sentence cosine set, attention maps, the fast path's primitive reuse, and
+// the bf16 linear layer against a double-precision reference.
 #include <gtest/gtest.h>
 #include <omp.h>
 
@@ -8,12 +9,14 @@
 #include <cctype>
 #include <cmath>
 #include <cstdio>
+#include <fstream>
 #include <random>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "engine/dnnl_context.h"
+#include "engine/half.h"
 #include "engine/model.h"
 #include "engine/ops/cpu_kernels.h"
 #include "engine/ops/prepared_linear.h"
@@ -170,15 +173,26 @@ std::vector<std::string> MakeServiceSentences(int count) {
   return sentences;
 }
 
+// The 256 sentences of the benchmark's cosine rows (tests/data/make_harness_sentences.py).
+std::vector<std::string> HarnessCosineSentences() {
+  std::ifstream file(std::string(ATTN_TEST_DATA_DIR) + "/harness_cosine_sentences.txt");
+  EXPECT_TRUE(file.good()) << "missing tests/data/harness_cosine_sentences.txt";
+  std::vector<std::string> sentences;
+  for (std::string line; std::getline(file, line);) sentences.push_back(line);
+  EXPECT_EQ(sentences.size(), 256u);
+  return sentences;
+}
+
 class Int8EncoderTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    ASSERT_TRUE(testing::TestModel().ok()) << testing::TestModel().status();
-    ASSERT_TRUE(testing::TestModel(Precision::kInt8).ok())
-        << testing::TestModel(Precision::kInt8).status();
+    for (Precision precision : {Precision::kFp32, Precision::kInt8, Precision::kBf16}) {
+      ASSERT_TRUE(testing::TestModel(precision).ok()) << testing::TestModel(precision).status();
+    }
   }
   static const Model& fp32() { return **testing::TestModel(); }
   static const Model& int8() { return **testing::TestModel(Precision::kInt8); }
+  static const Model& bf16() { return **testing::TestModel(Precision::kBf16); }
 
   static std::vector<SequenceInput> Tokenize(const std::vector<std::string>& texts) {
     std::vector<SequenceInput> batch;
@@ -195,10 +209,12 @@ class Int8EncoderTest : public ::testing::Test {
     std::string worst;
     int64_t tokens = 0;
   };
-  // Pooled-embedding cosine of int8 to fp32 over `sentences` (at most max_tokens tokens each;
-  // longer ones are skipped, as the benchmark's cosine set does), in batches of 32.
+  // Pooled-embedding cosine of `model` (int8 by default) to fp32 over `sentences` (at most
+  // max_tokens tokens each; longer ones are skipped, as the benchmark's cosine set does), in
+  // batches of 32.
   static CosineStats CompareToFp32(const std::vector<std::string>& sentences,
-                                   size_t max_tokens = 512) {
+                                   size_t max_tokens = 512, const Model* model = nullptr) {
+    if (model == nullptr) model = &int8();
     const ForwardOptions options = fp32().DefaultForwardOptions();  // mean pooling, normalised
     CosineStats stats;
     std::vector<std::string> kept;
@@ -214,7 +230,7 @@ class Int8EncoderTest : public ::testing::Test {
       const std::vector<SequenceInput> batch = Tokenize(chunk);
       for (const SequenceInput& seq : batch) stats.tokens += seq.token_ids.size();
       auto reference = fp32().Forward(batch, options);
-      auto quantised = int8().Forward(batch, options);
+      auto quantised = model->Forward(batch, options);
       EXPECT_TRUE(reference.ok()) << reference.status();
       EXPECT_TRUE(quantised.ok()) << quantised.status();
       if (!reference.ok() || !quantised.ok()) return stats;
@@ -237,9 +253,9 @@ class Int8EncoderTest : public ::testing::Test {
       }
     }
     stats.mean = kept.empty() ? 0.0 : sum / kept.size();
-    std::printf(
-        "int8 vs fp32 pooled cosine over %zu sentences (%lld tokens): min %.5f, mean %.5f\n",
-        kept.size(), static_cast<long long>(stats.tokens), stats.min, stats.mean);
+    std::printf("%s vs fp32 pooled cosine over %zu sentences (%lld tokens): min %.6f, mean %.6f\n",
+                PrecisionName(model->precision()), kept.size(),
+                static_cast<long long>(stats.tokens), stats.min, stats.mean);
     return stats;
   }
 };
@@ -254,7 +270,37 @@ TEST_F(Int8EncoderTest, ReportsItsPrecision) {
   EXPECT_EQ(parsed, Precision::kInt8);
   EXPECT_TRUE(ParsePrecision("fp32", &parsed));
   EXPECT_EQ(parsed, Precision::kFp32);
-  EXPECT_FALSE(ParsePrecision("bf16", &parsed));
+  EXPECT_EQ(bf16().precision(), Precision::kBf16);
+  EXPECT_STREQ(PrecisionName(bf16().precision()), "bfloat16");
+  EXPECT_TRUE(ParsePrecision("bf16", &parsed));
+  EXPECT_EQ(parsed, Precision::kBf16);
+  EXPECT_TRUE(ParsePrecision("bfloat16", &parsed));
+  EXPECT_EQ(parsed, Precision::kBf16);
+  EXPECT_TRUE(ParsePrecision("auto", &parsed));
+  EXPECT_EQ(parsed, CpuHasNativeBf16() ? Precision::kBf16 : Precision::kFp32);
+  EXPECT_EQ(SlowPrecisionReason(Precision::kBf16).empty(), CpuHasNativeBf16());
+  EXPECT_TRUE(SlowPrecisionReason(Precision::kFp32).empty());
+  EXPECT_FALSE(ParsePrecision("fp16", &parsed));
+}
+
+// bf16 rounds every matmul input to 8 significant bits; on all-MiniLM-L6-v2 the pooled cosine
+// to fp32 stays above 0.9995 (measured min on this set is printed).
+TEST_F(Int8EncoderTest, Bf16PooledEmbeddingsStayWithinCosine0999OfFp32) {
+  const CosineStats stats = CompareToFp32(MakeSentences(256), 512, &bf16());
+  EXPECT_GE(stats.min, 0.999) << "worst sentence: " << stats.worst;
+  EXPECT_GE(stats.mean, 0.9995);
+}
+
+TEST_F(Int8EncoderTest, Bf16OnTheBenchmarksCosineSentencesStaysWithinCosine0999OfFp32) {
+  const CosineStats stats = CompareToFp32(HarnessCosineSentences(), 128, &bf16());
+  EXPECT_GE(stats.min, 0.999) << "worst sentence: " << stats.worst;
+  EXPECT_GE(stats.mean, 0.9995);
+}
+
+TEST_F(Int8EncoderTest, Int8OnTheBenchmarksCosineSentencesStaysWithinCosine0995OfFp32) {
+  const CosineStats stats = CompareToFp32(HarnessCosineSentences(), 128);
+  EXPECT_GE(stats.min, 0.995) << "worst sentence: " << stats.worst;
+  EXPECT_GE(stats.mean, 0.997);
 }
 
 TEST_F(Int8EncoderTest, PooledEmbeddingsStayWithinCosine0995OfFp32) {
@@ -272,20 +318,23 @@ TEST_F(Int8EncoderTest, MixedLengthPooledEmbeddingsStayWithinCosine0995OfFp32) {
   EXPECT_GE(stats.mean, 0.997);
 }
 
-TEST_F(Int8EncoderTest, AttentionProbabilitiesStayClose) {
-  const std::vector<SequenceInput> batch = Tokenize(MakeSentences(6));
-  ForwardOptions options = fp32().DefaultForwardOptions();
+// Attention probabilities of `model` vs fp32: max and mean |difference| over 6 sentences.
+std::pair<double, double> AttentionDifference(const Model& fp32, const Model& model,
+                                              const std::vector<SequenceInput>& batch) {
+  ForwardOptions options = fp32.DefaultForwardOptions();
   options.attention_layers = {0, 1, 2, 3, 4, 5};
-  auto reference = fp32().Forward(batch, options);
-  auto quantised = int8().Forward(batch, options);
-  ASSERT_TRUE(reference.ok() && quantised.ok());
+  auto reference = fp32.Forward(batch, options);
+  auto quantised = model.Forward(batch, options);
+  EXPECT_TRUE(reference.ok() && quantised.ok());
+  if (!reference.ok() || !quantised.ok()) return {1e9, 1e9};
   double worst = 0, total = 0;
   int64_t count = 0;
   for (int layer = 0; layer < 6; ++layer) {
     for (size_t b = 0; b < batch.size(); ++b) {
       const Tensor& p = reference->Attention(layer)->sequences[b].probs;
       const Tensor& q = quantised->Attention(layer)->sequences[b].probs;
-      ASSERT_EQ(p.shape(), q.shape());
+      EXPECT_EQ(p.shape(), q.shape());
+      if (p.shape() != q.shape()) return {1e9, 1e9};
       for (int64_t i = 0; i < p.numel(); ++i) {
         const double diff = std::abs(double{p.data()[i]} - q.data()[i]);
         worst = std::max(worst, diff);
@@ -294,10 +343,21 @@ TEST_F(Int8EncoderTest, AttentionProbabilitiesStayClose) {
       }
     }
   }
-  std::printf("int8 vs fp32 attention probabilities: max |diff| %.4f, mean |diff| %.6f\n", worst,
-              total / count);
+  std::printf("%s vs fp32 attention probabilities: max |diff| %.4f, mean |diff| %.6f\n",
+              PrecisionName(model.precision()), worst, total / count);
+  return {worst, total / count};
+}
+
+TEST_F(Int8EncoderTest, AttentionProbabilitiesStayClose) {
+  const auto [worst, mean] = AttentionDifference(fp32(), int8(), Tokenize(MakeSentences(6)));
   EXPECT_LT(worst, 0.2);
-  EXPECT_LT(total / count, 1.5e-3);
+  EXPECT_LT(mean, 1.5e-3);
+}
+
+TEST_F(Int8EncoderTest, Bf16AttentionProbabilitiesStayClose) {
+  const auto [worst, mean] = AttentionDifference(fp32(), bf16(), Tokenize(MakeSentences(6)));
+  EXPECT_LT(worst, 0.1);
+  EXPECT_LT(mean, 1e-3);
 }
 
 TEST_F(Int8EncoderTest, PackedFp32EqualsTheUnpackedReferencePath) {
@@ -318,7 +378,7 @@ TEST_F(Int8EncoderTest, PackedFp32EqualsTheUnpackedReferencePath) {
 }
 
 TEST_F(Int8EncoderTest, SecondForwardOfTheSameShapesBuildsNoPrimitive) {
-  for (const Model* model : {&fp32(), &int8()}) {
+  for (const Model* model : {&fp32(), &int8(), &bf16()}) {
     // 3 x 40 tokens = 120 rows; a second batch of 5 x 23 = 115 rows shares its MatmulRows
     // bucket (120), so it must not build anything either.
     std::vector<SequenceInput> batch(3), other(5);
@@ -439,6 +499,48 @@ INSTANTIATE_TEST_SUITE_P(Paths, Int8OutliersTest, ::testing::Values(true, false)
                          [](const ::testing::TestParamInfo<bool>& info) {
                            return info.param ? "Avx512" : "Portable";
                          });
+
+// PreparedLinear::Bf16 (native or emulated, whichever this CPU gets) against a double-precision
+// sum of the bf16-rounded products: a product of two bfloat16 values is exact in fp32, so the
+// only difference left is the order of the fp32 sums (well under K ulp of the sum of |terms|; a
+// missing rounding would be off by ~2^-9 of each term).
+TEST(Bf16LinearTest, EqualsTheRoundedProductsSummedInDouble) {
+  const int64_t K = 384, N = 96;
+  std::mt19937 rng(11);
+  std::normal_distribution<float> normal;
+  Tensor weight({N, K}), bias({N});
+  for (int64_t i = 0; i < weight.numel(); ++i) weight.data()[i] = 0.05f * normal(rng);
+  for (int64_t i = 0; i < N; ++i) bias.data()[i] = normal(rng);
+  const PreparedLinear linear = PreparedLinear::Bf16(weight, bias);
+  EXPECT_EQ(linear.precision(), Precision::kBf16);
+  std::printf("bf16 linear: %s\n", linear.native_bf16() ? "native oneDNN bf16 matmul"
+                                                        : "emulated (bf16-rounded fp32 matmul)");
+  ExecContext ctx;
+  auto bf16 = [](float v) { return BFloat16BitsToFloat(FloatToBFloat16Bits(v)); };
+  for (const bool gelu : {false, true}) {
+    for (const int64_t rows : {int64_t{1}, int64_t{13}, int64_t{100}}) {
+      const int64_t mrows = MatmulRows(rows);
+      std::vector<float> x(mrows * K, 0.0f), residual(mrows * N), gamma(N), beta(N);
+      for (int64_t i = 0; i < rows * K; ++i) x[i] = normal(rng);
+      std::vector<float> y(mrows * N);
+      linear.Apply(ctx, x.data(), rows, gelu ? LinearOutput::Gelu() : LinearOutput::Plain(),
+                   y.data());
+      for (int64_t m = 0; m < rows; ++m) {
+        for (int64_t n = 0; n < N; ++n) {
+          double sum = bias.data()[n], magnitude = std::fabs(bias.data()[n]);
+          for (int64_t k = 0; k < K; ++k) {
+            const double term = double{bf16(x[m * K + k])} * bf16(weight.data()[n * K + k]);
+            sum += term;
+            magnitude += std::fabs(term);
+          }
+          const double expected = gelu ? 0.5 * sum * (1.0 + std::erf(sum / std::sqrt(2.0))) : sum;
+          ASSERT_NEAR(y[m * N + n], expected, 1e-6 + 1e-5 * magnitude)
+              << "gelu " << gelu << " row " << m << " col " << n;
+        }
+      }
+    }
+  }
+}
 
 }  // namespace
 }  // namespace attn

@@ -2,7 +2,7 @@
 // L = sum(d_fixed * output), with and without dropout (masks are a pure function of the seed
 // and step, so the perturbed forwards see the same masks). Parity with PyTorch autograd on the
 // real weights lives in tests/golden.
-#include "engine/training/encoder_backward.h"
+#include "engine/training/encoder_training.h"
 
 #include <gtest/gtest.h>
 

@@ -1,4 +1,4 @@
-#include "engine/training/encoder_backward.h"
+#include "engine/training/encoder_training.h"
 
 #include <algorithm>
 #include <cstring>

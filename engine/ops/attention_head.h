@@ -1,0 +1,55 @@
+// One (sequence, head) work item of the packed inference attention
+// (engine/ops/fused_attention.h), and the per-ISA kernels outside fused_attention.cc that
+// compute it:
+//   scores (T, T) = Q K^T * scale;  probs = softmax(scores);  context (T, d) = probs V
+// (probs rounded to bfloat16 before P V when bf16_products is set).
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+
+#include "engine/tensor.h"
+
+namespace attn {
+
+struct AttentionHeadTask {
+  const float* q;  // (T, d), row stride ld_qkv
+  const float* k;  // (T, d)
+  const float* v;  // (T, d)
+  int64_t tokens;  // T
+  float* context;  // (T, d), row stride ld_context
+  float* probs;    // (T, T) or null
+  float* scores;   // (T, T) or null
+};
+
+struct AttentionHeadGeometry {
+  int64_t head_dim;    // d
+  int64_t ld_qkv;      // 3H
+  int64_t ld_context;  // H
+  float scale;         // 1 / sqrt(d)
+  bool bf16_products;  // round P to bfloat16 before P V
+};
+
+// s[0, T) = softmax(s[0, T)) in place: exp(s - max) / sum, in fp32 (the portable and AVX2
+// kernels' softmax).
+inline void SoftmaxRowInPlace(float* s, int64_t T) {
+  float max = -std::numeric_limits<float>::infinity();
+  for (int64_t j = 0; j < T; ++j) max = std::max(max, s[j]);
+  float sum = 0.0f;
+  for (int64_t j = 0; j < T; ++j) {
+    s[j] = std::exp(s[j] - max);
+    sum += s[j];
+  }
+  const float inv = 1.0f / sum;
+  for (int64_t j = 0; j < T; ++j) s[j] *= inv;
+}
+
+// AVX2 + FMA (engine/ops/avx2_attention.cc): the portable formulas with K transposed into
+// `keys_t` so the score and context products run 8 lanes wide; only when UseAvx2Kernels().
+// keys_t and row are per-thread scratch (grown as needed).
+void AttentionHeadAvx2(const AttentionHeadGeometry& g, const AttentionHeadTask& t,
+                       FloatBuffer* keys_t, FloatBuffer* row);
+
+}  // namespace attn
