@@ -362,6 +362,20 @@ void AggregateWords(const Encoding& e, TextAttribution* t) {
 
 }  // namespace
 
+int64_t AttributionCostTokens(const BertConfig& config, const AttributionOptions& options,
+                              int64_t tokens_a, int64_t tokens_b) {
+  const int64_t m = options.method == AttributionMethod::kGradientXInput ? 1 : options.steps;
+  const int L = std::max(1, config.num_hidden_layers);
+  const int64_t tail = config.num_hidden_layers - options.layer;  // layers after the point
+  int64_t cost = 0;
+  for (const int64_t T : {tokens_a, tokens_b}) {
+    cost += 2 * T + 2 * T * tail / L;  // HiddenAtLayer (text + baseline) and the end points
+    cost += 3 * m * T * tail / L;      // the path: forward + input backward
+    if (options.method == AttributionMethod::kPairwise) cost += m * T * T * tail / L;
+  }
+  return cost;
+}
+
 std::vector<WordSpan> WordSpansOf(const Encoding& e) {
   std::vector<WordSpan> words;
   for (int i = 0; i < e.size(); ++i) {

@@ -115,6 +115,14 @@ absl::StatusOr<AttributionResult> ExplainSimilarity(const BertConfig& config,
                                                     const Encoding& a, const Encoding& b,
                                                     const AttributionOptions& options);
 
+// What ExplainSimilarity will cost, in token-forward equivalents (one token through every
+// encoder layer once), for admission control next to Encode's token counts: the end-point
+// forwards, the path's forward + input backward (~3 forwards per path token) and, for kPairwise,
+// one JVP row per (step, token, token) from the layer on (~1 forward each). tokens_a/b include
+// special tokens.
+int64_t AttributionCostTokens(const BertConfig& config, const AttributionOptions& options,
+                              int64_t tokens_a, int64_t tokens_b);
+
 // Word spans of an encoding (specials are words of their own); exposed for the word-level view
 // and for tests.
 std::vector<WordSpan> WordSpansOf(const Encoding& encoding);
