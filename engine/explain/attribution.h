@@ -20,7 +20,9 @@
 //     non-special token replaced by [PAD], special tokens and type ids kept -- run through the
 //     model up to `layer`. For a single text this is the paper's reference input exactly.
 //   kMaskTokens: the same with [MASK] instead of [PAD].
-//   kZero: zero hidden states at `layer`.
+//   kZero: zero hidden states at `layer`. Converges slowly: its path crosses hidden states no
+//     LayerNorm produces; on all-MiniLM-L6-v2 at layer 0 and 32 steps one pair's completeness
+//     error was 0.53 (torch's identical sum too), against <= 0.01 for the token baselines.
 //
 // Path. x(alpha) = r + alpha (x - r) at alpha_k = k / m, k = 1..m (right Riemann sum, as the
 // reference implementation). The m points of one text run as one packed batch through the
