@@ -42,12 +42,24 @@ REPO = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 from golden_common import library_versions, sha256_file  # noqa: E402
 
-LONG_TEXT = " ".join(
-    ["The committee reviewed the annual report on regional water supplies, noting that "
-     "reservoir levels had fallen during the dry summer while demand from farms and new "
-     "housing estates kept rising. Engineers proposed repairing leaking pipes, building a "
-     "small desalination plant near the coast, and paying households to install rainwater "
-     "tanks. Critics argued the plant would be expensive and noisy."] * 3)
+LONG_PARAGRAPH = (
+    "The committee reviewed the annual report on regional water supplies, noting that "
+    "reservoir levels had fallen during the dry summer while demand from farms and new "
+    "housing estates kept rising. Engineers proposed repairing leaking pipes, building a "
+    "small desalination plant near the coast, and paying households to install rainwater "
+    "tanks. Critics argued the plant would be expensive and noisy.")
+LONG_TOKENS = 256  # the long case is exactly this many tokens, [CLS] and [SEP] included
+
+
+def long_text(tok):
+    """The longest prefix (in words) of the repeated paragraph that tokenises to LONG_TOKENS."""
+    words = " ".join([LONG_PARAGRAPH] * 5).split()
+    for n in range(len(words), 0, -1):
+        text = " ".join(words[:n])
+        if len(tok(text)["input_ids"]) == LONG_TOKENS:
+            return text
+    raise RuntimeError("no prefix of the paragraph has exactly LONG_TOKENS tokens")
+
 
 CASES = [
     # name, text a, text b (or [a1, a2] for a pair encoding), method, steps, layer, baseline
@@ -65,7 +77,7 @@ CASES = [
      "pairwise", 32, 0, "zero"),
     ("pairwise_8_steps", "The stock market crashed.", "Shares fell sharply today.",
      "pairwise", 8, 0, "pad"),
-    ("ig_long_256", LONG_TEXT, "water shortage and desalination costs",
+    ("ig_long_256", "LONG", "water shortage and desalination costs",
      "integrated_gradients", 32, 0, "pad"),
     ("ig_pair_encoding", ["What is the capital of France?", "Paris is the capital."],
      "French capital city", "integrated_gradients", 32, 0, "pad"),
@@ -176,6 +188,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model-dir", default=os.path.join(REPO, "models", "all-MiniLM-L6-v2"))
     ap.add_argument("--out", default=os.path.join(HERE, "explain_cases.json"))
+    ap.add_argument("--only", default="",
+                    help="comma-separated case names: recompute those, keep the others from --out")
     args = ap.parse_args()
     torch.set_grad_enabled(True)
     tok = BertTokenizerFast.from_pretrained(args.model_dir)
@@ -184,9 +198,18 @@ def main():
     model.eval()
     for p in model.parameters():  # gradients w.r.t. the hidden states only
         p.requires_grad_(False)
+    only = set(filter(None, args.only.split(",")))
+    kept = {}
+    if only:
+        with open(args.out, encoding="utf-8") as f:
+            kept = {c["name"]: c for c in json.load(f)["cases"]}
     cases = []
     for spec in CASES:
+        if only and spec[0] not in only:
+            cases.append(kept[spec[0]])
+            continue
         t0 = time.time()
+        spec = tuple(long_text(tok) if x == "LONG" else x for x in spec)
         cases.append(run_case(model, tok, *spec))
         c = cases[-1]
         print(f"{c['name']}: T {len(c['ids_a'])}x{len(c['ids_b'])} s {c['similarity']:.4f} "
