@@ -44,7 +44,7 @@ RUN apt-get update \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
       libabsl20220623 libc-ares2 libcivetweb1 libdnnl2 libgomp1 libgrpc++1.51 libgrpc29 \
       libprometheus-cpp-core1.0 libprometheus-cpp-pull1.0 libprotobuf32 libre2-9 libssl3 \
-      libutf8proc2 ocl-icd-libopencl1 zlib1g \
+      libstemmer0d libutf8proc2 ocl-icd-libopencl1 zlib1g \
  && rm -rf /var/lib/apt/lists/* /var/cache/apt/*.bin /var/log/apt /var/log/dpkg.log \
  && groupadd --system --gid 10001 attnserve \
  && useradd --system --uid 10001 --gid attnserve --home-dir /var/lib/attnserve \

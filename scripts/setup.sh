@@ -38,6 +38,8 @@ PACKAGES=(
   build-essential cmake ninja-build pkg-config git ca-certificates
   # engine
   libdnnl-dev ocl-icd-opencl-dev libutf8proc-dev nlohmann-json3-dev libabsl-dev
+  # engine: Snowball English stemmer for BM42 sparse vectors (engine/explain/sparse_bm42.h)
+  libstemmer-dev
   # server, client, metrics
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler prometheus-cpp-dev
   # tests (openssl makes the TLS tests' certificates)

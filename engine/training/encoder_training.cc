@@ -86,58 +86,21 @@ void ShapeForOutput(Tensor* t, std::vector<int64_t> shape) {
   }
 }
 
-// Fills *f, reusing its buffers (every one is fully overwritten).
-void RunTrainingForward(const BertConfig& config, const BertWeights& weights,
-                        const std::vector<SequenceInput>& batch,
-                        const TrainingForwardOptions& options, TrainingForward* out) {
-  ExecContext ctx;
+// Layers [first_layer, L) of the training forward; f.layers[first_layer].input holds their input.
+void RunTrainingLayers(const BertConfig& config, const BertWeights& weights, int first_layer,
+                       const TrainingForwardOptions& options, ExecContext* context,
+                       TrainingForward* out) {
+  ExecContext& ctx = *context;
   TrainingForward& f = *out;
   const int64_t H = config.hidden_size, I = config.intermediate_size;
   const int64_t heads = config.num_attention_heads;
   const float eps = config.layer_norm_eps;
   const uint64_t seed = StepSeed(options);
-  const int64_t B = static_cast<int64_t>(batch.size());
+  const int64_t B = static_cast<int64_t>(f.seq_offsets.size()) - 1;
   const int L = config.num_hidden_layers;
-
-  f.options = options;
-  f.seq_offsets.assign(B + 1, 0);
-  f.token_ids.clear();
-  f.type_ids.clear();
-  f.positions.clear();
-  for (int64_t b = 0; b < B; ++b) {
-    const SequenceInput& seq = batch[b];
-    const int32_t length = static_cast<int32_t>(seq.token_ids.size());
-    f.seq_offsets[b + 1] = f.seq_offsets[b] + length;
-    f.token_ids.insert(f.token_ids.end(), seq.token_ids.begin(), seq.token_ids.end());
-    if (seq.type_ids.empty()) {
-      f.type_ids.insert(f.type_ids.end(), length, 0);
-    } else {
-      f.type_ids.insert(f.type_ids.end(), seq.type_ids.begin(), seq.type_ids.end());
-    }
-    for (int32_t p = 0; p < length; ++p) f.positions.push_back(p);
-  }
   const int64_t M = f.total_tokens();
-  f.layers.resize(L);
-  // Layer l's input is layer l-1's output: each LayerNorm writes straight into the next input.
   auto layer_input = [&](int l) -> Tensor& { return l < L ? f.layers[l].input : f.output; };
-
-  // static (M, H); hidden (M, H) = dropout(LayerNorm(static))
-  ShapeForOutput(&f.static_embeddings, {M, H});
-  EmbeddingForward(weights.word_embeddings, weights.position_embeddings,
-                   weights.token_type_embeddings, f.token_ids, f.type_ids, f.positions,
-                   f.static_embeddings.data());
-  f.emb_mean.resize(M);
-  f.emb_variance.resize(M);
-  Tensor& emb = layer_input(0);
-  ShapeForOutput(&emb, {M, H});
-  LayerNormForwardTraining(ctx, f.static_embeddings.data(), M, weights.embedding_norm_gamma,
-                           weights.embedding_norm_beta, eps, emb.data(), f.emb_mean.data(),
-                           f.emb_variance.data());
-  f.emb_mask.clear();
-  MaybeDropout(emb.data(), M * H, options.hidden_dropout, seed, DropoutOffset(-1, kEmbeddings),
-               &f.emb_mask);
-
-  for (int l = 0; l < L; ++l) {
+  for (int l = first_layer; l < L; ++l) {
     const LayerWeights& w = weights.layers[l];
     LayerActivations& a = f.layers[l];
     // qkv (M, 3H) = x · W_qkv^T + b_qkv
@@ -199,6 +162,60 @@ void RunTrainingForward(const BertConfig& config, const BertWeights& weights,
   }
 }
 
+// Fills *f, reusing its buffers (every one is fully overwritten).
+void RunTrainingForward(const BertConfig& config, const BertWeights& weights,
+                        const std::vector<SequenceInput>& batch,
+                        const TrainingForwardOptions& options, TrainingForward* out) {
+  ExecContext ctx;
+  TrainingForward& f = *out;
+  const int64_t H = config.hidden_size;
+  const float eps = config.layer_norm_eps;
+  const uint64_t seed = StepSeed(options);
+  const int64_t B = static_cast<int64_t>(batch.size());
+  const int L = config.num_hidden_layers;
+
+  f.options = options;
+  f.first_layer = 0;
+  f.seq_offsets.assign(B + 1, 0);
+  f.token_ids.clear();
+  f.type_ids.clear();
+  f.positions.clear();
+  for (int64_t b = 0; b < B; ++b) {
+    const SequenceInput& seq = batch[b];
+    const int32_t length = static_cast<int32_t>(seq.token_ids.size());
+    f.seq_offsets[b + 1] = f.seq_offsets[b] + length;
+    f.token_ids.insert(f.token_ids.end(), seq.token_ids.begin(), seq.token_ids.end());
+    if (seq.type_ids.empty()) {
+      f.type_ids.insert(f.type_ids.end(), length, 0);
+    } else {
+      f.type_ids.insert(f.type_ids.end(), seq.type_ids.begin(), seq.type_ids.end());
+    }
+    for (int32_t p = 0; p < length; ++p) f.positions.push_back(p);
+  }
+  const int64_t M = f.total_tokens();
+  f.layers.resize(L);
+  // Layer l's input is layer l-1's output: each LayerNorm writes straight into the next input.
+  auto layer_input = [&](int l) -> Tensor& { return l < L ? f.layers[l].input : f.output; };
+
+  // static (M, H); hidden (M, H) = dropout(LayerNorm(static))
+  ShapeForOutput(&f.static_embeddings, {M, H});
+  EmbeddingForward(weights.word_embeddings, weights.position_embeddings,
+                   weights.token_type_embeddings, f.token_ids, f.type_ids, f.positions,
+                   f.static_embeddings.data());
+  f.emb_mean.resize(M);
+  f.emb_variance.resize(M);
+  Tensor& emb = layer_input(0);
+  ShapeForOutput(&emb, {M, H});
+  LayerNormForwardTraining(ctx, f.static_embeddings.data(), M, weights.embedding_norm_gamma,
+                           weights.embedding_norm_beta, eps, emb.data(), f.emb_mean.data(),
+                           f.emb_variance.data());
+  f.emb_mask.clear();
+  MaybeDropout(emb.data(), M * H, options.hidden_dropout, seed, DropoutOffset(-1, kEmbeddings),
+               &f.emb_mask);
+
+  RunTrainingLayers(config, weights, 0, options, &ctx, &f);
+}
+
 }  // namespace
 
 absl::StatusOr<TrainingForward> EncoderForwardTraining(const BertConfig& config,
@@ -227,6 +244,41 @@ absl::Status EncoderForwardTraining(const BertConfig& config, const BertWeights&
   }
   try {
     RunTrainingForward(config, weights, batch, options, forward);
+  } catch (const dnnl::error& e) {
+    return absl::InternalError(absl::StrCat("oneDNN error in the training forward: ", e.what()));
+  } catch (const std::bad_alloc&) {
+    return absl::ResourceExhaustedError("out of memory in the training forward");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status EncoderForwardTrainingFromHidden(const BertConfig& config, const BertWeights& weights,
+                                              const std::vector<int64_t>& seq_offsets,
+                                              int first_layer, const float* hidden,
+                                              const TrainingForwardOptions& options,
+                                              TrainingForward* forward) {
+  const int L = config.num_hidden_layers;
+  if (first_layer < 0 || first_layer > L) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("layer ", first_layer, " out of range [0, ", L, "]"));
+  }
+  if (seq_offsets.empty() || seq_offsets.front() != 0 ||
+      !std::is_sorted(seq_offsets.begin(), seq_offsets.end())) {
+    return absl::InvalidArgumentError("sequence offsets must start at 0 and not decrease");
+  }
+  TrainingForward& f = *forward;
+  f = TrainingForward();
+  f.options = options;
+  f.first_layer = first_layer;
+  f.seq_offsets = seq_offsets;
+  const int64_t M = f.total_tokens(), H = config.hidden_size;
+  f.layers.resize(L);
+  Tensor& input = first_layer < L ? f.layers[first_layer].input : f.output;
+  input = Tensor({M, H});
+  std::copy_n(hidden, M * H, input.data());
+  try {
+    ExecContext ctx;
+    RunTrainingLayers(config, weights, first_layer, options, &ctx, &f);
   } catch (const dnnl::error& e) {
     return absl::InternalError(absl::StrCat("oneDNN error in the training forward: ", e.what()));
   } catch (const std::bad_alloc&) {
@@ -308,44 +360,49 @@ void RunBackward(const BertConfig& config, const BertWeights& weights, const Tra
   ShapeForOutput(&d_qkv, {M, 3 * H});
   std::memcpy(d_hidden.data(), d_output, sizeof(float) * M * H);
 
-  for (int l = config.num_hidden_layers - 1; l >= 0; --l) {
+  // grads == nullptr: input gradients only, down to the layer the forward started from.
+  LayerWeights no_grads;
+  const int last_layer = grads == nullptr ? f.first_layer : 0;
+  for (int l = config.num_hidden_layers - 1; l >= last_layer; --l) {
     const LayerWeights& w = weights.layers[l];
-    LayerWeights& g = grads->layers[l];
+    LayerWeights& g = grads != nullptr ? grads->layers[l] : no_grads;
+    const auto param = [&](Tensor& t) { return grads != nullptr ? &t : nullptr; };
     const LayerActivations& a = f.layers[l];
     // output = LayerNorm(ffn_sum): d_sum (M, H)
     LayerNormBackward(ctx, a.ffn_sum.data(), M, w.ffn_norm_gamma, a.ffn_mean.data(),
-                      a.ffn_variance.data(), eps, d_hidden.data(), d_sum.data(), &g.ffn_norm_gamma,
-                      &g.ffn_norm_beta, /*accumulate=*/false);
+                      a.ffn_variance.data(), eps, d_hidden.data(), d_sum.data(),
+                      param(g.ffn_norm_gamma), param(g.ffn_norm_beta), /*accumulate=*/false);
     // ffn_sum = attn_out + dropout(ffn_act · W_f^T + b_f): the residual passes d_sum on to
     // attn_out; the dense branch gets it through the dropout mask.
     std::memcpy(d_attn_out.data(), d_sum.data(), sizeof(float) * M * H);
     MaybeDropoutBackward(d_sum.data(), M * H, p_hidden, a.ffn_dense_mask);
     LinearBackward(ctx, a.ffn_act.data(), M, w.ffn_out_weight, d_sum.data(), d_ffn_act.data(),
-                   &g.ffn_out_weight, &g.ffn_out_bias, /*accumulate=*/false);
+                   param(g.ffn_out_weight), param(g.ffn_out_bias), /*accumulate=*/false);
     // ffn_act = gelu(ffn_pre)
     GeluBackward(ctx, a.ffn_pre.data(), d_ffn_act.data(), M * I, d_ffn_pre.data());
     // ffn_pre = attn_out · W_i^T + b_i  (adds to the residual gradient of attn_out)
     LinearBackward(ctx, a.attn_out.data(), M, w.ffn_in_weight, d_ffn_pre.data(), d_input.data(),
-                   &g.ffn_in_weight, &g.ffn_in_bias, /*accumulate=*/false);
+                   param(g.ffn_in_weight), param(g.ffn_in_bias), /*accumulate=*/false);
     AddInto(d_attn_out.data(), d_input.data(), M * H);
     // attn_out = LayerNorm(attn_sum)
     LayerNormBackward(ctx, a.attn_sum.data(), M, w.attn_norm_gamma, a.attn_mean.data(),
                       a.attn_variance.data(), eps, d_attn_out.data(), d_sum.data(),
-                      &g.attn_norm_gamma, &g.attn_norm_beta, /*accumulate=*/false);
+                      param(g.attn_norm_gamma), param(g.attn_norm_beta), /*accumulate=*/false);
     // attn_sum = x + dropout(context · W_o^T + b_o): residual to x, dense branch to context.
     std::memcpy(d_hidden.data(), d_sum.data(), sizeof(float) * M * H);
     MaybeDropoutBackward(d_sum.data(), M * H, p_hidden, a.attn_dense_mask);
     LinearBackward(ctx, a.context.data(), M, w.attn_output_weight, d_sum.data(), d_context.data(),
-                   &g.attn_output_weight, &g.attn_output_bias, /*accumulate=*/false);
+                   param(g.attn_output_weight), param(g.attn_output_bias), /*accumulate=*/false);
     // context = dropout(softmax(Q K^T / sqrt(d))) · V, per sequence -> d_qkv (M, 3H)
     PackedAttentionBackward(PackedShapeOf(config), a.qkv.data(), f.seq_offsets, SavedAttention(a),
                             p_attention, d_context.data(), d_qkv.data());
     // qkv = x · W_qkv^T + b_qkv  (adds to the residual gradient of x)
     LinearBackward(ctx, a.input.data(), M, w.qkv_weight, d_qkv.data(), d_input.data(),
-                   &g.qkv_weight, &g.qkv_bias, /*accumulate=*/false);
+                   param(g.qkv_weight), param(g.qkv_bias), /*accumulate=*/false);
     AddInto(d_hidden.data(), d_input.data(), M * H);  // d_hidden is now d(layer input)
   }
 
+  if (grads == nullptr) return;  // d_hidden: the gradient w.r.t. layer last_layer's input
   // emb = dropout(LayerNorm(static))
   MaybeDropoutBackward(d_hidden.data(), M * H, p_hidden, f.emb_mask);
   LayerNormBackward(ctx, f.static_embeddings.data(), M, weights.embedding_norm_gamma,
@@ -388,6 +445,21 @@ absl::Status EncoderBackward(const BertConfig& config, const BertWeights& weight
   } catch (const std::bad_alloc&) {
     return absl::ResourceExhaustedError("out of memory in the backward pass");
   }
+  return absl::OkStatus();
+}
+
+absl::Status EncoderInputBackward(const BertConfig& config, const BertWeights& weights,
+                                  const TrainingForward& forward, const float* d_output,
+                                  float* d_input, BackwardWorkspace* workspace) {
+  try {
+    RunBackward(config, weights, forward, d_output, /*grads=*/nullptr,
+                /*compute_embedding_grads=*/false, workspace);
+  } catch (const dnnl::error& e) {
+    return absl::InternalError(absl::StrCat("oneDNN error in the backward pass: ", e.what()));
+  } catch (const std::bad_alloc&) {
+    return absl::ResourceExhaustedError("out of memory in the backward pass");
+  }
+  std::copy_n(workspace->d_hidden.data(), forward.total_tokens() * config.hidden_size, d_input);
   return absl::OkStatus();
 }
 

@@ -57,6 +57,10 @@ struct LayerActivations {
 
 struct TrainingForward {
   TrainingForwardOptions options;
+  // First encoder layer run: 0 from token ids; > 0 (or a forward from given hidden states) leaves
+  // the embeddings and layers [0, first_layer) empty. layers[first_layer].input (or output when
+  // first_layer == L) holds the hidden states the layers started from.
+  int first_layer = 0;
   std::vector<int64_t> seq_offsets;                     // B+1
   std::vector<int32_t> token_ids, type_ids, positions;  // (M) packed
   Tensor static_embeddings;                             // (M, H)
@@ -81,6 +85,16 @@ absl::Status EncoderForwardTraining(const BertConfig& config, const BertWeights&
                                     const std::vector<SequenceInput>& batch,
                                     const TrainingForwardOptions& options,
                                     TrainingForward* forward);
+
+// The training forward of layers [first_layer, L) from given hidden states (M, H): the input of
+// encoder layer first_layer (0 = the embedding output, L = the last output, no layer runs), as
+// HF's hidden_states[first_layer]. seq_offsets: B+1 row offsets into `hidden`. For attributions
+// at a layer (engine/explain/attribution.h): forward.first_layer is set, embeddings stay empty.
+absl::Status EncoderForwardTrainingFromHidden(const BertConfig& config, const BertWeights& weights,
+                                              const std::vector<int64_t>& seq_offsets,
+                                              int first_layer, const float* hidden,
+                                              const TrainingForwardOptions& options,
+                                              TrainingForward* forward);
 
 // Zero-filled tensors shaped like `weights` (gradient buffers).
 BertWeights ZerosLike(const BertWeights& weights);
@@ -114,5 +128,12 @@ absl::Status EncoderBackward(const BertConfig& config, const BertWeights& weight
                              const TrainingForward& forward, const float* d_output,
                              BertWeights* grads, bool compute_embedding_grads,
                              BackwardWorkspace* workspace);
+
+// Gradient w.r.t. the hidden states the forward started from (the input of layer
+// forward.first_layer; the embedding output when it is 0), from d_output (M, H); no parameter
+// gradients are computed. d_input: (M, H), overwritten.
+absl::Status EncoderInputBackward(const BertConfig& config, const BertWeights& weights,
+                                  const TrainingForward& forward, const float* d_output,
+                                  float* d_input, BackwardWorkspace* workspace);
 
 }  // namespace attn
