@@ -1132,12 +1132,15 @@ TEST_F(ClientTest, FineTuneSessionAbortErrorsAndCancel) {
   // server holds the batch (and sleeps the step delay), it must end well before the step would.
   const auto step_delay = testing::ScaledMilliseconds(2000);
   trainer_->SetStepDelay(step_delay);
+  // Start() may return before the server has registered the new job, so until then
+  // batches_received() still reads the previous job: wait for the new job itself.
+  const size_t jobs_before = trainer_->jobs().size();
   session = client.FineTune();
   ASSERT_TRUE(session->Start(config).ok());
   ASSERT_TRUE(session->SendBatch({Pair("a", "b")}));
   const auto start = std::chrono::steady_clock::now();
   std::thread canceller([&] {
-    while (trainer_->batches_received() < 1 &&
+    while ((trainer_->jobs().size() <= jobs_before || trainer_->batches_received() < 1) &&
            std::chrono::steady_clock::now() - start < step_delay) {
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
     }
