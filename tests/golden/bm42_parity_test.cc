@@ -15,31 +15,28 @@
 #include "engine/explain/sparse_bm42.h"
 #include "engine/model.h"
 #include "nlohmann/json.hpp"
+#include "tests/golden/golden_json.h"
+#include "tests/test_model.h"
 
 namespace attn {
 namespace {
 
 class Bm42ParityTest : public ::testing::Test {
  protected:
-  static void SetUpTestSuite() {
-    ModelOptions options;
-    options.warm_up = false;
-    auto loaded = Model::Load(ATTN_TEST_MODEL_DIR, options);
-    ASSERT_TRUE(loaded.ok()) << loaded.status();
-    model_ = new std::shared_ptr<const Model>(*loaded);
-    std::ifstream file(std::string(ATTN_GOLDEN_DIR) + "/bm42_cases.json");
-    ASSERT_TRUE(file.good()) << "missing tests/golden/bm42_cases.json";
-    spec_ = new nlohmann::json(nlohmann::json::parse(file));
+  // Model and fixture are checked by every test (a failure in SetUpTestSuite would only
+  // mark the suite skipped).
+  void SetUp() override {
+    ASSERT_TRUE(testing::TestModel().ok()) << testing::TestModel().status();
+    model_ = &*testing::TestModel();
+    const testing::GoldenJsonFile& fixture = testing::GoldenJson("bm42_cases.json");
+    ASSERT_TRUE(fixture.error.empty()) << fixture.error;
+    spec_ = &fixture.json;
   }
-  static void TearDownTestSuite() {
-    delete model_;
-    delete spec_;
-  }
-  static std::shared_ptr<const Model>* model_;
-  static nlohmann::json* spec_;
+  static const std::shared_ptr<const Model>* model_;
+  static const nlohmann::json* spec_;
 };
-std::shared_ptr<const Model>* Bm42ParityTest::model_ = nullptr;
-nlohmann::json* Bm42ParityTest::spec_ = nullptr;
+const std::shared_ptr<const Model>* Bm42ParityTest::model_ = nullptr;
+const nlohmann::json* Bm42ParityTest::spec_ = nullptr;
 
 TEST_F(Bm42ParityTest, Murmur3MatchesMmh3) {
   for (const auto& [text, hash] : (*spec_)["mmh3_hash"].items()) {

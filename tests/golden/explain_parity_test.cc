@@ -18,6 +18,8 @@
 #include "engine/explain/attribution.h"
 #include "engine/model.h"
 #include "nlohmann/json.hpp"
+#include "tests/golden/golden_json.h"
+#include "tests/test_model.h"
 
 namespace attn {
 namespace {
@@ -28,25 +30,20 @@ constexpr float kCompletenessBound = 0.02f;
 
 class ExplainParityTest : public ::testing::TestWithParam<int> {
  protected:
-  static void SetUpTestSuite() {
-    ModelOptions options;
-    options.warm_up = false;
-    auto loaded = Model::Load(ATTN_TEST_MODEL_DIR, options);
-    ASSERT_TRUE(loaded.ok()) << loaded.status();
-    model_ = new std::shared_ptr<const Model>(*loaded);
-    std::ifstream file(std::string(ATTN_GOLDEN_DIR) + "/explain_cases.json");
-    ASSERT_TRUE(file.good()) << "missing tests/golden/explain_cases.json";
-    spec_ = new nlohmann::json(nlohmann::json::parse(file));
+  // Model and fixture are checked by every test (a failure in SetUpTestSuite would only
+  // mark the suite skipped).
+  void SetUp() override {
+    ASSERT_TRUE(testing::TestModel().ok()) << testing::TestModel().status();
+    model_ = &*testing::TestModel();
+    const testing::GoldenJsonFile& fixture = testing::GoldenJson("explain_cases.json");
+    ASSERT_TRUE(fixture.error.empty()) << fixture.error;
+    spec_ = &fixture.json;
   }
-  static void TearDownTestSuite() {
-    delete model_;
-    delete spec_;
-  }
-  static std::shared_ptr<const Model>* model_;
-  static nlohmann::json* spec_;
+  static const std::shared_ptr<const Model>* model_;
+  static const nlohmann::json* spec_;
 };
-std::shared_ptr<const Model>* ExplainParityTest::model_ = nullptr;
-nlohmann::json* ExplainParityTest::spec_ = nullptr;
+const std::shared_ptr<const Model>* ExplainParityTest::model_ = nullptr;
+const nlohmann::json* ExplainParityTest::spec_ = nullptr;
 
 Encoding EncodeText(const Model& model, const nlohmann::json& text) {
   absl::StatusOr<Encoding> e =

@@ -10,20 +10,19 @@
 
 #include "engine/explain/attribution.h"
 #include "engine/model.h"
+#include "tests/test_model.h"
 
 namespace attn {
 namespace {
 
 class ExplainTest : public ::testing::Test {
  protected:
-  static void SetUpTestSuite() {
-    ModelOptions options;
-    options.warm_up = false;
-    auto loaded = Model::Load(ATTN_TEST_MODEL_DIR, options);
-    ASSERT_TRUE(loaded.ok()) << loaded.status();
-    model_ = new std::shared_ptr<const Model>(*loaded);
+  // Model and fixture are checked by every test (a failure in SetUpTestSuite would only
+  // mark the suite skipped).
+  void SetUp() override {
+    ASSERT_TRUE(testing::TestModel().ok()) << testing::TestModel().status();
+    model_ = &*testing::TestModel();
   }
-  static void TearDownTestSuite() { delete model_; }
 
   static const Model& model() { return **model_; }
   static Encoding Encode(const std::string& text) {
@@ -37,9 +36,9 @@ class ExplainTest : public ::testing::Test {
                              model().tokenizer(), Encode(a), Encode(b), options);
   }
 
-  static std::shared_ptr<const Model>* model_;
+  static const std::shared_ptr<const Model>* model_;
 };
-std::shared_ptr<const Model>* ExplainTest::model_ = nullptr;
+const std::shared_ptr<const Model>* ExplainTest::model_ = nullptr;
 
 // Two sentences that share exactly one rare word and nothing else: the cell pairing that word
 // with itself carries the largest attribution of the word-level matrix.
