@@ -39,10 +39,11 @@ void EncoderService::ServeEngineCall(int index, const char* method,
   MarkMethodRawCallback(
       index, RawMethods::Unary<Request>(
                  method, metrics_, max_bytes, nullptr,
-                 [this, call, max_bytes](std::shared_ptr<UnaryCall> unary,
-                                         grpc::CallbackServerContext* context, Request request) {
+                 [core = core_, call, max_bytes](std::shared_ptr<UnaryCall> unary,
+                                                 grpc::CallbackServerContext* context,
+                                                 Request request) {
                    const core::CallControl control = unary->Control();
-                   (core_->*call)(ToCore(request), control,
+                   (core->*call)(ToCore(request), control,
                                   [unary, max_bytes](absl::StatusOr<CoreResponse> result) {
                                     Reply<Response>(*unary, result, max_bytes);
                                   });
