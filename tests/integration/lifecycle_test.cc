@@ -326,7 +326,13 @@ TEST(DrainTest, SigtermFinishesInFlightRequestsAndExitsZero) {
   grpc::Status late_status;
   double late_seconds = 0;
   {
-    auto stub = pb::Encoder::NewStub(server.NewChannel());
+    // A new client: its own subchannel pool, so gRPC cannot reuse the in-flight requests'
+    // connection (a call on that connection during Shutdown is cancelled, not refused).
+    grpc::ChannelArguments args;
+    args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+    args.SetInt(GRPC_ARG_ENABLE_HTTP_PROXY, 0);
+    auto stub = pb::Encoder::NewStub(
+        grpc::CreateCustomChannel(server.address(), grpc::InsecureChannelCredentials(), args));
     pb::EncodeRequest request;
     request.add_inputs()->set_text("sent after SIGTERM");
     pb::EncodeResponse response;
