@@ -19,9 +19,11 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "engine/durable_file.h"
 #include "engine/log.h"
 #include "engine/quote.h"
 #include "engine/safetensors.h"
+#include "engine/serving_state.h"
 #include "nlohmann/json.hpp"
 
 namespace attn {
@@ -47,57 +49,12 @@ constexpr const char* kCopiedFiles[] = {
 };
 constexpr char kPoolingDir[] = "1_Pooling";
 
-absl::Status ErrnoError(const std::string& path, std::string_view what, int err) {
-  return absl::Status(absl::ErrnoToStatusCode(err),
-                      absl::StrFormat("%s: %s failed: %s", path, what, std::strerror(err)));
-}
-
 absl::Status WithPrefix(const absl::Status& status, const std::string& prefix) {
   return absl::Status(status.code(), absl::StrCat(prefix, status.message()));
 }
 
 std::string Join(const std::string& dir, std::string_view name) {
   return (fs::path(dir) / std::string(name)).string();
-}
-
-int WriteAll(int fd, const char* data, size_t size) {
-  while (size > 0) {
-    const ssize_t n = ::write(fd, data, size);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return errno;
-    }
-    data += n;
-    size -= static_cast<size_t>(n);
-  }
-  return 0;
-}
-
-// fsync on a directory makes the entries created in it (files, renames) durable.
-absl::Status FsyncDir(const std::string& dir) {
-  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) return ErrnoError(dir, "open", errno);
-  if (::fsync(fd) != 0) {
-    const int err = errno;
-    ::close(fd);
-    return ErrnoError(dir, "fsync", err);
-  }
-  ::close(fd);
-  return absl::OkStatus();
-}
-
-// Writes a new file (O_EXCL: the temp dir is ours and fresh) and fsyncs it.
-absl::Status WriteFileDurably(const std::string& path, std::string_view data) {
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0644);
-  if (fd < 0) return ErrnoError(path, "open", errno);
-  int err = WriteAll(fd, data.data(), data.size());
-  if (err == 0 && ::fsync(fd) != 0) err = errno;
-  if (err != 0) {
-    ::close(fd);
-    return ErrnoError(path, "write", err);
-  }
-  if (::close(fd) != 0) return ErrnoError(path, "close", errno);
-  return absl::OkStatus();
 }
 
 // Streams `src` into a new file `dst` and fsyncs it. `src` may be a symlink (Hugging Face's
@@ -621,6 +578,10 @@ absl::StatusOr<std::vector<StoredVersion>> ListStore(const std::string& store_di
   };
   for (const std::string& name : names) {
     if (absl::StartsWith(name, kTempDirPrefix)) continue;  // in progress or a crash leftover
+    // The store's serving state (engine/serving_state.h), not a version.
+    if (name == kServingStateFile || name == kServingLockFile || name == kServingTempFile) {
+      continue;
+    }
     if (absl::Status status = ValidateVersionName(name); !status.ok()) {
       skip(name, status.message());
       continue;

@@ -14,6 +14,7 @@
 #include "server/fine_tune_job.h"
 #include "server/request_parse.h"
 #include "server/status_map.h"
+#include "server/store_versions.h"
 #include "server/trainer_service.h"
 
 namespace attn::server {
@@ -320,8 +321,18 @@ class FineTuneReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, g
     published.description = stored.ok() ? stored->description : commit.description();
     published.notes = notes_;
     const bool serve = !commit.do_not_serve();
+    const std::string previous = service_->ServedVersion();
     if (absl::Status added = service_->registry_->Publish(published, serve); !added.ok()) {
       return added;
+    }
+    // Recorded also when the default stays (a replica or a restart must not serve the new
+    // version as the newest one).
+    if (absl::Status recorded = serve
+                                    ? service_->RecordOrRevert("commit", previous, version, version)
+                                    : RecordServing(store, "commit-staged", previous, "", version);
+        !recorded.ok()) {
+      return absl::Status(recorded.code(), absl::StrCat("job ", job_id_, " committed version ",
+                                                        version, " but: ", recorded.message()));
     }
     service_->metrics_->RecordVersionPublished();
     Log(LogLevel::kInfo, "job %s committed version %s (%d steps, final loss %.5f) in %.2f s%s",

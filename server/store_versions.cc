@@ -1,5 +1,7 @@
 #include "server/store_versions.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <filesystem>
@@ -8,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "engine/log.h"
+#include "engine/serving_state.h"
 
 namespace attn::server {
 
@@ -84,11 +87,71 @@ absl::StatusOr<int64_t> LoadModelStore(const std::string& store, bool clean_temp
           served.status().message());
     }
   }
+  if (absl::StatusOr<bool> applied = ApplyRecordedServing(store, registry); !applied.ok()) {
+    // A damaged serving.json must not keep the server down: it serves the newest version,
+    // as a store without one does, and says so.
+    Log(LogLevel::kWarning, "model store %s: %s; serving the newest version instead", store,
+        applied.status().message());
+  }
   if (!versions->empty()) {
     Log(LogLevel::kInfo, "model store %s: %d version(s) listed, loaded: %s", store,
         static_cast<int>(versions->size()), absl::StrJoin(registry->LoadedVersions(), ", "));
   }
   return next_sequence;
+}
+
+namespace {
+
+std::string ServerIdentity() {
+  char host[256] = {};
+  if (gethostname(host, sizeof(host) - 1) != 0) host[0] = '\0';
+  return absl::StrCat("attnserve on ", host[0] != '\0' ? host : "?", " pid ", getpid());
+}
+
+std::string ServedVersion(ModelRegistry* registry) {
+  std::string serving;
+  registry->List(&serving);
+  return serving;
+}
+
+}  // namespace
+
+absl::Status RecordServing(const std::string& store, const std::string& action,
+                           const std::string& from, const std::string& to,
+                           const std::string& committed) {
+  if (store.empty()) return absl::OkStatus();
+  ServingChange change;
+  change.action = action;
+  change.from = from;
+  change.to = to;
+  change.committed = committed;
+  change.by = ServerIdentity();
+  absl::StatusOr<ServingState> recorded = RecordServingChange(store, std::move(change));
+  if (!recorded.ok()) {
+    return absl::Status(recorded.status().code(),
+                        absl::StrCat("cannot record the served version in the model store: ",
+                                     recorded.status().message()));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<bool> ApplyRecordedServing(const std::string& store, ModelRegistry* registry) {
+  absl::StatusOr<ServingState> state = ReadServingState(store);
+  if (!state.ok()) {
+    if (state.status().code() == absl::StatusCode::kNotFound) return false;
+    return state.status();
+  }
+  registry->LetStoreDecide();
+  if (ServedVersion(registry) == state->serving) return false;
+  if (absl::Status served = registry->SetServing(state->serving); !served.ok()) {
+    return absl::Status(served.code(), absl::StrCat("the recorded serving version ", state->serving,
+                                                    " cannot be served: ", served.message()));
+  }
+  const ServingChange* last = state->history.empty() ? nullptr : &state->history.back();
+  Log(LogLevel::kInfo, "model store %s: serving %s as recorded%s", store, state->serving,
+      last == nullptr ? ""
+                      : absl::StrCat(" (", last->action, " at ", last->at, " by ", last->by, ")"));
+  return true;
 }
 
 }  // namespace attn::server

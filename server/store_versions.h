@@ -28,4 +28,17 @@ absl::StatusOr<std::shared_ptr<const Model>> LoadVersion(const ServerOptions& op
 absl::StatusOr<int64_t> LoadModelStore(const std::string& store, bool clean_temp_dirs,
                                        ModelRegistry* registry);
 
+// Records in the store (engine/serving_state.h) that the default version changed from `from`
+// to `to` by `action` ("rollback", "set-serving", "commit", or "commit-staged" with `to` empty:
+// a commit that leaves the default, recorded so that replicas do not serve it as the newest);
+// `committed` names a commit's version. OK and nothing written when `store` is empty.
+absl::Status RecordServing(const std::string& store, const std::string& action,
+                           const std::string& from, const std::string& to,
+                           const std::string& committed = "");
+
+// Serves what the store records (at start and on each --watch-store poll): once the store has a
+// serving.json the registry stops following the newest version and serves the recorded one.
+// Returns whether the default changed. OK and nothing done without a serving.json.
+absl::StatusOr<bool> ApplyRecordedServing(const std::string& store, ModelRegistry* registry);
+
 }  // namespace attn::server

@@ -55,7 +55,11 @@ void StoreWatcher::Poll() {
     }
     Log(LogLevel::kInfo, "model store %s: found new version %s%s", store_, stored.version,
         *served ? "; now served by default"
-                : (registry_->follows_latest() ? "" : " (not served: an older version is pinned)"));
+                : (registry_->follows_latest() ? "" : " (not served by default)"));
+  }
+  // Promotions and rollbacks made by the replica that trains, as the store records them.
+  if (absl::StatusOr<bool> applied = ApplyRecordedServing(store_, registry_); !applied.ok()) {
+    Warn(std::string(applied.status().message()));
   }
 }
 

@@ -11,6 +11,7 @@
 #include "server/auth.h"
 #include "server/fine_tune_reactor.h"
 #include "server/raw_method.h"
+#include "server/store_versions.h"
 
 namespace attn::server {
 
@@ -130,8 +131,13 @@ absl::Status TrainerService::HandleRollback(const v1::RollbackRequest& request,
       return name;
     }
   }
+  const std::string previous = ServedVersion();
   absl::StatusOr<ModelVersion> served = registry_->Rollback(request.version());
   if (!served.ok()) return served.status();
+  if (absl::Status recorded = RecordOrRevert("rollback", previous, served->version);
+      !recorded.ok()) {
+    return recorded;
+  }
   Log(LogLevel::kInfo, "Rollback: now serving version %s", served->version);
   FillVersions(response);
   return absl::OkStatus();
@@ -142,10 +148,30 @@ absl::Status TrainerService::HandleSetServingVersion(const v1::SetServingVersion
   if (absl::Status name = CheckVersionName(request.version(), "version"); !name.ok()) {
     return name;
   }
+  const std::string previous = ServedVersion();
   if (absl::Status set = registry_->SetServing(request.version()); !set.ok()) return set;
+  if (absl::Status recorded = RecordOrRevert("set-serving", previous, request.version());
+      !recorded.ok()) {
+    return recorded;
+  }
   Log(LogLevel::kInfo, "SetServingVersion: now serving version %s", request.version());
   FillVersions(response);
   return absl::OkStatus();
+}
+
+std::string TrainerService::ServedVersion() const {
+  std::string serving;
+  registry_->List(&serving);
+  return serving;
+}
+
+absl::Status TrainerService::RecordOrRevert(const std::string& action, const std::string& from,
+                                            const std::string& to, const std::string& committed) {
+  absl::Status recorded = RecordServing(options_.model_store, action, from, to, committed);
+  if (recorded.ok() || from.empty()) return recorded;
+  // Not recorded: a restart or a replica would serve `from`, so this server does too.
+  registry_->SetServing(from).IgnoreError();
+  return absl::Status(recorded.code(), absl::StrCat(recorded.message(), "; still serving ", from));
 }
 
 }  // namespace attn::server

@@ -58,6 +58,11 @@ class TrainerService final : public attnserve::v1::Trainer::CallbackService {
                               attnserve::v1::ListVersionsResponse* response);
   absl::Status HandleSetServingVersion(const attnserve::v1::SetServingVersionRequest& request,
                                        attnserve::v1::ListVersionsResponse* response);
+  std::string ServedVersion() const;
+  // Records a change of the default version in the model store; if that fails, serves `from`
+  // again (what a restart would serve) and returns the error.
+  absl::Status RecordOrRevert(const std::string& action, const std::string& from,
+                              const std::string& to, const std::string& committed = "");
 
   const ServerOptions options_;
   const std::optional<std::string> token_;

@@ -129,7 +129,7 @@ absl::Status ModelRegistry::Publish(ModelVersion version, bool serve) {
   entry.last_used = ++use_clock_;
   if (serve || serving_.empty()) {
     SetServingLocked(name);
-    follow_latest_ = IsNewestLocked(name);
+    follow_latest_ = !store_decides_ && IsNewestLocked(name);
   }
   EvictLocked(&released);
   return absl::OkStatus();
@@ -168,7 +168,7 @@ absl::Status ModelRegistry::SetServing(const std::string& version) {
   std::vector<std::shared_ptr<const Model>> released;
   absl::MutexLock lock(&mutex_);
   SetServingLocked(version);
-  follow_latest_ = IsNewestLocked(version);
+  follow_latest_ = !store_decides_ && IsNewestLocked(version);
   EvictLocked(&released);
   return absl::OkStatus();
 }
@@ -272,6 +272,12 @@ std::vector<std::string> ModelRegistry::LoadedVersions() const {
     if (v->model != nullptr) names.push_back(v->version);
   }
   return names;
+}
+
+void ModelRegistry::LetStoreDecide() {
+  absl::MutexLock lock(&mutex_);
+  store_decides_ = true;
+  follow_latest_ = false;
 }
 
 bool ModelRegistry::follows_latest() const {

@@ -95,6 +95,10 @@ class ModelRegistry {
   // Names of the versions in memory now, in commit order.
   std::vector<std::string> LoadedVersions() const;
   bool follows_latest() const;
+  // From now on the default changes only when told (SetServing, Rollback, Publish with serve):
+  // the model store records which version is served (engine/serving_state.h), so a newly
+  // discovered version, however new, is listed, never served on its own.
+  void LetStoreDecide();
   bool empty() const;
 
  private:
@@ -127,6 +131,7 @@ class ModelRegistry {
   std::map<std::string, Entry> versions_ ABSL_GUARDED_BY(mutex_);
   std::string serving_ ABSL_GUARDED_BY(mutex_);
   bool follow_latest_ ABSL_GUARDED_BY(mutex_) = true;
+  bool store_decides_ ABSL_GUARDED_BY(mutex_) = false;
   uint64_t use_clock_ ABSL_GUARDED_BY(mutex_) = 0;
   ServingListener listener_ ABSL_GUARDED_BY(mutex_);
   EvictionListener eviction_listener_ ABSL_GUARDED_BY(mutex_);

@@ -895,7 +895,10 @@ TEST_F(TrainerTest, DivergingJobFailsAndLeavesTheServedVersionAlone) {
   EXPECT_GE(metrics.Sum("attnserve_finetune_jobs_total", {{"outcome", "failed"}}), 1);
 }
 
-TEST_F(TrainerTest, RestartServesTheLatestCommittedVersion) {
+// The served version survives a restart: a rollback is recorded in the model store
+// (serving.json), so the restarted server serves the rolled-back version, not the newest (the
+// issue's finding: a rolled-back model came back after a pod restart).
+TEST_F(TrainerTest, RestartServesTheVersionServedBefore) {
   // Two committed versions, the older one served (rolled back to).
   const std::string older = TrainAndCommit(1);
   const std::string newer = TrainAndCommit(1);
@@ -915,7 +918,7 @@ TEST_F(TrainerTest, RestartServesTheLatestCommittedVersion) {
   const std::string latest = before.versions(before.versions_size() - 1).version();
   EXPECT_EQ(latest, newer);
   ASSERT_EQ(before.serving_version(), older);
-  const auto latest_embeddings = Embed(latest);
+  const auto older_embeddings = Embed(older);
   // A crash leftover that start-up must clean.
   std::filesystem::create_directories(*store_ + "/.tmp-ft-999999-20000101T000000Z-1");
   // A job still open at SIGTERM gets the drain window (--drain-timeout-s 2), then is cancelled
@@ -931,16 +934,16 @@ TEST_F(TrainerTest, RestartServesTheLatestCommittedVersion) {
   StartServer();
   ASSERT_NE(server_, nullptr);
   const pb::ListVersionsResponse after = ListVersions();
-  EXPECT_EQ(after.serving_version(), latest);
+  EXPECT_EQ(after.serving_version(), older) << "the rollback did not survive the restart";
   ASSERT_EQ(after.versions_size(), before.versions_size());
   for (int i = 0; i < after.versions_size(); ++i) {
     EXPECT_EQ(after.versions(i).version(), before.versions(i).version());
   }
   std::string served;
   const auto reloaded = Embed("", &served);
-  EXPECT_EQ(served, latest);
+  EXPECT_EQ(served, older);
   // The checkpoint reproduces the in-memory weights exactly (or within fp32 noise).
-  EXPECT_LT(MaxDiff(reloaded, latest_embeddings), 1e-6);
+  EXPECT_LT(MaxDiff(reloaded, older_embeddings), 1e-6);
   EXPECT_FALSE(std::filesystem::exists(*store_ + "/.tmp-ft-999999-20000101T000000Z-1"));
   // The next commit continues the sequence.
   const std::string next = TrainAndCommit(1);

@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "attnserve/v1/trainer.grpc.pb.h"
+#include "engine/serving_state.h"
 #include "tests/integration/harness.h"
 
 namespace attn::integration {
@@ -106,7 +107,7 @@ double MaxDiff(const Embeddings& a, const Embeddings& b) {
 }
 
 // One contrastive step on pairs the model does not know, committed; the new version's name.
-std::string TrainAndCommit(Server& server, double learning_rate) {
+std::string TrainAndCommit(Server& server, double learning_rate, bool do_not_serve = false) {
   grpc::ClientContext context;
   context.AddMetadata("authorization", std::string("Bearer ") + kToken);
   context.set_deadline(std::chrono::system_clock::now() + ScaledSeconds(120));
@@ -130,6 +131,7 @@ std::string TrainAndCommit(Server& server, double learning_rate) {
   EXPECT_TRUE(stream->Write(batch) && stream->Read(&progress));
   pb::FineTuneRequest commit;
   commit.mutable_commit()->set_description("watch-store test");
+  commit.mutable_commit()->set_do_not_serve(do_not_serve);
   EXPECT_TRUE(stream->Write(commit) && stream->Read(&progress));
   stream->WritesDone();
   pb::FineTuneProgress ignored;
@@ -223,7 +225,8 @@ TEST_F(WatchStoreTest, WatchingServerServesVersionsCommittedByTheTrainerReplica)
   for (const pb::VersionInfo& info : versions_a.versions()) listed += info.version() == first;
   EXPECT_EQ(listed, 1) << "A lists its own commit " << listed << " times";
 
-  // An operator pins an older version on B: new versions are listed there, not served.
+  // An operator rolls back on B: the choice is recorded in the shared store, so it is the
+  // store's default from now on (A does not watch, and keeps serving what it served).
   {
     grpc::ClientContext context;
     context.AddMetadata("authorization", std::string("Bearer ") + kToken);
@@ -234,7 +237,8 @@ TEST_F(WatchStoreTest, WatchingServerServesVersionsCommittedByTheTrainerReplica)
     ASSERT_TRUE(status.ok()) << StatusString(status);
     EXPECT_EQ(response.serving_version(), "base");
   }
-  const std::string second = TrainAndCommit(a, 5e-4);
+  // A version committed with do_not_serve is listed by the watcher, never served by it.
+  const std::string second = TrainAndCommit(a, 5e-4, /*do_not_serve=*/true);
   ASSERT_FALSE(second.empty());
   const Embeddings second_a = a.EmbedOrFail(second);
   bool listed_on_b = false;
@@ -246,17 +250,17 @@ TEST_F(WatchStoreTest, WatchingServerServesVersionsCommittedByTheTrainerReplica)
     }
   }
   ASSERT_TRUE(listed_on_b) << "B never listed " << second;
-  // Listing and the decision to serve are one step of B's watcher (ModelRegistry::Discover),
-  // and its log says which it took: no need to wait another interval to see what it did.
+  // Listing and the decision to serve are one step of B's watcher, and its log says which it
+  // took: no need to wait another interval to see what it did.
   EXPECT_NE(b.process.process().LogTail(64000).find("found new version " + second +
-                                                    " (not served: an older version is pinned)"),
+                                                    " (not served by default)"),
             std::string::npos)
       << b.process.process().LogTail();
   b.EmbedOrFail("", &served);
-  EXPECT_EQ(served, "base") << "B switched away from the pinned version";
+  EXPECT_EQ(served, "base") << "B served a version committed with do_not_serve";
   EXPECT_LE(MaxDiff(b.EmbedOrFail(second), second_a), 1e-5);  // pinnable by name
   {
-    // Serving the newest again makes B follow new commits again.
+    // Promoting it by hand serves it.
     grpc::ClientContext context;
     context.AddMetadata("authorization", std::string("Bearer ") + kToken);
     pb::SetServingVersionRequest request;
@@ -265,10 +269,29 @@ TEST_F(WatchStoreTest, WatchingServerServesVersionsCommittedByTheTrainerReplica)
     const grpc::Status status = b.trainer->SetServingVersion(&context, request, &response);
     ASSERT_TRUE(status.ok()) << StatusString(status);
   }
+  // A commit that serves is recorded by A and followed by B.
   const std::string third = TrainAndCommit(a, 5e-4);
   ASSERT_FALSE(third.empty());
   ASSERT_GE(WaitUntilServed(b, third, ScaledSeconds(20)), 0) << "B never served " << third;
   EXPECT_LE(MaxDiff(b.EmbedOrFail(""), a.EmbedOrFail(third)), 1e-5);
+
+  // The store's record: every change, in order, with who made it.
+  absl::StatusOr<ServingState> state = ReadServingState(store_);
+  ASSERT_TRUE(state.ok()) << state.status();
+  EXPECT_EQ(state->serving, third);
+  std::vector<std::string> changes;
+  for (const ServingChange& change : state->history) {
+    changes.push_back(change.action + " " + change.from + " -> " + change.to);
+    EXPECT_NE(change.by.find("attnserve on "), std::string::npos) << change.by;
+    EXPECT_FALSE(change.at.empty());
+  }
+  EXPECT_EQ(changes, (std::vector<std::string>{
+                         "commit base -> " + first,
+                         "rollback " + first + " -> base",
+                         "commit-staged base -> base",
+                         "set-serving base -> " + second,
+                         "commit " + second + " -> " + third,
+                     }));
 
   a.Stop("A");
   b.Stop("B");

@@ -6,7 +6,7 @@
 // SIGTERM under Encode load (in-flight requests finish OK, exit 0) is covered by
 // tests/integration/lifecycle_test.cc (DrainTest.SigtermFinishesInFlightRequestsAndExitsZero),
 // and SIGTERM with an open fine-tuning job by trainer_test.cc
-// (RestartServesTheLatestCommittedVersion); not repeated here.
+// (RestartServesTheVersionServedBefore); not repeated here.
 //
 // Environment: ATTN_FAULTS_SEED (the kill schedule's seed; printed), ATTN_FAULTS_KILLS (number
 // of kills, default 20), ATTN_FAULTS_DISK_FULL=rlimit (simulate the full disk with RLIMIT_FSIZE
@@ -38,6 +38,7 @@
 #include <vector>
 
 #include "attnserve/v1/trainer.grpc.pb.h"
+#include "engine/serving_state.h"
 #include "nlohmann/json.hpp"
 #include "tests/integration/harness.h"
 
@@ -513,7 +514,16 @@ TEST(FaultsTest, KillDuringCommitLeavesTheStoreConsistent) {
     restart_seconds.push_back(SecondsSince(restart));
     server = std::move(restarted);
 
-    const std::string expected_served = created_version.empty() ? served : created_version;
+    std::string expected_served = created_version.empty() ? served : created_version;
+    // A commit records the new default (serving.json) just after its directory appears: a kill
+    // between the two leaves the new version listed and the old one served, never neither.
+    if (!created_version.empty()) {
+      absl::StatusOr<ServingState> state = ReadServingState(store);
+      if (state.ok() && state->serving != created_version) {
+        EXPECT_EQ(state->serving, served) << "serving.json names neither the old nor the new";
+        expected_served = served;
+      }
+    }
     // The served version; the older one was checked when it was served (and again at the end).
     ExpectServerMatchesStore(*server, store, expected_served, reference, /*pin_all=*/false);
     const std::string log = server->Log();
