@@ -1,6 +1,5 @@
 #include "server/fine_tune_job.h"
 
-#include <cmath>
 #include <initializer_list>
 #include <utility>
 #include <vector>
@@ -99,7 +98,6 @@ absl::StatusOr<JobSettings> ResolveJobConfig(const v1::FineTuneConfig& config, c
     t.contrastive_scale = config.contrastive_scale();
   }
   t.num_labels = config.num_labels();
-  s.num_labels = config.num_labels();
   if (absl::Status valid = ValidateTrainerOptions(t); !valid.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("config: ", valid.message()));
   }

@@ -20,7 +20,6 @@ struct JobSettings {
   TrainerOptions trainer;
   TruncationOptions truncation;
   attnserve::v1::Objective objective = attnserve::v1::OBJECTIVE_UNSPECIFIED;
-  int num_labels = 0;
 };
 
 // "contrastive", "cosine_similarity", "classification" (or "unspecified").
