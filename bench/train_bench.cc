@@ -66,7 +66,7 @@ attn::TrainerOptions BenchTrainerOptions() {
   options.max_grad_norm = 1.0;
   options.trainable = attn::TrainableSet::kAll;
   options.dropout = false;
-  options.mnrl_scale = 20.0;
+  options.contrastive_scale = 20.0;
   return options;
 }
 

@@ -1,6 +1,5 @@
 #include "server/fine_tune_job.h"
 
-#include <cmath>
 #include <initializer_list>
 #include <utility>
 #include <vector>
@@ -12,19 +11,6 @@
 namespace attn::server {
 
 namespace v1 = attnserve::v1;
-
-namespace {
-
-// Checks a finite, non-negative optional setting; `zero_means` documents what 0 does.
-absl::Status CheckNonNegative(const char* field, double value) {
-  if (!std::isfinite(value) || value < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("config.", field, " is ", value, "; it must be finite and >= 0"));
-  }
-  return absl::OkStatus();
-}
-
-}  // namespace
 
 const char* ObjectiveName(v1::Objective objective) {
   switch (objective) {
@@ -73,47 +59,16 @@ absl::StatusOr<JobSettings> ResolveJobConfig(const v1::FineTuneConfig& config, c
   }
   s.objective = config.objective();
 
-  // AdamW: 0 means the default for every setting but weight_decay, which is optional.
-  for (const auto& [field, value] :
-       {std::pair<const char*, double>{"learning_rate", config.learning_rate()},
-        {"epsilon", config.epsilon()}}) {
-    if (absl::Status ok = CheckNonNegative(field, value); !ok.ok()) return ok;
-  }
-  for (const auto& [field, value] :
-       {std::pair<const char*, double>{"beta1", config.beta1()}, {"beta2", config.beta2()}}) {
-    if (!std::isfinite(value) || value < 0 || value >= 1) {
-      return absl::InvalidArgumentError(absl::StrCat("config.", field, " is ", value,
-                                                     "; it must be in [0, 1) (0 = the default)"));
-    }
-  }
-  if (config.learning_rate() > 0) t.adamw.lr = config.learning_rate();
-  if (config.beta1() > 0) t.adamw.beta1 = config.beta1();
-  if (config.beta2() > 0) t.adamw.beta2 = config.beta2();
-  if (config.epsilon() > 0) t.adamw.eps = config.epsilon();
-  if (config.has_weight_decay()) {
-    if (absl::Status ok = CheckNonNegative("weight_decay", config.weight_decay()); !ok.ok()) {
-      return ok;
-    }
-    t.adamw.weight_decay = config.weight_decay();
-  }
-  if (config.warmup_steps() < 0 || config.total_steps() < 0) {
-    return absl::InvalidArgumentError(absl::StrCat("config.warmup_steps (", config.warmup_steps(),
-                                                   ") and config.total_steps (",
-                                                   config.total_steps(), ") must be >= 0"));
-  }
-  if (config.total_steps() > 0 && config.warmup_steps() > config.total_steps()) {
-    return absl::InvalidArgumentError(absl::StrCat("config.warmup_steps (", config.warmup_steps(),
-                                                   ") is more than config.total_steps (",
-                                                   config.total_steps(), ")"));
-  }
+  // AdamW: 0 means the default for every setting but weight_decay, which is optional. The
+  // values themselves are checked by the engine (ValidateTrainerOptions, below).
+  if (config.learning_rate() != 0) t.adamw.lr = config.learning_rate();
+  if (config.beta1() != 0) t.adamw.beta1 = config.beta1();
+  if (config.beta2() != 0) t.adamw.beta2 = config.beta2();
+  if (config.epsilon() != 0) t.adamw.eps = config.epsilon();
+  if (config.has_weight_decay()) t.adamw.weight_decay = config.weight_decay();
   t.warmup_steps = config.warmup_steps();
   t.total_steps = config.total_steps();
-  if (config.has_max_grad_norm()) {
-    if (absl::Status ok = CheckNonNegative("max_grad_norm", config.max_grad_norm()); !ok.ok()) {
-      return ok;
-    }
-    t.max_grad_norm = config.max_grad_norm();  // 0 = no clipping
-  }
+  if (config.has_max_grad_norm()) t.max_grad_norm = config.max_grad_norm();  // 0 = no clipping
   switch (config.parameters()) {
     case v1::PARAMETERS_UNSPECIFIED:
     case v1::PARAMETERS_ALL:
@@ -126,11 +81,6 @@ absl::StatusOr<JobSettings> ResolveJobConfig(const v1::FineTuneConfig& config, c
       t.trainable = TrainableSet::kAllButEmbeddings;
       break;
     case v1::PARAMETERS_HEAD_ONLY:
-      if (config.objective() != v1::CLASSIFICATION) {
-        return absl::InvalidArgumentError(
-            "config.parameters PARAMETERS_HEAD_ONLY needs the CLASSIFICATION objective "
-            "(only it has a head)");
-      }
       t.trainable = TrainableSet::kHeadOnly;
       break;
     default:
@@ -140,30 +90,17 @@ absl::StatusOr<JobSettings> ResolveJobConfig(const v1::FineTuneConfig& config, c
   t.seed = config.seed();
   t.dropout = !config.disable_dropout();
 
-  if (!std::isfinite(config.contrastive_scale()) || config.contrastive_scale() < 0) {
-    return absl::InvalidArgumentError(absl::StrCat("config.contrastive_scale is ",
-                                                   config.contrastive_scale(),
-                                                   "; it must be > 0 (0 = the default 20)"));
-  }
-  if (config.contrastive_scale() > 0) {
+  if (config.contrastive_scale() != 0) {  // 0 = the default
     if (config.objective() != v1::CONTRASTIVE) {
       return absl::InvalidArgumentError(
           "config.contrastive_scale is only for the CONTRASTIVE objective");
     }
-    t.mnrl_scale = config.contrastive_scale();
-  }
-  constexpr int kMaxLabels = 1 << 16;
-  if (config.objective() == v1::CLASSIFICATION) {
-    if (config.num_labels() < 2 || config.num_labels() > kMaxLabels) {
-      return absl::InvalidArgumentError(absl::StrCat("config.num_labels is ", config.num_labels(),
-                                                     "; CLASSIFICATION needs 2 to ", kMaxLabels,
-                                                     " classes"));
-    }
-  } else if (config.num_labels() != 0) {
-    return absl::InvalidArgumentError("config.num_labels is only for the CLASSIFICATION objective");
+    t.contrastive_scale = config.contrastive_scale();
   }
   t.num_labels = config.num_labels();
-  s.num_labels = config.num_labels();
+  if (absl::Status valid = ValidateTrainerOptions(t); !valid.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("config: ", valid.message()));
+  }
 
   absl::StatusOr<TruncationOptions> truncation =
       core::ResolveTruncation(base, ToCore(config.tokenization()));
@@ -173,21 +110,13 @@ absl::StatusOr<JobSettings> ResolveJobConfig(const v1::FineTuneConfig& config, c
   return s;
 }
 
-absl::Status CheckBatchShape(const v1::TrainingBatch& batch, const JobSettings& settings,
-                             int64_t batch_number, int max_examples) {
+absl::Status CheckBatchShape(const v1::TrainingBatch& batch, int64_t batch_number,
+                             int max_examples) {
   const int examples = batch.examples_size();
-  if (examples == 0 || examples > max_examples) {
+  if (examples > max_examples) {
     return absl::InvalidArgumentError(absl::StrCat("batch ", batch_number, " has ", examples,
                                                    " examples; send 1 to ", max_examples,
                                                    " (--max-inputs-per-request) per batch"));
-  }
-  if (settings.objective == v1::CONTRASTIVE && examples < 2) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "batch ", batch_number,
-        " has 1 example; the CONTRASTIVE objective (multiple-negatives ranking loss) "
-        "scores each anchor against the other pairs' positives as negatives, so a single "
-        "pair has loss exactly 0 and teaches nothing: send at least 2 (anchor, positive) "
-        "pairs per batch"));
   }
   return absl::OkStatus();
 }
@@ -239,6 +168,8 @@ absl::Status ConvertBatch(const v1::TrainingBatch& in, const JobSettings& settin
     }
     return absl::OkStatus();
   };
+  bool batch_has_negatives = false;
+  for (const v1::TrainingExample& e : in.examples()) batch_has_negatives |= !e.negative().empty();
   for (int i = 0; i < examples; ++i) {
     const v1::TrainingExample& e = in.examples(i);
     absl::Status status;
@@ -251,20 +182,15 @@ absl::Status ConvertBatch(const v1::TrainingBatch& in, const JobSettings& settin
                          {"text", !e.text().empty()},
                          {"label", e.label() != 0}});
         if (!status.ok()) return status;
-        const bool has_negative = !e.negative().empty();
-        const bool batch_has_negatives = !in.examples(0).negative().empty();
-        if (has_negative != batch_has_negatives) {
-          return absl::InvalidArgumentError(
-              absl::StrCat(batch_name, ", examples[", i, "] ", has_negative ? "has" : "has no",
-                           " negative but examples[0] ", batch_has_negatives ? "has" : "has not",
-                           "; give a hard negative for every example of a batch or for none"));
-        }
         if (!(status = tokenize(i, "anchor", e.anchor(), &out->anchors)).ok()) return status;
         if (!(status = tokenize(i, "positive", e.positive(), &out->positives)).ok()) {
           return status;
         }
-        if (has_negative &&
-            !(status = tokenize(i, "negative", e.negative(), &out->negatives)).ok()) {
+        // One negative per anchor once any example has one; an empty sequence stands for a
+        // missing one, which ValidateTrainingBatch reports with its index.
+        if (e.negative().empty()) {
+          if (batch_has_negatives) out->negatives.emplace_back();
+        } else if (!(status = tokenize(i, "negative", e.negative(), &out->negatives)).ok()) {
           return status;
         }
         break;
@@ -277,11 +203,6 @@ absl::Status ConvertBatch(const v1::TrainingBatch& in, const JobSettings& settin
                          {"text", !e.text().empty()},
                          {"label", e.label() != 0}});
         if (!status.ok()) return status;
-        if (!std::isfinite(e.score()) || e.score() < -1.0f || e.score() > 1.0f) {
-          return absl::InvalidArgumentError(
-              absl::StrCat(batch_name, ", examples[", i, "].score is ", e.score(),
-                           "; gold scores must be finite and in [-1, 1]"));
-        }
         if (!(status = tokenize(i, "first", e.first(), &out->first)).ok()) return status;
         if (!(status = tokenize(i, "second", e.second(), &out->second)).ok()) return status;
         out->scores.push_back(e.score());
@@ -296,11 +217,6 @@ absl::Status ConvertBatch(const v1::TrainingBatch& in, const JobSettings& settin
                          {"second", !e.second().empty()},
                          {"score", e.score() != 0}});
         if (!status.ok()) return status;
-        if (e.label() < 0 || e.label() >= settings.num_labels) {
-          return absl::InvalidArgumentError(
-              absl::StrCat(batch_name, ", examples[", i, "].label is ", e.label(), ", outside [0, ",
-                           settings.num_labels, ") (config.num_labels)"));
-        }
         if (!(status = tokenize(i, "text", e.text(), &out->inputs)).ok()) return status;
         out->labels.push_back(e.label());
         break;
@@ -308,6 +224,11 @@ absl::Status ConvertBatch(const v1::TrainingBatch& in, const JobSettings& settin
       default:
         return absl::InternalError("unresolved objective");
     }
+  }
+  // The engine's checks of the whole batch (counts, negatives, scores, labels), said of this
+  // batch.
+  if (absl::Status valid = ValidateTrainingBatch(*out, settings.trainer); !valid.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(batch_name, ", ", valid.message()));
   }
   return absl::OkStatus();
 }

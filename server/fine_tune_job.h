@@ -20,26 +20,29 @@ struct JobSettings {
   TrainerOptions trainer;
   TruncationOptions truncation;
   attnserve::v1::Objective objective = attnserve::v1::OBJECTIVE_UNSPECIFIED;
-  int num_labels = 0;
 };
 
 // "contrastive", "cosine_similarity", "classification" (or "unspecified").
 const char* ObjectiveName(attnserve::v1::Objective objective);
 
-// `config` for a job that fine-tunes `base`.
+// `config` for a job that fine-tunes `base`: the protocol's enums and defaults (0 = the
+// default), then the engine's ValidateTrainerOptions, its message prefixed with "config: ".
 absl::StatusOr<JobSettings> ResolveJobConfig(const attnserve::v1::FineTuneConfig& config,
                                              const Model& base);
 
-// The batch's size, checked on arrival (before any tokenization): 1 to `max_examples` examples,
-// and at least 2 for CONTRASTIVE (with one pair its loss is exactly 0).
-absl::Status CheckBatchShape(const attnserve::v1::TrainingBatch& batch, const JobSettings& settings,
-                             int64_t batch_number, int max_examples);
+// The batch's size against the server's limit, checked on arrival (before any tokenization):
+// at most `max_examples` examples. The least a batch needs is the engine's to say
+// (ValidateTrainingBatch, through ConvertBatch).
+absl::Status CheckBatchShape(const attnserve::v1::TrainingBatch& batch, int64_t batch_number,
+                             int max_examples);
 // What is legal but teaches nothing (anchor == positive), as warnings for the client.
 std::vector<std::string> BatchWarnings(const attnserve::v1::TrainingBatch& batch,
                                        const JobSettings& settings, int64_t batch_number);
 
-// Validates batch number `batch_number` of a job for its objective and tokenizes it with the
-// base model's tokenizer into `out`.
+// Converts batch number `batch_number` of a job into the engine's batch, tokenized with the
+// base model's tokenizer: checks what only the protocol has (empty texts, fields of another
+// objective), then the engine's ValidateTrainingBatch (counts, negatives, scores, labels), its
+// message prefixed with "batch N, ".
 absl::Status ConvertBatch(const attnserve::v1::TrainingBatch& in, const JobSettings& settings,
                           const Model& model, int64_t batch_number, TrainingBatch* out);
 

@@ -203,8 +203,7 @@ class FineTuneReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, g
           "failed");
       return;
     }
-    if (absl::Status shape = CheckBatchShape(request_.batch(), settings_, steps_ + 1, limit);
-        !shape.ok()) {
+    if (absl::Status shape = CheckBatchShape(request_.batch(), steps_ + 1, limit); !shape.ok()) {
       End(shape, "failed");
       return;
     }

@@ -11,13 +11,14 @@
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
+#include "engine/cli_util.h"
 
 namespace attn::client::attnctl {
 namespace {
 
 // Help layout: flag names in a column of this width after two blanks, text wrapped at kWidth.
-constexpr size_t kNameColumn = 22;
-constexpr size_t kWidth = 96;
+constexpr int kNameColumn = 22;
+constexpr int kWidth = 96;
 
 std::string Underscored(absl::string_view name) { return absl::StrReplaceAll(name, {{"-", "_"}}); }
 std::string Dashed(absl::string_view name) { return absl::StrReplaceAll(name, {{"_", "-"}}); }
@@ -34,25 +35,6 @@ bool IsAbseilBuiltinFlag(absl::string_view name) {
 bool IsAbseilSwitch(absl::string_view name) {
   return name == "help" || name == "helpfull" || name == "helpshort" || name == "helppackage" ||
          name == "version" || name == "only_check_args";
-}
-
-// Appends `text` word-wrapped at kWidth, continuation lines indented by `indent` blanks; the
-// first line continues from column `column`.
-void AppendWrapped(std::string* out, absl::string_view text, size_t indent, size_t column) {
-  bool first_word = true;
-  for (absl::string_view word : absl::StrSplit(text, ' ', absl::SkipEmpty())) {
-    if (!first_word && column + 1 + word.size() > kWidth) {
-      absl::StrAppend(out, "\n", std::string(indent, ' '));
-      column = indent;
-    } else if (!first_word) {
-      out->push_back(' ');
-      ++column;
-    }
-    absl::StrAppend(out, word);
-    column += word.size();
-    first_word = false;
-  }
-  out->push_back('\n');
 }
 
 // "  --batch-size N        examples per step (default: 16)"; the help and default come from the
@@ -72,15 +54,11 @@ std::string FlagHelp(const FlagUse& use) {
       absl::StrAppend(&text, " (default: ", default_value, ")");
     }
   }
-  std::string out = left;
-  size_t column = left.size();
-  if (column + 2 > kNameColumn) {
-    out.push_back('\n');
-    column = 0;
-  }
-  out.append(kNameColumn - column, ' ');
-  AppendWrapped(&out, text, kNameColumn, kNameColumn);
-  return out;
+  // The name stands in the first line's indent, or on a line of its own when it is too long.
+  const std::string wrapped = WrapText(text, kNameColumn, kWidth);
+  if (wrapped.empty()) return left + "\n";
+  if (static_cast<int>(left.size()) + 2 <= kNameColumn) return left + wrapped.substr(left.size());
+  return absl::StrCat(left, "\n", wrapped);
 }
 
 std::string FlagGroupHelp(const FlagGroup& group) {

@@ -418,6 +418,7 @@ int RunFineTune(const Command& command) {
   job.commit = plan.commit;
   job.description = plan.description;
   const FineTuneOutcome outcome = runner.Run(job);
+  g_runner.store(nullptr);  // a late signal must not reach the runner once it is gone
   printer.BreakLine();
   if (!outcome.started) return TrainerRpcError(outcome.status, client->target());
   const double seconds = printer.Elapsed();

@@ -241,25 +241,27 @@ double LinearScheduleLr(double base_lr, int64_t step, int64_t warmup_steps, int6
 AdamW::AdamW(std::vector<ParamEntry> params, AdamWOptions options)
     : params_(std::move(params)), options_(options), state_(params_.size()) {}
 
-absl::StatusOr<AdamW> AdamW::Create(std::vector<ParamEntry> params, AdamWOptions options) {
-  if (!(options.lr >= 0.0) || !std::isfinite(options.lr)) {
-    return absl::InvalidArgumentError(absl::StrFormat("AdamW lr must be >= 0, got %g", options.lr));
+absl::Status ValidateAdamWOptions(const AdamWOptions& options) {
+  for (auto [value, name] : {std::pair<double, const char*>{options.lr, "learning_rate"},
+                             {options.eps, "epsilon"},
+                             {options.weight_decay, "weight_decay"}}) {
+    if (!(value >= 0.0) || !std::isfinite(value)) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("%s is %g; it must be finite and >= 0", name, value));
+    }
   }
   for (auto [beta, name] :
        {std::pair<double, const char*>{options.beta1, "beta1"}, {options.beta2, "beta2"}}) {
     if (!(beta >= 0.0 && beta < 1.0)) {
       return absl::InvalidArgumentError(
-          absl::StrFormat("AdamW %s must be in [0, 1), got %g", name, beta));
+          absl::StrFormat("%s is %g; it must be in [0, 1)", name, beta));
     }
   }
-  if (!(options.eps >= 0.0) || !std::isfinite(options.eps)) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("AdamW eps must be >= 0, got %g", options.eps));
-  }
-  if (!(options.weight_decay >= 0.0) || !std::isfinite(options.weight_decay)) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("AdamW weight_decay must be >= 0, got %g", options.weight_decay));
-  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<AdamW> AdamW::Create(std::vector<ParamEntry> params, AdamWOptions options) {
+  if (absl::Status valid = ValidateAdamWOptions(options); !valid.ok()) return valid;
   std::set<std::string> names;
   for (size_t i = 0; i < params.size(); ++i) {
     const ParamEntry& e = params[i];

@@ -111,6 +111,12 @@ struct AdamWOptions {
   double weight_decay = 0.01;
 };
 
+// lr and eps finite and >= 0, beta1 and beta2 in [0, 1), weight_decay finite and >= 0: what
+// AdamW::Create checks, for callers that check a job's options before creating anything. The
+// messages name the settings as the Trainer API does (learning_rate, beta1, beta2, epsilon,
+// weight_decay).
+absl::Status ValidateAdamWOptions(const AdamWOptions& options);
+
 class AdamW {
  public:
   // Validates options (lr >= 0, 0 <= beta < 1, eps >= 0, weight_decay >= 0) and entries

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "engine/ops/pooling.h"
 #include "engine/training/encoder_training.h"
+#include "engine/training/optimizer.h"
 
 namespace attn {
 namespace {
@@ -32,23 +33,109 @@ int64_t TrainingBatch::tokens() const {
          CountTokens(first) + CountTokens(second) + CountTokens(inputs);
 }
 
-absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(std::shared_ptr<const Model> base,
-                                                         const TrainerOptions& options) {
-  if (base == nullptr) return absl::InvalidArgumentError("no base model");
-  if (options.objective == Objective::kClassification && options.num_labels < 2) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "the classification objective needs num_labels >= 2 (got ", options.num_labels, ")"));
+absl::Status ValidateTrainerOptions(const TrainerOptions& options) {
+  auto invalid = [](const std::string& message) { return absl::InvalidArgumentError(message); };
+  if (absl::Status adamw = ValidateAdamWOptions(options.adamw); !adamw.ok()) return adamw;
+  if (options.objective == Objective::kClassification) {
+    if (options.num_labels < 2 || options.num_labels > kMaxLabels) {
+      return invalid(absl::StrCat("num_labels is ", options.num_labels,
+                                  "; the classification objective needs 2 to ", kMaxLabels,
+                                  " classes"));
+    }
+  } else if (options.num_labels != 0) {
+    return invalid(absl::StrCat("num_labels is ", options.num_labels,
+                                "; only the classification objective has labels"));
   }
   if (options.trainable == TrainableSet::kHeadOnly &&
       options.objective != Objective::kClassification) {
-    return absl::InvalidArgumentError(
+    return invalid(
         "training the head only needs the classification objective (the other objectives have "
         "no head)");
   }
   if (options.warmup_steps < 0 || options.total_steps < 0) {
-    return absl::InvalidArgumentError("warmup_steps and total_steps must be >= 0");
+    return invalid(absl::StrCat("warmup_steps (", options.warmup_steps, ") and total_steps (",
+                                options.total_steps, ") must be >= 0"));
   }
-  if (!(options.mnrl_scale > 0)) return absl::InvalidArgumentError("mnrl_scale must be > 0");
+  if (options.total_steps > 0 && options.warmup_steps > options.total_steps) {
+    return invalid(absl::StrCat("warmup_steps (", options.warmup_steps,
+                                ") is more than total_steps (", options.total_steps, ")"));
+  }
+  if (!std::isfinite(options.max_grad_norm) || options.max_grad_norm < 0) {
+    return invalid(absl::StrCat("max_grad_norm is ", options.max_grad_norm,
+                                "; it must be finite and >= 0 (0 = no clipping)"));
+  }
+  if (!std::isfinite(options.contrastive_scale) || !(options.contrastive_scale > 0)) {
+    return invalid(absl::StrCat("contrastive_scale is ", options.contrastive_scale,
+                                "; it must be finite and > 0"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateTrainingBatch(const TrainingBatch& batch, const TrainerOptions& options) {
+  auto invalid = [](const std::string& message) { return absl::InvalidArgumentError(message); };
+  const int64_t examples = batch.examples();
+  if (examples == 0) return invalid("0 examples; send at least 1 per batch");
+  switch (options.objective) {
+    case Objective::kContrastive:
+      if (examples < 2) {
+        return invalid(
+            "1 example; the contrastive objective (multiple-negatives ranking loss) scores each "
+            "anchor against the other pairs' positives as negatives, so a single pair has loss "
+            "exactly 0 and teaches nothing: send at least 2 (anchor, positive) pairs per batch");
+      }
+      if (batch.positives.size() != batch.anchors.size()) {
+        return invalid(absl::StrCat(batch.anchors.size(), " anchors but ", batch.positives.size(),
+                                    " positives; send one positive per anchor"));
+      }
+      if (!batch.negatives.empty()) {
+        if (batch.negatives.size() != batch.anchors.size()) {
+          return invalid(absl::StrCat(batch.negatives.size(), " hard negatives for ",
+                                      batch.anchors.size(),
+                                      " anchors; send none or one per anchor"));
+        }
+        for (size_t i = 0; i < batch.negatives.size(); ++i) {
+          if (batch.negatives[i].token_ids.empty()) {
+            return invalid(absl::StrCat(
+                "examples[", i,
+                "] has no negative but others do; give a hard negative for every example of a "
+                "batch or for none"));
+          }
+        }
+      }
+      break;
+    case Objective::kCosineSimilarity:
+      if (batch.second.size() != batch.first.size() || batch.scores.size() != batch.first.size()) {
+        return invalid(absl::StrCat(batch.first.size(), " first texts, ", batch.second.size(),
+                                    " second texts and ", batch.scores.size(),
+                                    " scores; they must match"));
+      }
+      for (size_t i = 0; i < batch.scores.size(); ++i) {
+        if (!std::isfinite(batch.scores[i]) || batch.scores[i] < -1.0f || batch.scores[i] > 1.0f) {
+          return invalid(absl::StrCat("examples[", i, "].score is ", batch.scores[i],
+                                      "; gold scores must be finite and in [-1, 1]"));
+        }
+      }
+      break;
+    case Objective::kClassification:
+      if (batch.labels.size() != batch.inputs.size()) {
+        return invalid(absl::StrCat(batch.inputs.size(), " inputs but ", batch.labels.size(),
+                                    " labels; they must match"));
+      }
+      for (size_t i = 0; i < batch.labels.size(); ++i) {
+        if (batch.labels[i] < 0 || batch.labels[i] >= options.num_labels) {
+          return invalid(absl::StrCat("examples[", i, "].label is ", batch.labels[i],
+                                      ", outside [0, ", options.num_labels, ") (num_labels)"));
+        }
+      }
+      break;
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(std::shared_ptr<const Model> base,
+                                                         const TrainerOptions& options) {
+  if (base == nullptr) return absl::InvalidArgumentError("no base model");
+  if (absl::Status valid = ValidateTrainerOptions(options); !valid.ok()) return valid;
 
   const ScopedHugePages huge_pages;  // the private weights, gradients and optimizer state
   auto trainer = std::unique_ptr<Trainer>(new Trainer());
@@ -80,58 +167,11 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(std::shared_ptr<const M
   return trainer;
 }
 
-absl::Status Trainer::ValidateBatch(const TrainingBatch& batch) const {
-  auto invalid = [](const std::string& message) { return absl::InvalidArgumentError(message); };
-  switch (options_.objective) {
-    case Objective::kContrastive:
-      if (batch.anchors.empty()) return invalid("contrastive batch has no anchors");
-      if (batch.positives.size() != batch.anchors.size()) {
-        return invalid(absl::StrCat("contrastive batch has ", batch.anchors.size(), " anchors but ",
-                                    batch.positives.size(),
-                                    " positives; send one positive per anchor"));
-      }
-      if (!batch.negatives.empty() && batch.negatives.size() != batch.anchors.size()) {
-        return invalid(absl::StrCat("contrastive batch has ", batch.negatives.size(),
-                                    " hard negatives for ", batch.anchors.size(),
-                                    " anchors; send none or one per anchor"));
-      }
-      break;
-    case Objective::kCosineSimilarity:
-      if (batch.first.empty()) return invalid("cosine-similarity batch has no pairs");
-      if (batch.second.size() != batch.first.size() || batch.scores.size() != batch.first.size()) {
-        return invalid(absl::StrCat("cosine-similarity batch has ", batch.first.size(),
-                                    " first texts, ", batch.second.size(), " second texts and ",
-                                    batch.scores.size(), " scores; they must match"));
-      }
-      for (size_t i = 0; i < batch.scores.size(); ++i) {
-        if (!std::isfinite(batch.scores[i]) || batch.scores[i] < -1.0f || batch.scores[i] > 1.0f) {
-          return invalid(absl::StrCat("score ", i, " is ", batch.scores[i],
-                                      "; gold scores must be finite and in [-1, 1]"));
-        }
-      }
-      break;
-    case Objective::kClassification:
-      if (batch.inputs.empty()) return invalid("classification batch has no inputs");
-      if (batch.labels.size() != batch.inputs.size()) {
-        return invalid(absl::StrCat("classification batch has ", batch.inputs.size(),
-                                    " inputs but ", batch.labels.size(), " labels"));
-      }
-      for (size_t i = 0; i < batch.labels.size(); ++i) {
-        if (batch.labels[i] < 0 || batch.labels[i] >= options_.num_labels) {
-          return invalid(absl::StrCat("label ", i, " is ", batch.labels[i], ", outside [0, ",
-                                      options_.num_labels, ")"));
-        }
-      }
-      break;
-  }
-  return absl::OkStatus();
-}
-
 absl::StatusOr<StepResult> Trainer::Step(const TrainingBatch& batch) {
   const auto start = std::chrono::steady_clock::now();
   // Activations, backward buffers and AdamW moments are allocated at the first step and reused.
   const ScopedHugePages huge_pages;
-  if (absl::Status valid = ValidateBatch(batch); !valid.ok()) return valid;
+  if (absl::Status valid = ValidateTrainingBatch(batch, options_); !valid.ok()) return valid;
   const BertConfig& config = base_->config();
   const int64_t H = config.hidden_size;
 
@@ -174,7 +214,7 @@ absl::StatusOr<StepResult> Trainer::Step(const TrainingBatch& batch) {
     case Objective::kContrastive: {
       const int64_t anchors = static_cast<int64_t>(batch.anchors.size());
       loss = MultipleNegativesRankingLoss(embedding.data(), anchors, embedding.data() + anchors * H,
-                                          B - anchors, H, MnrlOptions{options_.mnrl_scale},
+                                          B - anchors, H, MnrlOptions{options_.contrastive_scale},
                                           d_embedding.data(), d_embedding.data() + anchors * H);
       break;
     }

@@ -30,13 +30,15 @@ struct TrainerOptions {
   AdamWOptions adamw;          // lr 2e-5, betas (0.9, 0.999), eps 1e-6, weight decay 0.01
   int64_t warmup_steps = 0;    // linear warm-up, then linear decay to 0 at total_steps
   int64_t total_steps = 0;     // 0 = constant learning rate after warm-up
-  double max_grad_norm = 1.0;  // clip by global norm; <= 0 disables clipping
+  double max_grad_norm = 1.0;  // clip by global norm; 0 disables clipping
   TrainableSet trainable = TrainableSet::kAll;
-  uint64_t seed = 0;         // dropout masks and head initialisation
-  bool dropout = true;       // use config.json's dropout probabilities; false = off
-  double mnrl_scale = 20.0;  // contrastive: cosine similarity x scale
-  int num_labels = 0;        // classification: number of classes (>= 2)
+  uint64_t seed = 0;                // dropout masks and head initialisation
+  bool dropout = true;              // use config.json's dropout probabilities; false = off
+  double contrastive_scale = 20.0;  // contrastive: cosine similarity x scale
+  int num_labels = 0;               // classification: number of classes (2 to kMaxLabels); else 0
 };
+
+constexpr int kMaxLabels = 1 << 16;
 
 // One batch. Fill the fields of the job's objective; the others stay empty.
 struct TrainingBatch {
@@ -63,17 +65,32 @@ struct StepResult {
   double seconds = 0;
 };
 
+// What Trainer::Create refuses, for callers that check a job's options before starting it (the
+// server, when the job's config arrives): the AdamW settings (ValidateAdamWOptions), num_labels
+// for the objective, head-only training without a head, warm-up and total steps,
+// max_grad_norm and contrastive_scale. Messages start with the TrainerOptions field they are
+// about ("num_labels is 1; ...").
+absl::Status ValidateTrainerOptions(const TrainerOptions& options);
+
+// What Trainer::Step refuses in a batch for a job with `options`: no examples (a contrastive
+// batch needs 2 pairs: with one its loss is exactly 0), counts that do not match, hard
+// negatives for some anchors only (an empty negative sequence marks an anchor without one),
+// gold scores outside [-1, 1], labels outside [0, num_labels). A problem with one example
+// names it by its index in the batch ("examples[2].score is 1.5; ..."), so the caller can
+// prefix which batch it was.
+absl::Status ValidateTrainingBatch(const TrainingBatch& batch, const TrainerOptions& options);
+
 class Trainer {
  public:
-  // Copies `base`'s weights. Errors for options that cannot work (e.g. classification without
-  // num_labels, head-only training without a classification objective).
+  // Copies `base`'s weights. Errors for options that cannot work (ValidateTrainerOptions).
   static absl::StatusOr<std::unique_ptr<Trainer>> Create(std::shared_ptr<const Model> base,
                                                          const TrainerOptions& options);
   // The optimizer holds pointers into this object (weights, gradients, the backward's row list).
   Trainer(const Trainer&) = delete;
   Trainer& operator=(const Trainer&) = delete;
 
-  // One optimisation step. InvalidArgument for a malformed batch (the weights are untouched);
+  // One optimisation step. InvalidArgument for a malformed batch (ValidateTrainingBatch; the
+  // weights are untouched);
   // a NaN/Inf loss or gradient returns an error and leaves the weights as they were before
   // the step. After any error from the engine the job should be abandoned.
   absl::StatusOr<StepResult> Step(const TrainingBatch& batch);
@@ -89,7 +106,6 @@ class Trainer {
 
  private:
   Trainer() = default;
-  absl::Status ValidateBatch(const TrainingBatch& batch) const;
 
   std::shared_ptr<const Model> base_;
   TrainerOptions options_;

@@ -153,7 +153,7 @@ TEST_F(TrainerTest, RejectsMalformedBatchesAndOptions) {
   bad_score.first = {Tokens("a")};
   bad_score.second = {Tokens("b")};
   bad_score.scores = {std::nanf("")};
-  EXPECT_NE((*cosine_trainer)->Step(bad_score).status().message().find("score 0"),
+  EXPECT_NE((*cosine_trainer)->Step(bad_score).status().message().find("examples[0].score is nan"),
             std::string::npos);
 
   TrainerOptions classify;
@@ -164,7 +164,11 @@ TEST_F(TrainerTest, RejectsMalformedBatchesAndOptions) {
   TrainingBatch bad_label;
   bad_label.inputs = {Tokens("x")};
   bad_label.labels = {3};
-  EXPECT_NE((*classifier)->Step(bad_label).status().message().find("label 0 is 3"),
+  EXPECT_NE((*classifier)
+                ->Step(bad_label)
+                .status()
+                .message()
+                .find("examples[0].label is 3, outside [0, 3)"),
             std::string::npos);
 
   TrainerOptions head_only;

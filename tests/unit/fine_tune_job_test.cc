@@ -1,0 +1,174 @@
+// The fine-tuning job's pure functions (server/fine_tune_job.h) with the real tokenizer and no
+// server: a config resolves into the trainer's options, and every check lives in one place:
+// the protocol's own (enums, 0 = default, empty texts, fields of another objective, the
+// server's batch limit) here, the trainer's (ValidateTrainerOptions, ValidateTrainingBatch)
+// in the engine, whose messages the server only prefixes with "config: " or "batch N, ".
+#include "server/fine_tune_job.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <string>
+
+#include "absl/strings/match.h"
+#include "tests/test_model.h"
+
+namespace attn::server {
+namespace {
+
+namespace v1 = ::attnserve::v1;
+
+class FineTuneJobTest : public ::testing::Test {
+ protected:
+  void SetUp() override { ASSERT_TRUE(testing::TestModel().ok()) << testing::TestModel().status(); }
+  const Model& model() const { return **testing::TestModel(); }
+
+  static v1::FineTuneConfig Config(v1::Objective objective) {
+    v1::FineTuneConfig config;
+    config.set_objective(objective);
+    if (objective == v1::CLASSIFICATION) config.set_num_labels(3);
+    return config;
+  }
+  // The config's error message, or "" if it resolves.
+  std::string ConfigError(const v1::FineTuneConfig& config) const {
+    absl::StatusOr<JobSettings> settings = ResolveJobConfig(config, model());
+    if (settings.ok()) return "";
+    EXPECT_EQ(settings.status().code(), absl::StatusCode::kInvalidArgument);
+    return std::string(settings.status().message());
+  }
+  // Batch 4 of a job with `config`: its conversion's error message, or "".
+  std::string BatchError(const v1::FineTuneConfig& config, const v1::TrainingBatch& batch) const {
+    absl::StatusOr<JobSettings> settings = ResolveJobConfig(config, model());
+    EXPECT_TRUE(settings.ok()) << settings.status();
+    if (!settings.ok()) return "no settings";
+    TrainingBatch out;
+    absl::Status status = ConvertBatch(batch, *settings, model(), 4, &out);
+    if (status.ok()) return "";
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+    return std::string(status.message());
+  }
+  static v1::TrainingExample Pair(const std::string& anchor, const std::string& positive,
+                                  const std::string& negative = "") {
+    v1::TrainingExample e;
+    e.set_anchor(anchor);
+    e.set_positive(positive);
+    e.set_negative(negative);
+    return e;
+  }
+  static v1::TrainingBatch Batch(std::initializer_list<v1::TrainingExample> examples) {
+    v1::TrainingBatch batch;
+    for (const v1::TrainingExample& e : examples) *batch.add_examples() = e;
+    return batch;
+  }
+};
+
+TEST_F(FineTuneJobTest, ConfigDefaultsAndValues) {
+  v1::FineTuneConfig config = Config(v1::CONTRASTIVE);
+  absl::StatusOr<JobSettings> settings = ResolveJobConfig(config, model());
+  ASSERT_TRUE(settings.ok()) << settings.status();
+  const TrainerOptions defaults;
+  EXPECT_EQ(settings->trainer.adamw.lr, defaults.adamw.lr);  // 0 = the default
+  EXPECT_EQ(settings->trainer.contrastive_scale, defaults.contrastive_scale);
+  config.set_learning_rate(3e-5);
+  config.set_beta2(0.98);
+  config.set_contrastive_scale(10);
+  config.set_warmup_steps(2);
+  config.set_total_steps(8);
+  settings = ResolveJobConfig(config, model());
+  ASSERT_TRUE(settings.ok()) << settings.status();
+  EXPECT_EQ(settings->trainer.adamw.lr, 3e-5);
+  EXPECT_EQ(settings->trainer.adamw.beta2, 0.98);
+  EXPECT_EQ(settings->trainer.contrastive_scale, 10);
+  EXPECT_EQ(settings->trainer.total_steps, 8);
+}
+
+TEST_F(FineTuneJobTest, ConfigErrorsOneWordingEach) {
+  v1::FineTuneConfig config = Config(v1::CONTRASTIVE);
+  // The protocol's: enums and options of another objective.
+  config.set_objective(v1::OBJECTIVE_UNSPECIFIED);
+  EXPECT_EQ(ConfigError(config),
+            "config.objective is not set; use CONTRASTIVE, COSINE_SIMILARITY or CLASSIFICATION");
+  config = Config(v1::COSINE_SIMILARITY);
+  config.set_contrastive_scale(5);
+  EXPECT_EQ(ConfigError(config), "config.contrastive_scale is only for the CONTRASTIVE objective");
+
+  // The engine's, prefixed.
+  config = Config(v1::CONTRASTIVE);
+  config.set_learning_rate(std::nan(""));
+  EXPECT_EQ(ConfigError(config), "config: learning_rate is nan; it must be finite and >= 0");
+  config = Config(v1::CONTRASTIVE);
+  config.set_beta1(1);
+  EXPECT_EQ(ConfigError(config), "config: beta1 is 1; it must be in [0, 1)");
+  config = Config(v1::CONTRASTIVE);
+  config.set_weight_decay(-0.5);
+  EXPECT_EQ(ConfigError(config), "config: weight_decay is -0.5; it must be finite and >= 0");
+  config = Config(v1::CONTRASTIVE);
+  config.set_contrastive_scale(-1);
+  EXPECT_EQ(ConfigError(config), "config: contrastive_scale is -1; it must be finite and > 0");
+  config = Config(v1::CONTRASTIVE);
+  config.set_max_grad_norm(std::numeric_limits<double>::infinity());
+  EXPECT_EQ(ConfigError(config),
+            "config: max_grad_norm is inf; it must be finite and >= 0 (0 = no clipping)");
+  config = Config(v1::CONTRASTIVE);
+  config.set_warmup_steps(9);
+  config.set_total_steps(4);
+  EXPECT_EQ(ConfigError(config), "config: warmup_steps (9) is more than total_steps (4)");
+  config.set_warmup_steps(-1);
+  EXPECT_EQ(ConfigError(config), "config: warmup_steps (-1) and total_steps (4) must be >= 0");
+  config = Config(v1::CONTRASTIVE);
+  config.set_parameters(v1::PARAMETERS_HEAD_ONLY);
+  EXPECT_EQ(ConfigError(config),
+            "config: training the head only needs the classification objective (the other "
+            "objectives have no head)");
+  config = Config(v1::CONTRASTIVE);
+  config.set_num_labels(4);
+  EXPECT_EQ(ConfigError(config),
+            "config: num_labels is 4; only the classification objective has labels");
+  config = Config(v1::CLASSIFICATION);
+  config.set_num_labels(1);
+  EXPECT_EQ(ConfigError(config),
+            "config: num_labels is 1; the classification objective needs 2 to 65536 classes");
+}
+
+TEST_F(FineTuneJobTest, BatchErrorsNameTheBatchAndTheExample) {
+  const v1::FineTuneConfig contrastive = Config(v1::CONTRASTIVE);
+  EXPECT_EQ(BatchError(contrastive, Batch({Pair("a", "b"), Pair("c", "d")})), "");
+  // The server's limit, before any tokenization.
+  EXPECT_EQ(CheckBatchShape(Batch({Pair("a", "b"), Pair("c", "d")}), 4, 1).message(),
+            "batch 4 has 2 examples; send 1 to 1 (--max-inputs-per-request) per batch");
+  // The protocol's: texts and fields.
+  EXPECT_EQ(BatchError(contrastive, Batch({Pair("a", "b"), Pair("", "d")})),
+            "batch 4, examples[1].anchor is empty");
+  v1::TrainingExample stray = Pair("a", "b");
+  stray.set_label(2);
+  EXPECT_EQ(BatchError(contrastive, Batch({Pair("c", "d"), stray})),
+            "batch 4, examples[1].label is set but the contrastive objective does not use it");
+  // The engine's, prefixed.
+  EXPECT_EQ(BatchError(contrastive, Batch({})), "batch 4, 0 examples; send at least 1 per batch");
+  EXPECT_TRUE(absl::StartsWith(BatchError(contrastive, Batch({Pair("a", "b")})),
+                               "batch 4, 1 example; the contrastive objective"));
+  EXPECT_EQ(BatchError(contrastive, Batch({Pair("a", "b"), Pair("c", "d", "n"), Pair("e", "f")})),
+            "batch 4, examples[0] has no negative but others do; give a hard negative for every "
+            "example of a batch or for none");
+
+  v1::FineTuneConfig cosine = Config(v1::COSINE_SIMILARITY);
+  v1::TrainingExample scored;
+  scored.set_first("a");
+  scored.set_second("b");
+  scored.set_score(0.5f);
+  v1::TrainingExample too_high = scored;
+  too_high.set_score(1.5f);
+  EXPECT_EQ(BatchError(cosine, Batch({scored, too_high})),
+            "batch 4, examples[1].score is 1.5; gold scores must be finite and in [-1, 1]");
+
+  v1::FineTuneConfig classification = Config(v1::CLASSIFICATION);
+  v1::TrainingExample labelled;
+  labelled.set_text("x");
+  labelled.set_label(3);
+  EXPECT_EQ(BatchError(classification, Batch({labelled})),
+            "batch 4, examples[0].label is 3, outside [0, 3) (num_labels)");
+}
+
+}  // namespace
+}  // namespace attn::server
