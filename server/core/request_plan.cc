@@ -72,8 +72,17 @@ absl::Status CheckLowerBound(const Model& model, const Request& request,
                              const RequestLimits& limits, const LowerBoundCheck<Plan>& check,
                              Plan* plan) {
   if (!check) return absl::OkStatus();
-  if (!CheckInputList(model, request.inputs.size(), request.tokenization, limits).ok()) {
-    return absl::OkStatus();
+  absl::StatusOr<TruncationOptions> truncation =
+      CheckInputList(model, request.inputs.size(), request.tokenization, limits);
+  if (!truncation.ok()) return absl::OkStatus();
+  // Without truncation a text longer than max_length is an INVALID_ARGUMENT naming it and its
+  // exact length, which only tokenizing it gives: such a request skips the check.
+  if (!truncation->enabled) {
+    for (const Input& input : request.inputs) {
+      if (MinTokensOf(input.text) + MinTokensOf(input.second) > truncation->max_length) {
+        return absl::OkStatus();
+      }
+    }
   }
   plan->inputs.encodings = LowerBoundEncodings(model, request.inputs, request.tokenization);
   absl::Status status = check(*plan);
