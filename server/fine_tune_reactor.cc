@@ -303,6 +303,9 @@ class FineTuneReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, g
     info.description = commit.description();
     info.notes = notes_;
     const auto start = Clock::now();
+    // Before the checkpoint appears: a --watch-store poll of this server may serve it as the
+    // newest version before Publish does.
+    const std::string previous = service_->ServedVersion();
     if (absl::Status written = WriteCheckpoint(trainer_->base(), trainer_->weights(),
                                                trainer_->head(), info, store, version);
         !written.ok()) {
@@ -320,7 +323,6 @@ class FineTuneReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, g
     published.description = stored.ok() ? stored->description : commit.description();
     published.notes = notes_;
     const bool serve = !commit.do_not_serve();
-    const std::string previous = service_->ServedVersion();
     if (absl::Status added = service_->registry_->Publish(published, serve); !added.ok()) {
       return added;
     }
