@@ -4,10 +4,12 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "engine/explain/sparse_bm42.h"
 #include "engine/half.h"
 #include "engine/model.h"
 #include "server/core/calls.h"
@@ -17,6 +19,7 @@ namespace attn::server::core {
 
 struct RequestLimits {
   int max_inputs_per_request = 0;  // set from ServerOptions (server/options.h)
+  int max_explain_documents = 0;
 };
 
 // Inputs tokenized and ready for the engine.
@@ -37,7 +40,10 @@ absl::StatusOr<TokenizedInputs> TokenizeInputs(const Model& model, absl::Span<co
 
 struct EncodePlan {
   TokenizedInputs inputs;
-  std::optional<PoolingMode> pooling;  // nullopt = no pooling
+  std::optional<PoolingMode> pooling;  // nullopt = no pooling (or cls_attention_pooling)
+  bool cls_attention_pooling = false;  // Pooling::kClsAttention
+  bool sparse = false;                 // BM42 sparse vectors
+  std::shared_ptr<const Bm42Encoder> bm42;  // set when sparse
   bool normalize = false;
   bool token_embeddings = false;
   std::vector<int> hidden_layers;  // resolved (0..L), request order
