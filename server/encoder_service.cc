@@ -38,18 +38,18 @@ void EncoderService::ServeEngineCall(int index, const char* method,
                                      EngineCall<CoreRequest, CoreResponse> call) {
   const int64_t max_bytes = max_message_bytes_;
   MarkMethodRawCallback(
-      index, RawMethods::Unary<Request>(
-                 method, metrics_, max_bytes, nullptr,
-                 [core = core_, call, max_bytes](std::shared_ptr<UnaryCall> unary,
-                                                 grpc::CallbackServerContext* context,
-                                                 Request request) {
-                   const core::CallControl control = unary->Control();
-                   (core->*call)(ToCore(request), control,
-                                  [unary, max_bytes](absl::StatusOr<CoreResponse> result) {
-                                    Reply<Response>(*unary, result, max_bytes);
-                                  });
-                 },
-                 /*answer_dropped=*/true));
+      index,
+      RawMethods::Unary<Request>(
+          method, metrics_, max_bytes, nullptr,
+          [core = core_, call, max_bytes](std::shared_ptr<UnaryCall> unary,
+                                          grpc::CallbackServerContext* context, Request request) {
+            const core::CallControl control = unary->Control();
+            (core->*call)(ToCore(request), control,
+                          [unary, max_bytes](absl::StatusOr<CoreResponse> result) {
+                            Reply<Response>(*unary, result, max_bytes);
+                          });
+          },
+          /*answer_dropped=*/true));
 }
 
 EncoderService::EncoderService(core::ServingCore* core, int64_t max_message_bytes, Metrics* metrics)

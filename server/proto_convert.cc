@@ -256,8 +256,7 @@ namespace {
 void SetTextAttributions(const TextAttribution& text, v1::TextAttributions* out) {
   out->mutable_integrated_gradients()->Add(text.integrated_gradients.begin(),
                                            text.integrated_gradients.end());
-  out->mutable_gradient_x_input()->Add(text.gradient_x_input.begin(),
-                                       text.gradient_x_input.end());
+  out->mutable_gradient_x_input()->Add(text.gradient_x_input.begin(), text.gradient_x_input.end());
   out->set_baseline_similarity(text.baseline_similarity);
 }
 
@@ -303,8 +302,7 @@ void ToProto(const core::ExplainResponse& response, v1::ExplainResponse* out) {
     SetWords(a.b, proto->mutable_document_words());
     if (!a.word_pair_matrix.empty()) {
       SetTensor({static_cast<int64_t>(a.a.words.size()), static_cast<int64_t>(a.b.words.size())},
-                a.word_pair_matrix.data(), WireDType::kFloat32,
-                proto->mutable_word_pair_matrix());
+                a.word_pair_matrix.data(), WireDType::kFloat32, proto->mutable_word_pair_matrix());
     }
     proto->set_inference_ms(result.inference_ms);
   }

@@ -482,9 +482,8 @@ absl::StatusOr<AttributionResult> ExplainSimilarity(const BertConfig& config,
         for (int64_t e = 0; e < T * H; ++e) grad_sum.data()[e] += grad->data()[k * T * H + e];
       }
       if (pairwise) {
-        if (absl::Status st = AddIntegratedJacobianColumns(config, weights, pooling, p,
-                                                           options.layer, options.checkpoint,
-                                                           &u[side]);
+        if (absl::Status st = AddIntegratedJacobianColumns(
+                config, weights, pooling, p, options.layer, options.checkpoint, &u[side]);
             !st.ok()) {
           return st;
         }

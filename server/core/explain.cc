@@ -42,10 +42,10 @@ absl::StatusOr<ExplainPlan> PrepareExplain(const Model& model, const ExplainRequ
       options.method = AttributionMethod::kGradientXInput;
       break;
     default:
-      return absl::InvalidArgumentError(absl::StrCat(
-          "method: unknown value ", static_cast<int>(request.method),
-          "; use ATTRIBUTION_PAIRWISE, ATTRIBUTION_INTEGRATED_GRADIENTS or "
-          "ATTRIBUTION_GRADIENT_X_INPUT"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("method: unknown value ", static_cast<int>(request.method),
+                       "; use ATTRIBUTION_PAIRWISE, ATTRIBUTION_INTEGRATED_GRADIENTS or "
+                       "ATTRIBUTION_GRADIENT_X_INPUT"));
   }
   switch (request.baseline) {
     case ExplainBaseline::kUnspecified:
@@ -71,9 +71,9 @@ absl::StatusOr<ExplainPlan> PrepareExplain(const Model& model, const ExplainRequ
   }
   const int num_layers = model.config().num_hidden_layers;
   if (request.layer < 0 || request.layer > num_layers) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "layer is ", request.layer, "; use 0 to ", num_layers,
-        " (0 = the input embeddings, ", num_layers, " = the last hidden states)"));
+    return absl::InvalidArgumentError(absl::StrCat("layer is ", request.layer, "; use 0 to ",
+                                                   num_layers, " (0 = the input embeddings, ",
+                                                   num_layers, " = the last hidden states)"));
   }
   options.layer = request.layer;
   options.word_level = request.word_level;
@@ -83,8 +83,8 @@ absl::StatusOr<ExplainPlan> PrepareExplain(const Model& model, const ExplainRequ
   }
 
   if (request.documents.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat("the request has no documents; send 1 to ",
-                                                   limits.max_explain_documents));
+    return absl::InvalidArgumentError(
+        absl::StrCat("the request has no documents; send 1 to ", limits.max_explain_documents));
   }
   if (static_cast<int64_t>(request.documents.size()) > limits.max_explain_documents) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -103,13 +103,20 @@ absl::StatusOr<ExplainPlan> PrepareExplain(const Model& model, const ExplainRequ
       return absl::Status(encoding.status().code(),
                           absl::StrCat(where, ": ", encoding.status().message()));
     }
+    if (std::count(encoding->special_tokens_mask.begin(), encoding->special_tokens_mask.end(), 0) ==
+        0) {
+      return absl::InvalidArgumentError(
+          where +
+          " has no tokens besides [CLS]/[SEP] (only spaces or control characters): "
+          "nothing to attribute");
+    }
     if (encoding->size() > token_limit) {
       return absl::InvalidArgumentError(absl::StrCat(
           where, " has ", encoding->size(), " tokens, more than the limit of ", token_limit,
           " for ", MethodName(options.method),
           pairwise ? " (its cost grows as steps x tokens^2; ATTRIBUTION_INTEGRATED_GRADIENTS "
-                     "takes up to " + std::to_string(std::min(options.max_tokens,
-                                                               model.max_positions())) + ")"
+                     "takes up to " +
+                         std::to_string(std::min(options.max_tokens, model.max_positions())) + ")"
                    : "",
           "; Explain does not truncate: shorten the text"));
     }
@@ -154,8 +161,8 @@ RequestCost EstimateCost(const Model& model, const ExplainPlan& plan, int64_t ve
     // the engine's PointsPerRun caps them at 256 MB), its gradient, and the JVP batch.
     const int64_t T = std::max(Ta, Tb);
     const int64_t per_point = layers * T * 4 * (8 * H + 2 * I + heads * T);
-    const int64_t points = std::min<int64_t>(m + 2, std::max<int64_t>(1, (int64_t{256} << 20) /
-                                                                              per_point));
+    const int64_t points =
+        std::min<int64_t>(m + 2, std::max<int64_t>(1, (int64_t{256} << 20) / per_point));
     int64_t working = points * per_point + 2 * points * T * H * 4 + 6 * T * H * 4;
     if (pairwise) working += int64_t{4096} * (3 * H + 2 * H + I) * 4 + heads * T * T * 4;
     largest_working = std::max(largest_working, working);
@@ -165,8 +172,7 @@ RequestCost EstimateCost(const Model& model, const ExplainPlan& plan, int64_t ve
   return cost;
 }
 
-absl::Status RunExplain(const Model& model, ExplainPlan* plan,
-                        const std::function<bool()>& yield) {
+absl::Status RunExplain(const Model& model, ExplainPlan* plan, const std::function<bool()>& yield) {
   using Clock = std::chrono::steady_clock;
   AttributionOptions options = plan->options;
   options.checkpoint = yield;

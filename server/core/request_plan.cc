@@ -1,11 +1,10 @@
 #include "server/core/request_plan.h"
 
 #include <algorithm>
-#include <set>
-#include <string>
-
 #include <map>
 #include <memory>
+#include <set>
+#include <string>
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"

@@ -40,9 +40,9 @@ absl::StatusOr<TokenizedInputs> TokenizeInputs(const Model& model, absl::Span<co
 
 struct EncodePlan {
   TokenizedInputs inputs;
-  std::optional<PoolingMode> pooling;  // nullopt = no pooling (or cls_attention_pooling)
-  bool cls_attention_pooling = false;  // Pooling::kClsAttention
-  bool sparse = false;                 // BM42 sparse vectors
+  std::optional<PoolingMode> pooling;       // nullopt = no pooling (or cls_attention_pooling)
+  bool cls_attention_pooling = false;       // Pooling::kClsAttention
+  bool sparse = false;                      // BM42 sparse vectors
   std::shared_ptr<const Bm42Encoder> bm42;  // set when sparse
   bool normalize = false;
   bool token_embeddings = false;
