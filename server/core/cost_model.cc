@@ -253,21 +253,23 @@ int64_t MemoryLimitBytes() {
 int64_t DefaultMemoryBudgetBytes() { return MemoryLimitBytes() / 2; }
 
 absl::Status CheckRequestCost(const RequestCost& cost, int64_t max_message_bytes,
-                              int64_t max_request_memory_bytes, std::string* limit_name) {
+                              int64_t max_request_memory_bytes, std::string* limit_name,
+                              bool lower_bound) {
   constexpr const char* kWhatToChange =
       "ask for fewer inputs, layers or heads (or shorter inputs), use top_k instead of dense "
       "weights, or output_dtype FLOAT16";
+  const char* about = lower_bound ? "at least" : "about";
   if (cost.response_bytes > max_message_bytes) {
     *limit_name = "message";
     return absl::ResourceExhaustedError(absl::StrCat(
-        "the response would be about ", cost.response_bytes, " bytes, more than the ",
+        "the response would be ", about, " ", cost.response_bytes, " bytes, more than the ",
         max_message_bytes, "-byte limit (--max-message-bytes); ", kWhatToChange,
         ", or raise --max-message-bytes on the server and the client's maximum receive size"));
   }
   if (cost.working_bytes > max_request_memory_bytes) {
     *limit_name = "request";
     return absl::ResourceExhaustedError(
-        absl::StrCat("serving this request would take about ", cost.working_bytes,
+        absl::StrCat("serving this request would take ", about, " ", cost.working_bytes,
                      " bytes of memory, more than the ", max_request_memory_bytes,
                      "-byte limit per request (--max-request-memory-bytes); ", kWhatToChange,
                      " (rollout keeps every layer's attention), or split it into several calls"));
@@ -290,26 +292,35 @@ int64_t MemoryBudget::in_flight() const {
   return in_flight_;
 }
 
-absl::Status MemoryBudget::Acquire(int64_t bytes) {
-  absl::MutexLock lock(&mutex_);
+absl::Status MemoryBudget::Refusal(int64_t bytes, bool lower_bound) const {
   const bool light = bytes <= budget_ / 16;
   const int64_t available = light ? budget_ : budget_ - budget_ / 4;
+  const char* about = lower_bound ? "at least" : "about";
   if (bytes > available) {
     return absl::ResourceExhaustedError(absl::StrCat(
-        "serving this request would take about ", bytes, " bytes of memory, more than the ",
+        "serving this request would take ", about, " ", bytes, " bytes of memory, more than the ",
         available, " bytes one call may use of the server's ", budget_,
         "-byte budget (--memory-budget-bytes); ask for fewer inputs, layers or heads, use top_k "
         "or output_dtype FLOAT16, or split it into several calls"));
   }
-  if (in_flight_ + bytes <= available) {
-    in_flight_ += bytes;
-    return absl::OkStatus();
-  }
-  return absl::ResourceExhaustedError(
-      absl::StrCat("server busy: this request needs about ", bytes, " bytes of working memory and ",
-                   in_flight_, " of the ", budget_, "-byte budget (--memory-budget-bytes",
-                   light ? "" : "; heavy calls may use three quarters of it",
-                   ") are in use by other calls; retry with back-off or ask for less"));
+  if (in_flight_ + bytes <= available) return absl::OkStatus();
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "server busy: this request needs ", about, " ", bytes, " bytes of working memory and ",
+      in_flight_, " of the ", budget_, "-byte budget (--memory-budget-bytes",
+      light ? "" : "; heavy calls may use three quarters of it",
+      ") are in use by other calls; retry with back-off or ask for less"));
+}
+
+absl::Status MemoryBudget::Acquire(int64_t bytes) {
+  absl::MutexLock lock(&mutex_);
+  absl::Status refusal = Refusal(bytes, /*lower_bound=*/false);
+  if (refusal.ok()) in_flight_ += bytes;
+  return refusal;
+}
+
+absl::Status MemoryBudget::CheckFits(int64_t lower_bound_bytes) const {
+  absl::MutexLock lock(&mutex_);
+  return Refusal(lower_bound_bytes, /*lower_bound=*/true);
 }
 
 void MemoryBudget::Release(int64_t bytes) {

@@ -78,8 +78,10 @@ int64_t DefaultMemoryBudgetBytes();
 // Per-request limits: RESOURCE_EXHAUSTED naming the figure, the limit and what to change when
 // `cost` exceeds the response limit (--max-message-bytes) or the working-memory limit
 // (--max-request-memory-bytes). `limit_name` receives "message" or "request" on refusal.
+// `lower_bound`: `cost` is a lower bound (the message says "at least" rather than "about").
 absl::Status CheckRequestCost(const RequestCost& cost, int64_t max_message_bytes,
-                              int64_t max_request_memory_bytes, std::string* limit_name);
+                              int64_t max_request_memory_bytes, std::string* limit_name,
+                              bool lower_bound = false);
 
 // The server-wide in-flight budget. Calls that do not fit are refused at once
 // (RESOURCE_EXHAUSTED, retry with back-off), never queued: a queued call would hold its
@@ -99,8 +101,13 @@ class MemoryBudget {
   // Takes `bytes` from the budget, or says why not. Pair every success with Release(bytes).
   absl::Status Acquire(int64_t bytes);
   void Release(int64_t bytes);
+  // Whether a call needing at least `lower_bound_bytes` could be admitted now: the status
+  // Acquire would give, without taking anything (a refusal before tokenizing).
+  absl::Status CheckFits(int64_t lower_bound_bytes) const;
 
  private:
+  absl::Status Refusal(int64_t bytes, bool lower_bound) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+
   mutable absl::Mutex mutex_;
   int64_t budget_ ABSL_GUARDED_BY(mutex_);
   int64_t in_flight_ ABSL_GUARDED_BY(mutex_) = 0;

@@ -27,7 +27,8 @@ const char* MethodName(AttributionMethod method) {
 }  // namespace
 
 absl::StatusOr<ExplainPlan> PrepareExplain(const Model& model, const ExplainRequest& request,
-                                           const RequestLimits& limits) {
+                                           const RequestLimits& limits,
+                                           const LowerBoundCheck<ExplainPlan>& /*check*/) {
   ExplainPlan plan;
   AttributionOptions& options = plan.options;
   switch (request.method) {

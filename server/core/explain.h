@@ -27,8 +27,11 @@ struct ExplainPlan {
 // unknown method or baseline, steps outside [1, 256], layer outside [0, L], a text over the
 // method's token limit (texts are never truncated: an attribution of part of a text would
 // explain a different similarity).
+// `check` (the lower-bound admission of Encode) is not used: an Explain's texts are capped at
+// 512 tokens each and 16 documents, so tokenizing one is never the expensive part.
 absl::StatusOr<ExplainPlan> PrepareExplain(const Model& model, const ExplainRequest& request,
-                                           const RequestLimits& limits);
+                                           const RequestLimits& limits,
+                                           const LowerBoundCheck<ExplainPlan>& check);
 
 // Response bytes (tokens, per-token and pair attributions, words) and working memory (the saved
 // activations of one run of path points, capped by the engine at ~256 MB, the Jacobian-vector

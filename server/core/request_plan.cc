@@ -1,6 +1,7 @@
 #include "server/core/request_plan.h"
 
 #include <algorithm>
+#include <cctype>
 #include <map>
 #include <memory>
 #include <set>
@@ -67,6 +68,38 @@ absl::StatusOr<std::shared_ptr<const Bm42Encoder>> Bm42For(const Model& model) {
   return shared;
 }
 
+// The checks of the input list as a whole; the truncation it asks for.
+absl::StatusOr<TruncationOptions> CheckInputList(const Model& model, size_t count,
+                                                 const TokenizationOptions& tokenization,
+                                                 const RequestLimits& limits) {
+  if (count == 0) {
+    return absl::InvalidArgumentError(absl::StrCat("the request has no inputs; send 1 to ",
+                                                   limits.max_inputs_per_request, " inputs"));
+  }
+  if (static_cast<int64_t>(count) > limits.max_inputs_per_request) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the request has ", count, " inputs, more than the limit of ",
+        limits.max_inputs_per_request, " (--max-inputs-per-request); split it into several calls"));
+  }
+  return ResolveTruncation(model, tokenization);
+}
+
+// Runs `check` on `plan` with lower-bound encodings (then clears them) when there is a check
+// and the input list as a whole is valid (else tokenizing reports what is wrong).
+template <typename Request, typename Plan>
+absl::Status CheckLowerBound(const Model& model, const Request& request,
+                             const RequestLimits& limits, const LowerBoundCheck<Plan>& check,
+                             Plan* plan) {
+  if (!check) return absl::OkStatus();
+  if (!CheckInputList(model, request.inputs.size(), request.tokenization, limits).ok()) {
+    return absl::OkStatus();
+  }
+  plan->inputs.encodings = LowerBoundEncodings(model, request.inputs, request.tokenization);
+  absl::Status status = check(*plan);
+  plan->inputs.encodings.clear();
+  return status;
+}
+
 }  // namespace
 
 absl::StatusOr<TruncationOptions> ResolveTruncation(const Model& model,
@@ -99,16 +132,8 @@ absl::StatusOr<TruncationOptions> ResolveTruncation(const Model& model,
 absl::StatusOr<TokenizedInputs> TokenizeInputs(const Model& model, absl::Span<const Input> inputs,
                                                const TokenizationOptions& tokenization,
                                                const RequestLimits& limits) {
-  if (inputs.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat("the request has no inputs; send 1 to ",
-                                                   limits.max_inputs_per_request, " inputs"));
-  }
-  if (static_cast<int64_t>(inputs.size()) > limits.max_inputs_per_request) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "the request has ", inputs.size(), " inputs, more than the limit of ",
-        limits.max_inputs_per_request, " (--max-inputs-per-request); split it into several calls"));
-  }
-  absl::StatusOr<TruncationOptions> truncation = ResolveTruncation(model, tokenization);
+  absl::StatusOr<TruncationOptions> truncation =
+      CheckInputList(model, inputs.size(), tokenization, limits);
   if (!truncation.ok()) return truncation.status();
   const int limit = truncation->max_length;
 
@@ -169,8 +194,66 @@ absl::StatusOr<TokenizedInputs> TokenizeInputs(const Model& model, absl::Span<co
   return out;
 }
 
+int64_t MinTokensOf(std::string_view text) {
+  int64_t words = 0;
+  bool counted = false;  // the current word holds an ASCII letter or digit
+  for (const char c : text) {
+    // ASCII whitespace only: other separators are UTF-8 bytes >= 0x80, inside a "word" here,
+    // which can only merge words and lower the count.
+    if (c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f') {
+      counted = false;
+      continue;
+    }
+    if (!counted && std::isalnum(static_cast<unsigned char>(c))) {
+      ++words;
+      counted = true;
+    }
+  }
+  return words;
+}
+
+std::vector<Encoding> LowerBoundEncodings(const Model& model, absl::Span<const Input> inputs,
+                                          const TokenizationOptions& tokenization) {
+  absl::StatusOr<TruncationOptions> truncation = ResolveTruncation(model, tokenization);
+  std::vector<Encoding> encodings(inputs.size());
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const Input& input = inputs[i];
+    int64_t tokens = 0;
+    switch (input.kind) {
+      case Input::Kind::kText:
+        tokens = MinTokensOf(input.text);
+        break;
+      case Input::Kind::kPair:
+        tokens = MinTokensOf(input.text) + MinTokensOf(input.second);
+        break;
+      case Input::Kind::kTokens:
+        tokens = std::min<int64_t>(static_cast<int64_t>(input.ids.size()), model.max_positions());
+        break;
+      case Input::Kind::kNotSet:
+        break;
+    }
+    // Capped also without truncation: a longer text is refused by tokenizing, with the
+    // INVALID_ARGUMENT that names it, not here.
+    if (input.kind != Input::Kind::kTokens && truncation.ok()) {
+      tokens = std::min<int64_t>(tokens, truncation->max_length);
+    }
+    Encoding& e = encodings[i];
+    const size_t n = static_cast<size_t>(tokens);
+    e.ids.assign(n, 0);
+    e.type_ids.assign(n, 0);
+    e.char_start.assign(n, 0);
+    e.char_end.assign(n, 0);
+    e.byte_start.assign(n, 0);
+    e.byte_end.assign(n, 0);
+    e.special_tokens_mask.assign(n, 0);
+    e.sequence_index.assign(n, 0);
+  }
+  return encodings;
+}
+
 absl::StatusOr<EncodePlan> PrepareEncode(const Model& model, const EncodeRequest& request,
-                                         const RequestLimits& limits) {
+                                         const RequestLimits& limits,
+                                         const LowerBoundCheck<EncodePlan>& check) {
   EncodePlan plan;
   const int num_layers = model.config().num_hidden_layers;
   switch (request.pooling) {
@@ -211,11 +294,6 @@ absl::StatusOr<EncodePlan> PrepareEncode(const Model& model, const EncodeRequest
   if (!layers.ok()) return layers.status();
   plan.hidden_layers = *layers;
 
-  absl::StatusOr<TokenizedInputs> inputs =
-      TokenizeInputs(model, request.inputs, request.tokenization, limits);
-  if (!inputs.ok()) return inputs.status();
-  plan.inputs = std::move(*inputs);
-
   plan.forward.pool = false;
   plan.forward.hidden_layers = plan.hidden_layers;
   // The last layer feeds pooling and token embeddings.
@@ -235,11 +313,21 @@ absl::StatusOr<EncodePlan> PrepareEncode(const Model& model, const EncodeRequest
     plan.forward.attention_layers = {num_layers - 1};
     plan.forward.attention_probs = true;
   }
+
+  if (absl::Status affordable = CheckLowerBound(model, request, limits, check, &plan);
+      !affordable.ok()) {
+    return affordable;
+  }
+  absl::StatusOr<TokenizedInputs> inputs =
+      TokenizeInputs(model, request.inputs, request.tokenization, limits);
+  if (!inputs.ok()) return inputs.status();
+  plan.inputs = std::move(*inputs);
   return plan;
 }
 
 absl::StatusOr<AttentionPlan> PrepareAttention(const Model& model, const AttentionRequest& request,
-                                               const RequestLimits& limits) {
+                                               const RequestLimits& limits,
+                                               const LowerBoundCheck<AttentionPlan>& check) {
   AttentionPlan plan;
   const int num_layers = model.config().num_hidden_layers;
   const int num_heads = model.config().num_attention_heads;
@@ -285,11 +373,6 @@ absl::StatusOr<AttentionPlan> PrepareAttention(const Model& model, const Attenti
   if (!dtype.ok()) return dtype.status();
   plan.dtype = *dtype;
 
-  absl::StatusOr<TokenizedInputs> inputs =
-      TokenizeInputs(model, request.inputs, request.tokenization, limits);
-  if (!inputs.ok()) return inputs.status();
-  plan.inputs = std::move(*inputs);
-
   plan.forward.pool = false;
   plan.forward.attention_probs = true;
   plan.forward.attention_scores = plan.scores;
@@ -299,6 +382,15 @@ absl::StatusOr<AttentionPlan> PrepareAttention(const Model& model, const Attenti
   } else {
     plan.forward.attention_layers = plan.layers;
   }
+
+  if (absl::Status affordable = CheckLowerBound(model, request, limits, check, &plan);
+      !affordable.ok()) {
+    return affordable;
+  }
+  absl::StatusOr<TokenizedInputs> inputs =
+      TokenizeInputs(model, request.inputs, request.tokenization, limits);
+  if (!inputs.ok()) return inputs.status();
+  plan.inputs = std::move(*inputs);
   return plan;
 }
 

@@ -4,8 +4,10 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -38,6 +40,24 @@ absl::StatusOr<TokenizedInputs> TokenizeInputs(const Model& model, absl::Span<co
                                                const TokenizationOptions& tokenization,
                                                const RequestLimits& limits);
 
+// A lower bound of the tokens `text` takes, cheap enough to compute before tokenizing: each
+// whitespace-separated word holding an ASCII letter or digit yields at least one token (a word
+// of other characters may vanish in normalisation: accents, control and zero-width characters).
+int64_t MinTokensOf(std::string_view text);
+
+// Encodings no larger than the ones tokenizing `inputs` gives, by the cost model's measure
+// (cost_model.h): MinTokensOf tokens each (capped at max_length; token ids
+// given directly count as they are), all of them token 0 with zero offsets. Invalid inputs
+// count 0 tokens (tokenizing reports them). For refusing unaffordable calls before the work.
+std::vector<Encoding> LowerBoundEncodings(const Model& model, absl::Span<const Input> inputs,
+                                          const TokenizationOptions& tokenization);
+
+// Called by PrepareEncode/PrepareAttention before tokenizing, with the plan's encodings set to
+// LowerBoundEncodings: a status other than OK refuses the call without tokenizing it (a
+// request of 256 paragraphs far over the memory limit costs a word count, not a tokenization).
+template <typename Plan>
+using LowerBoundCheck = std::function<absl::Status(const Plan& lower_bound)>;
+
 struct EncodePlan {
   TokenizedInputs inputs;
   std::optional<PoolingMode> pooling;       // nullopt = no pooling (or cls_attention_pooling)
@@ -53,7 +73,8 @@ struct EncodePlan {
 };
 
 absl::StatusOr<EncodePlan> PrepareEncode(const Model& model, const EncodeRequest& request,
-                                         const RequestLimits& limits);
+                                         const RequestLimits& limits,
+                                         const LowerBoundCheck<EncodePlan>& check = nullptr);
 
 struct AttentionPlan {
   TokenizedInputs inputs;
@@ -69,8 +90,9 @@ struct AttentionPlan {
   ForwardOptions forward;
 };
 
-absl::StatusOr<AttentionPlan> PrepareAttention(const Model& model, const AttentionRequest& request,
-                                               const RequestLimits& limits);
+absl::StatusOr<AttentionPlan> PrepareAttention(
+    const Model& model, const AttentionRequest& request, const RequestLimits& limits,
+    const LowerBoundCheck<AttentionPlan>& check = nullptr);
 
 // What answering the plan will cost (cost_model.h); `version_bytes`: the length of the model
 // version name the response carries.

@@ -85,7 +85,7 @@ ServingCore::ServingCore(CoreOptions options, ModelRegistry* registry, Batcher* 
       memory_budget_(memory_budget),
       metrics_(metrics) {}
 
-// The shared path of Encode and AttentionMap: version, `prepare` (validate + tokenize), drop
+// The shared path of Encode, AttentionMap and Explain: version, `prepare` (validate + tokenize), drop
 // check, cost and admission, submit; `build` makes the response on the batcher thread.
 template <typename Request, typename Plan, typename Response, typename Prepare, typename Build>
 void ServingCore::RunEngineCall(const Request& request, const CallControl& control, Prepare prepare,
@@ -95,24 +95,33 @@ void ServingCore::RunEngineCall(const Request& request, const CallControl& contr
   };
   absl::StatusOr<ModelVersion> version = registry_->Get(std::string(request.model_version));
   if (!version.ok()) return answer(version.status());
+  const int64_t version_bytes = static_cast<int64_t>(version->version.size());
+  // Admission, against the per-request limits and the budget: first on a lower bound of the
+  // cost before tokenizing (a call far over a limit is refused without the work), then on the
+  // estimate from the tokens, which takes its share of the budget.
+  auto admit = [&](const RequestCost& cost, bool lower_bound) {
+    std::string limit = "budget";
+    absl::Status affordable = CheckRequestCost(
+        cost, options_.max_message_bytes, options_.max_request_memory_bytes, &limit, lower_bound);
+    if (affordable.ok()) {
+      affordable = lower_bound ? memory_budget_->CheckFits(cost.working_bytes)
+                               : memory_budget_->Acquire(cost.working_bytes);
+    }
+    if (!affordable.ok()) metrics_->RecordMemoryRefusal(limit);
+    return affordable;
+  };
+  const LowerBoundCheck<Plan> lower_bound_check = [&](const Plan& lower_bound) {
+    return admit(EstimateCost(*version->model, lower_bound, version_bytes), true);
+  };
   const auto tokenize_start = Clock::now();
-  auto plan =
-      std::make_shared<absl::StatusOr<Plan>>(prepare(*version->model, request, options_.limits));
+  auto plan = std::make_shared<absl::StatusOr<Plan>>(
+      prepare(*version->model, request, options_.limits, lower_bound_check));
   const double tokenization_ms = MillisSince(tokenize_start);
   metrics_->RecordTokenizationTime(tokenization_ms / 1e3);
   if (!plan->ok()) return answer(plan->status());
   if (control.DropReason() != nullptr) return answer(absl::OkStatus());  // answered dropped
-  // Admission: what answering will cost, against the per-request limits and the budget.
-  const RequestCost cost =
-      EstimateCost(*version->model, **plan, static_cast<int64_t>(version->version.size()));
-  std::string limit = "budget";
-  absl::Status affordable =
-      CheckRequestCost(cost, options_.max_message_bytes, options_.max_request_memory_bytes, &limit);
-  if (affordable.ok()) affordable = memory_budget_->Acquire(cost.working_bytes);
-  if (!affordable.ok()) {
-    metrics_->RecordMemoryRefusal(limit);
-    return answer(affordable);
-  }
+  const RequestCost cost = EstimateCost(*version->model, **plan, version_bytes);
+  if (absl::Status affordable = admit(cost, false); !affordable.ok()) return answer(affordable);
   auto admission = std::make_shared<Admission>(memory_budget_, cost.working_bytes, metrics_);
 
   auto job = std::make_shared<Job>();

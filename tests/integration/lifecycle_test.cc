@@ -381,5 +381,23 @@ TEST(DrainTest, SigtermFinishesInFlightRequestsAndExitsZero) {
   }
 }
 
+// `attnserve --help` is an answer, not an error: exit 0, every flag spelled with dashes and its
+// default, no build paths (Abseil's own listing exits 1 and groups flags by source file).
+TEST(HelpTest, HelpExitsZeroAndListsFlagsWithDashes) {
+  Subprocess help("help");
+  std::string error;
+  ASSERT_TRUE(help.Start({AttnserveBinary(), "--help"}, &error)) << error;
+  int wait_status = 0;
+  ASSERT_TRUE(help.WaitExit(ScaledSeconds(30), &wait_status)) << "--help did not exit";
+  EXPECT_TRUE(WIFEXITED(wait_status) && WEXITSTATUS(wait_status) == 0) << help.ExitDescription();
+  const std::string text = help.LogTail(1 << 20);
+  for (const char* flag : {"--model-dir", "--max-request-memory-bytes", "--memory-budget-bytes",
+                           "--trainer-token-file", "--drain-timeout-s", "(default: 8192)"}) {
+    EXPECT_NE(text.find(flag), std::string::npos) << flag << " missing from:\n" << text;
+  }
+  EXPECT_EQ(text.find("--max_batch_tokens"), std::string::npos) << text;
+  EXPECT_EQ(text.find(".cc"), std::string::npos) << "a source path in --help:\n" << text;
+}
+
 }  // namespace
 }  // namespace attn::integration

@@ -439,7 +439,7 @@ std::vector<HostileCase> Catalogue() {
          return Attention(c, request);
        },
        StatusCode::RESOURCE_EXHAUSTED,
-       {"response would be about", "--max-message-bytes", "FLOAT16"},
+       {"response would be at least", "--max-message-bytes", "FLOAT16"},
        "AttentionMap"});
   add({"rollout_over_request_memory",
        "rollout of 3 x 512 tokens in float16: a 1.6 MB answer from ~230 MB of maps (limit 128 MiB)",

@@ -212,22 +212,49 @@ Measured Serve(Batcher* batcher, Plan plan,
   return m;
 }
 
+// The cost of a planned request estimated before tokenizing (from the lower-bound encodings
+// the server checks first, request_plan.h) and after.
+struct Bounds {
+  RequestCost lower, estimate;
+};
+
+template <typename Plan, typename Request, typename Prepare>
+Bounds EstimateBounds(const Request& request, Prepare prepare) {
+  Bounds bounds;
+  const core::LowerBoundCheck<Plan> check = [&](const Plan& lower_bound) {
+    bounds.lower = core::EstimateCost(*TestModel(), lower_bound, 4);
+    return absl::OkStatus();
+  };
+  absl::StatusOr<Plan> plan = prepare(*TestModel(), ToCore(request), {256}, check);
+  EXPECT_TRUE(plan.ok()) << plan.status();
+  if (plan.ok()) bounds.estimate = core::EstimateCost(*TestModel(), *plan, 4);
+  return bounds;
+}
+
 struct Shape {
   std::string name;
   std::function<Measured(Batcher*)> serve;
+  std::function<Bounds()> bounds;
 };
 
 Shape EncodeShape(std::string name, int inputs, int tokens,
                   const std::function<void(v1::EncodeRequest*)>& options) {
-  return {
-      name + " " + std::to_string(inputs) + "x" + std::to_string(tokens), [=](Batcher* batcher) {
-        v1::EncodeRequest request;
-        AddInputs(&request, inputs, tokens);
-        options(&request);
-        absl::StatusOr<EncodePlan> plan = core::PrepareEncode(*TestModel(), ToCore(request), {256});
-        EXPECT_TRUE(plan.ok()) << plan.status();
-        return Serve<EncodePlan, v1::EncodeResponse>(batcher, *plan, BuildEncodeResults);
-      }};
+  return {name + " " + std::to_string(inputs) + "x" + std::to_string(tokens),
+          [=](Batcher* batcher) {
+            v1::EncodeRequest request;
+            AddInputs(&request, inputs, tokens);
+            options(&request);
+            absl::StatusOr<EncodePlan> plan =
+                core::PrepareEncode(*TestModel(), ToCore(request), {256});
+            EXPECT_TRUE(plan.ok()) << plan.status();
+            return Serve<EncodePlan, v1::EncodeResponse>(batcher, *plan, BuildEncodeResults);
+          },
+          [=] {
+            v1::EncodeRequest request;
+            AddInputs(&request, inputs, tokens);
+            options(&request);
+            return EstimateBounds<EncodePlan>(request, core::PrepareEncode);
+          }};
 }
 
 Shape AttentionShape(std::string name, int inputs, int tokens,
@@ -242,6 +269,12 @@ Shape AttentionShape(std::string name, int inputs, int tokens,
             EXPECT_TRUE(plan.ok()) << plan.status();
             return Serve<AttentionPlan, v1::AttentionMapResponse>(batcher, *plan,
                                                                   BuildAttentionResults);
+          },
+          [=] {
+            v1::AttentionMapRequest request;
+            AddInputs(&request, inputs, tokens);
+            options(&request);
+            return EstimateBounds<AttentionPlan>(request, core::PrepareAttention);
           }};
 }
 
@@ -331,6 +364,50 @@ TEST(CostModelTest, EstimatesAgreeWithMeasuredWithinTenPercent) {
   }
 }
 #endif  // ATTN_COUNTING_MALLOC
+
+// The cost from the lower-bound encodings (checked before tokenizing) never exceeds the
+// estimate from the tokens, or a call the server can afford would be refused; and on ordinary
+// English text it is close enough to refuse the calls far over a limit without tokenizing.
+TEST(CostModelTest, LowerBoundBeforeTokenizingIsBelowTheEstimateAndUseful) {
+  ASSERT_NE(TestModel(), nullptr);
+  double lowest = 1;
+  for (const Shape& shape : Sweep()) {
+    const Bounds b = shape.bounds();
+    lowest = std::min(lowest, static_cast<double>(b.lower.working_bytes) /
+                                  static_cast<double>(b.estimate.working_bytes));
+    EXPECT_LE(b.lower.response_bytes, b.estimate.response_bytes) << shape.name;
+    EXPECT_LE(b.lower.working_bytes, b.estimate.working_bytes) << shape.name;
+    EXPECT_GT(b.lower.working_bytes, b.estimate.working_bytes / 2) << shape.name;
+  }
+  std::printf("lower bound / estimate of working memory: at least %.3f\n", lowest);
+}
+
+// MinTokensOf is a lower bound of what the tokenizer makes of texts built to break it: words
+// that normalisation empties (combining marks, zero-width and control characters), CJK
+// (one token per character), punctuation runs, over-long words, non-ASCII spaces.
+TEST(CostModelTest, MinTokensOfNeverExceedsTheTokenizersCount) {
+  ASSERT_NE(TestModel(), nullptr);
+  const std::vector<std::string> texts = {
+      "plain words here",
+      "\u0301\u0301 \u200b\u200b a\u0301 \u0007\u0008 b",
+      "\u4e2d\u6587 \u5b57",
+      "!!! ... ,,, x",
+      std::string(300, 'a') + " " + std::string(5, 'b'),
+      "a\u00a0b\u2003c d",
+      "caf\u00e9 na\u00efve \u00c5ngstr\u00f6m",
+      "[CLS] [SEP] [MASK] word",
+      "\t\n\r\v\f",
+      "",
+  };
+  TruncationOptions no_truncation;
+  no_truncation.enabled = false;
+  for (const std::string& text : texts) {
+    absl::StatusOr<Encoding> encoding = TestModel()->tokenizer().Encode(text, no_truncation);
+    ASSERT_TRUE(encoding.ok()) << encoding.status();
+    EXPECT_LE(core::MinTokensOf(text), encoding->size() - 2) << text;
+  }
+  EXPECT_EQ(core::MinTokensOf("one two  three\tfour\nfive"), 5);
+}
 
 // The refusal messages name the figure, the limit, the flag and what to change.
 TEST(CostModelTest, RefusalsNameFigureLimitAndRemedy) {

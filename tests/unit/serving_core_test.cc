@@ -9,6 +9,7 @@
 #include <future>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace attn::server::core {
@@ -134,6 +135,38 @@ TEST_F(ServingCoreTest, EncodeRejectsAnEmptyTextNamingItsIndex) {
   ASSERT_FALSE(response.ok());
   EXPECT_EQ(response.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(response.status().message(), "inputs[1]: text is empty");
+}
+
+// A call whose cost is over a limit on its word count alone is refused before it is tokenized
+// (the message says "at least"); one within the limits is still served.
+TEST_F(ServingCoreTest, CallOverTheMemoryLimitIsRefusedBeforeTokenizing) {
+  CoreOptions options;
+  options.limits.max_inputs_per_request = 4;
+  options.max_message_bytes = 1 << 30;
+  options.max_request_memory_bytes = 8 << 20;
+  core_ =
+      std::make_unique<ServingCore>(options, registry_.get(), batcher_.get(), &budget_, &metrics_);
+  std::string paragraph;
+  for (int i = 0; i < 500; ++i) paragraph += "word ";
+  AttentionRequest request;
+  request.inputs = {Text(paragraph), Text(paragraph)};
+  request.tokenization.max_length = 512;
+  request.include_scores = true;
+  request.include_qkv = true;
+  absl::StatusOr<AttentionResponse> refused =
+      Wait<AttentionResponse>(&ServingCore::AttentionMap, request);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(refused.status().message().find("at least"), std::string::npos) << refused.status();
+  EXPECT_NE(refused.status().message().find("--max-request-memory-bytes"), std::string::npos);
+
+  request.inputs = {Text("a short one")};
+  EXPECT_TRUE(Wait<AttentionResponse>(&ServingCore::AttentionMap, request).ok());
+  // The batcher thread drops its reference to the finished job just after answering.
+  for (int i = 0; i < 500 && budget_.in_flight() != 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(budget_.in_flight(), 0) << "a refusal or a finished call holds no budget";
 }
 
 TEST_F(ServingCoreTest, AttentionSelectsTheRequestedHeads) {

@@ -1,0 +1,106 @@
+// What attnctl's commands share: the common and input flags, the connection (server address,
+// options), error and JSON output, text alignment helpers and reading inputs.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/flags/declare.h"
+#include "absl/flags/flag.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "attnserve/v1/encoder.pb.h"
+#include "client/client.h"
+#include "google/protobuf/message.h"
+
+ABSL_DECLARE_FLAG(std::string, server);
+ABSL_DECLARE_FLAG(int, timeout_ms);
+ABSL_DECLARE_FLAG(bool, wait_for_ready);
+ABSL_DECLARE_FLAG(bool, json);
+ABSL_DECLARE_FLAG(std::string, model_version);
+ABSL_DECLARE_FLAG(std::string, text);
+ABSL_DECLARE_FLAG(std::string, pair);
+ABSL_DECLARE_FLAG(int, max_length);
+ABSL_DECLARE_FLAG(std::string, truncation);
+ABSL_DECLARE_FLAG(std::string, dtype);
+ABSL_DECLARE_FLAG(std::string, token_file);
+
+namespace attn::client::attnctl {
+
+// --server, else $ATTNSERVE_ADDR, else localhost:50051.
+std::string ServerAddress();
+// --timeout-ms and --wait-for-ready.
+ClientOptions OptionsFromFlags();
+
+// The bearer token: --token-file (whitespace around it stripped), else $ATTNSERVE_TOKEN, else
+// none (the server then answers UNAUTHENTICATED, and TrainerRpcError says how to pass one).
+absl::StatusOr<std::string> LoadToken();
+// A TrainerClient for the command line's server, options and token; nullptr after printing
+// the error (exit code in *exit_code).
+std::unique_ptr<TrainerClient> MakeTrainerClient(int* exit_code);
+// RpcError plus what to do about the errors specific to the Trainer; returns kExitFailure.
+int TrainerRpcError(const absl::Status& status, const std::string& target);
+
+// "attnctl: cannot reach <target> (CODE): ..." or "attnctl: CODE: message"; returns
+// kExitFailure.
+int RpcError(const absl::Status& status, const std::string& target);
+
+// One line of JSON on stdout (proto field names, default values included); false after
+// printing why it could not.
+bool PrintJson(const google::protobuf::Message& message);
+
+// Number of code points: a good enough display width for aligning columns.
+int DisplayWidth(absl::string_view s);
+std::string PadRight(absl::string_view s, int width);
+// Code points [begin, end) of a UTF-8 string (offsets as the server reports them).
+std::string CodePointSlice(absl::string_view s, int begin, int end);
+// A one-line, length-limited rendering of an input text for headings.
+std::string ShortText(absl::string_view text, int max_chars = 60);
+// Prints `rows` under `header` in aligned columns (`gaps[c]` spaces after column c, default 2),
+// each line prefixed by `indent`, trailing blanks stripped.
+void PrintTable(const std::vector<std::string>& header,
+                const std::vector<std::vector<std::string>>& rows, const std::string& indent,
+                const std::vector<int>& gaps = {});
+
+// The texts of one input, for printing (token offsets index into them).
+struct InputText {
+  std::string first;
+  std::string second;  // empty unless a pair
+  bool is_pair = false;
+  std::string Describe() const;
+};
+
+// --text [--pair], else one text per line of stdin (not a terminal; blank lines skipped).
+absl::StatusOr<std::vector<InputText>> ReadInputs();
+void FillInputs(const std::vector<InputText>& texts,
+                google::protobuf::RepeatedPtrField<attnserve::v1::Input>* inputs);
+// --max-length and --truncation.
+absl::StatusOr<attnserve::v1::TokenizationOptions> TokenizationFromFlags();
+// --dtype (encode, attention).
+absl::StatusOr<attnserve::v1::DType> DTypeFromFlag();
+
+// The fields EncodeRequest and AttentionMapRequest share, from the inputs and flags; returns the
+// inputs (their descriptions label the output).
+template <typename Request>
+absl::StatusOr<std::vector<InputText>> FillSharedRequestFields(Request* request) {
+  auto texts = ReadInputs();
+  if (!texts.ok()) return texts.status();
+  FillInputs(*texts, request->mutable_inputs());
+  auto tokenization = TokenizationFromFlags();
+  if (!tokenization.ok()) return tokenization.status();
+  *request->mutable_tokenization() = *tokenization;
+  auto dtype = DTypeFromFlag();
+  if (!dtype.ok()) return dtype.status();
+  request->set_output_dtype(*dtype);
+  request->set_model_version(absl::GetFlag(FLAGS_model_version));
+  return texts;
+}
+
+// ", truncated from N" when the server truncated an input, else "".
+std::string TruncationNote(bool truncated, int untruncated_length);
+// "model V: N tokens, X ms total (tokenize ..., queue ..., inference ...; batch of N inputs)".
+void PrintMetadata(const std::string& version, const attnserve::v1::ResponseMetadata& m);
+
+}  // namespace attn::client::attnctl

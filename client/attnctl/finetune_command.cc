@@ -1,0 +1,526 @@
+// attnctl finetune: checks a JSON Lines file and the flags (the whole job, before connecting),
+// then runs the job through FineTuneRunner with live progress; Ctrl-C aborts it cleanly.
+#include <signal.h>
+#include <sys/ioctl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <string>
+
+#include "absl/flags/flag.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "client/attnctl/command.h"
+#include "client/attnctl/common.h"
+#include "client/client.h"
+#include "client/fine_tune_runner.h"
+#include "client/training_data.h"
+
+ABSL_FLAG(std::string, data, "", "training data (JSON Lines), required");
+ABSL_FLAG(std::string, objective, "", "contrastive | cosine | classification, required");
+ABSL_FLAG(int, epochs, 1, "passes over the data");
+ABSL_FLAG(double, lr, 2e-5, "peak learning rate, AdamW");
+ABSL_FLAG(int, batch_size, 16, "examples per step, at most the server's --max-inputs-per-request");
+ABSL_FLAG(int64_t, warmup_steps, 0, "linear warm-up steps before the linear decay to 0");
+ABSL_FLAG(int, num_labels, 0,
+          "classification: classes (default: the largest label in the data + 1)");
+ABSL_FLAG(std::string, parameters, "all",
+          "what is trained: all | attention (Q, K, V, O) | all-but-embeddings | head "
+          "(classification head only)");
+ABSL_FLAG(uint64_t, seed, 0,
+          "seeds the per-epoch shuffle, dropout masks and the head initialisation");
+ABSL_FLAG(bool, no_dropout, false, "train without dropout");
+ABSL_FLAG(std::string, base_version, "", "start from this version (default: the served one)");
+ABSL_FLAG(bool, commit, false, "publish the result as a new version and serve it by default");
+ABSL_FLAG(std::string, description, "", "stored with the committed version (with --commit)");
+ABSL_FLAG(int, log_every, 0,
+          "without a terminal: a progress line every N steps; 0 = about 20 lines");
+ABSL_FLAG(bool, dry_run, false, "check the data, print the plan, do not connect");
+
+namespace attn::client::attnctl {
+namespace {
+
+namespace v1 = ::attnserve::v1;
+
+// "0:07", "12:34", "1:02:03".
+std::string FormatDuration(double seconds) {
+  if (!std::isfinite(seconds) || seconds < 0) return "?";
+  const int64_t s = static_cast<int64_t>(seconds + 0.5);
+  if (s >= 3600) return absl::StrFormat("%d:%02d:%02d", s / 3600, s / 60 % 60, s % 60);
+  return absl::StrFormat("%d:%02d", s / 60, s % 60);
+}
+
+int TerminalColumns() {
+  struct winsize ws;
+  if (ioctl(STDERR_FILENO, TIOCGWINSZ, &ws) == 0 && ws.ws_col > 0) return ws.ws_col;
+  return 80;
+}
+
+struct FineTunePlan {
+  std::string data_path;
+  TrainingData data;
+  int epochs = 1;
+  int batch_size = 16;
+  int64_t steps_per_epoch = 0;
+  int64_t total_steps = 0;
+  uint64_t seed = 0;
+  bool commit = false;
+  std::string description;
+  v1::FineTuneConfig config;
+};
+
+const char* ObjectiveName(v1::Objective objective) {
+  switch (objective) {
+    case v1::CONTRASTIVE:
+      return "contrastive";
+    case v1::COSINE_SIMILARITY:
+      return "cosine";
+    case v1::CLASSIFICATION:
+      return "classification";
+    default:
+      return "?";
+  }
+}
+
+std::string DescribePlan(const FineTunePlan& plan) {
+  const size_t n = plan.data.examples.size();
+  std::string what = absl::StrFormat("%d %s examples", n, ObjectiveName(plan.data.objective));
+  if (plan.data.objective == v1::CONTRASTIVE && plan.data.has_negatives) {
+    absl::StrAppend(&what, " with hard negatives");
+  }
+  if (plan.data.objective == v1::CLASSIFICATION) {
+    absl::StrAppendFormat(&what, ", %d labels", plan.config.num_labels());
+  }
+  auto plural = [](int64_t k, const char* word) {
+    return absl::StrFormat("%d %s%s", k, word, k == 1 ? "" : "s");
+  };
+  std::string steps =
+      absl::StrFormat("%s x %s = %s, ", plural(plan.epochs, "epoch"),
+                      plural(plan.steps_per_epoch, "step"), plural(plan.total_steps, "step"));
+  if (static_cast<int64_t>(n) <= plan.batch_size) {
+    absl::StrAppendFormat(&steps, "one batch of %d", n);
+  } else if (n % plan.batch_size == 0) {
+    absl::StrAppendFormat(&steps, "batches of %d", plan.batch_size);
+  } else {
+    absl::StrAppendFormat(&steps, "batches of %d (the last of each epoch: %d)", plan.batch_size,
+                          n % plan.batch_size);
+  }
+  std::string lr = absl::StrFormat("lr %g", plan.config.learning_rate());
+  if (plan.config.warmup_steps() > 0) {
+    absl::StrAppendFormat(&lr, ", warm-up %d steps", plan.config.warmup_steps());
+  }
+  absl::StrAppend(&lr, ", linear decay to 0");
+  return absl::StrFormat("%s: %s\nplan: %s; %s; seed %d", plan.data_path, what, steps, lr,
+                         plan.seed);
+}
+
+// Checks the flags and the data file: the whole job, before any connection. Returns the exit
+// code on error.
+absl::StatusOr<FineTunePlan> PlanFineTune(const Command& command, int* exit_code) {
+  auto usage = [&](const std::string& message) {
+    *exit_code = UsageError(message, &command);
+    return absl::InvalidArgumentError(message);
+  };
+  FineTunePlan plan;
+  plan.data_path = absl::GetFlag(FLAGS_data);
+  if (plan.data_path.empty()) return usage("finetune needs --data FILE (JSON Lines)");
+  const std::string objective_flag = absl::AsciiStrToLower(absl::GetFlag(FLAGS_objective));
+  v1::Objective objective;
+  if (objective_flag == "contrastive") {
+    objective = v1::CONTRASTIVE;
+  } else if (objective_flag == "cosine" || objective_flag == "cosine-similarity" ||
+             objective_flag == "cosine_similarity") {
+    objective = v1::COSINE_SIMILARITY;
+  } else if (objective_flag == "classification") {
+    objective = v1::CLASSIFICATION;
+  } else if (objective_flag.empty()) {
+    return usage("finetune needs --objective contrastive|cosine|classification");
+  } else {
+    return usage(absl::StrCat("--objective must be contrastive, cosine or classification, not '",
+                              objective_flag, "'"));
+  }
+  plan.epochs = absl::GetFlag(FLAGS_epochs);
+  if (plan.epochs < 1) return usage("--epochs must be >= 1");
+  plan.batch_size = absl::GetFlag(FLAGS_batch_size);
+  if (plan.batch_size < 1) return usage("--batch-size must be >= 1");
+  const double lr = absl::GetFlag(FLAGS_lr);
+  if (!(lr > 0) || !std::isfinite(lr)) return usage("--lr must be a positive number");
+  const int64_t warmup = absl::GetFlag(FLAGS_warmup_steps);
+  if (warmup < 0) return usage("--warmup-steps must be >= 0");
+  const int num_labels = absl::GetFlag(FLAGS_num_labels);
+  if (num_labels != 0 && objective != v1::CLASSIFICATION) {
+    return usage("--num-labels applies to --objective classification only");
+  }
+  if (num_labels < 0 || num_labels == 1) return usage("--num-labels must be >= 2");
+  const std::string parameters = absl::AsciiStrToLower(absl::GetFlag(FLAGS_parameters));
+  v1::ParameterSelection selection;
+  if (parameters == "all") {
+    selection = v1::PARAMETERS_ALL;
+  } else if (parameters == "attention") {
+    selection = v1::PARAMETERS_ATTENTION_ONLY;
+  } else if (parameters == "all-but-embeddings" || parameters == "all_but_embeddings") {
+    selection = v1::PARAMETERS_ALL_BUT_EMBEDDINGS;
+  } else if (parameters == "head") {
+    selection = v1::PARAMETERS_HEAD_ONLY;
+  } else {
+    return usage(absl::StrCat(
+        "--parameters must be all, attention, all-but-embeddings or head, not '", parameters, "'"));
+  }
+  if (selection == v1::PARAMETERS_HEAD_ONLY && objective != v1::CLASSIFICATION) {
+    return usage("--parameters head needs --objective classification (only it has a head)");
+  }
+  plan.commit = absl::GetFlag(FLAGS_commit);
+  plan.description = absl::GetFlag(FLAGS_description);
+  if (!plan.description.empty() && !plan.commit) {
+    return usage("--description is stored with a committed version: add --commit");
+  }
+  if (absl::GetFlag(FLAGS_log_every) < 0) return usage("--log-every must be >= 0");
+  auto tokenization = TokenizationFromFlags();
+  if (!tokenization.ok()) return usage(std::string(tokenization.status().message()));
+
+  DataLimits limits;
+  limits.num_labels = num_labels;
+  auto data = ReadTrainingData(plan.data_path, objective, limits);
+  if (!data.ok()) {
+    if (data.status().code() == absl::StatusCode::kInvalidArgument) {
+      // One problem per line, each "file:line: what".
+      for (absl::string_view line : absl::StrSplit(data.status().message(), '\n')) {
+        std::fprintf(stderr, "attnctl: %s\n", std::string(line).c_str());
+      }
+      std::fprintf(stderr, "Run 'attnctl finetune --help' for the data format.\n");
+      *exit_code = kExitUsage;
+    } else {
+      std::fprintf(stderr, "attnctl: %s\n", std::string(data.status().message()).c_str());
+      *exit_code = kExitFailure;
+    }
+    return data.status();
+  }
+  plan.data = *std::move(data);
+  plan.steps_per_epoch = StepsPerEpoch(plan.data.examples.size(), plan.batch_size);
+  plan.total_steps = plan.steps_per_epoch * plan.epochs;
+  if (warmup > plan.total_steps) {
+    return usage(
+        absl::StrFormat("--warmup-steps %d exceeds the job's %d steps", warmup, plan.total_steps));
+  }
+  plan.seed = absl::GetFlag(FLAGS_seed);
+
+  v1::FineTuneConfig& config = plan.config;
+  config.set_objective(objective);
+  config.set_learning_rate(lr);
+  config.set_warmup_steps(warmup);
+  config.set_total_steps(plan.total_steps);
+  config.set_parameters(selection);
+  config.set_seed(plan.seed);
+  config.set_disable_dropout(absl::GetFlag(FLAGS_no_dropout));
+  config.set_base_version(absl::GetFlag(FLAGS_base_version));
+  *config.mutable_tokenization() = *tokenization;
+  if (objective == v1::CLASSIFICATION) {
+    config.set_num_labels(num_labels > 0 ? num_labels : std::max(2, plan.data.max_label + 1));
+  }
+  return plan;
+}
+
+// Shows the job's progress on stderr (a live bar on a terminal, else a line every --log-every
+// steps) or every message as JSON on stdout, and the runner's events. The runner serialises the
+// calls.
+class ProgressPrinter final : public FineTuneObserver {
+ public:
+  enum class Mode { kBar, kLines, kJson };
+
+  ProgressPrinter(const FineTunePlan& plan, Mode mode, int log_every)
+      : plan_(plan), mode_(mode), start_(std::chrono::steady_clock::now()) {
+    log_every_ = log_every > 0 ? log_every : std::max<int64_t>(1, (plan.total_steps + 19) / 20);
+  }
+
+  Mode mode() const { return mode_; }
+  double Elapsed() const {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+  }
+
+  void OnProgress(const v1::FineTuneProgress& p, bool new_step) override {
+    if (mode_ == Mode::kJson) {
+      PrintJson(p);
+      std::fflush(stdout);
+      return;
+    }
+    if (!new_step) return;
+    const int64_t step = p.step();
+    const auto now = std::chrono::steady_clock::now();
+    if (first_step_ < 0) {
+      first_step_ = step;
+      first_time_ = now;
+    }
+    if (mode_ == Mode::kLines) {
+      if (step == 1 || step % log_every_ == 0 || step >= plan_.total_steps) {
+        std::fprintf(stderr, "%s\n", Status(p, now).c_str());
+      }
+      return;
+    }
+    // A bar: redraw at most 10 times a second, and always for the last step.
+    if (step < plan_.total_steps && last_draw_ != std::chrono::steady_clock::time_point() &&
+        now - last_draw_ < std::chrono::milliseconds(100)) {
+      return;
+    }
+    last_draw_ = now;
+    const std::string status = Status(p, now);
+    const int columns = TerminalColumns();
+    std::string line =
+        absl::StrFormat("step %*d/%d", Digits(plan_.total_steps), step, plan_.total_steps);
+    const int bar_width =
+        std::min(30, columns - 1 - DisplayWidth(line) - 3 - DisplayWidth(status) - 2);
+    const double fraction =
+        plan_.total_steps > 0 ? std::min(1.0, static_cast<double>(step) / plan_.total_steps) : 1;
+    if (bar_width >= 10) {
+      const int filled = static_cast<int>(fraction * bar_width);
+      std::string bar(filled, '=');
+      if (filled < bar_width) bar += '>' + std::string(bar_width - filled - 1, ' ');
+      absl::StrAppend(&line, " [", bar, "]");
+    }
+    absl::StrAppendFormat(&line, " %3d%%  %s", static_cast<int>(fraction * 100), status);
+    if (DisplayWidth(line) > columns - 1) line = CodePointPrefix(line, columns - 1);
+    std::fprintf(stderr, "\r%s\033[K", line.c_str());
+    std::fflush(stderr);
+    bar_visible_ = true;
+  }
+
+  void OnEvent(FineTuneEvent event) override {
+    BreakLine();
+    const char* note = "disconnecting";
+    if (event == FineTuneEvent::kAbortingOnInterrupt) {
+      note =
+          "interrupted: aborting the job after the current step (Ctrl-C again to disconnect at "
+          "once)";
+    } else if (event == FineTuneEvent::kCommitPending) {
+      note = "the commit was already requested; waiting for it (Ctrl-C again to disconnect)";
+    }
+    std::fprintf(stderr, "attnctl: %s\n", note);
+  }
+
+  // Ends the bar's line (before other output, and at the end).
+  void BreakLine() {
+    if (bar_visible_) {
+      std::fputc('\n', stderr);
+      bar_visible_ = false;
+    }
+  }
+
+ private:
+  static int Digits(int64_t n) { return static_cast<int>(absl::StrCat(n).size()); }
+  static std::string CodePointPrefix(const std::string& s, int n) {
+    std::string out;
+    int cp = -1;
+    for (char c : s) {
+      if ((static_cast<unsigned char>(c) & 0xC0) != 0x80) ++cp;
+      if (cp >= n) break;
+      out.push_back(c);
+    }
+    return out;
+  }
+
+  // "epoch 1/2  loss 0.4123  lr 1.60e-05  312.4 ex/s  ETA 0:42" (lines: with the step first).
+  std::string Status(const v1::FineTuneProgress& p,
+                     std::chrono::steady_clock::time_point now) const {
+    const int64_t step = p.step();
+    const int64_t epoch =
+        plan_.steps_per_epoch > 0
+            ? std::min<int64_t>(plan_.epochs,
+                                (std::max<int64_t>(step, 1) - 1) / plan_.steps_per_epoch + 1)
+            : 1;
+    // ETA from the pace since the first answered step (the first includes the job's set-up).
+    double eta = std::numeric_limits<double>::quiet_NaN();
+    const double since_first = std::chrono::duration<double>(now - first_time_).count();
+    if (step > first_step_ && since_first > 0) {
+      eta = (plan_.total_steps - step) * since_first / (step - first_step_);
+    } else if (step > 0) {
+      eta = (plan_.total_steps - step) * Elapsed() / step;
+    }
+    std::string s;
+    if (mode_ == Mode::kLines) {
+      s = absl::StrFormat("step %d/%d  ", step, plan_.total_steps);
+    }
+    absl::StrAppendFormat(&s, "epoch %d/%d  loss %.4f  lr %.2e  %.1f ex/s  ", epoch, plan_.epochs,
+                          p.loss(), p.learning_rate(), p.examples_per_second());
+    if (mode_ == Mode::kLines) absl::StrAppend(&s, "elapsed ", FormatDuration(Elapsed()), "  ");
+    absl::StrAppend(&s, "ETA ", step >= plan_.total_steps ? "0:00" : FormatDuration(eta));
+    return s;
+  }
+
+  const FineTunePlan& plan_;
+  const Mode mode_;
+  const std::chrono::steady_clock::time_point start_;
+  int64_t log_every_ = 1;
+  int64_t first_step_ = -1;
+  std::chrono::steady_clock::time_point first_time_;
+  std::chrono::steady_clock::time_point last_draw_;
+  bool bar_visible_ = false;  // a progress bar is on the terminal's current line
+};
+
+// Set by SIGINT/SIGTERM: the runner to interrupt, and the last signal.
+std::atomic<FineTuneRunner*> g_runner{nullptr};
+std::atomic<int> g_interrupt_signal{0};
+
+void OnInterrupt(int signal) {
+  g_interrupt_signal.store(signal);
+  if (FineTuneRunner* runner = g_runner.load()) runner->Interrupt();
+}
+
+void InstallInterruptHandlers() {
+  struct sigaction action;
+  std::memset(&action, 0, sizeof action);
+  action.sa_handler = OnInterrupt;
+  sigemptyset(&action.sa_mask);
+  action.sa_flags = SA_RESTART;
+  sigaction(SIGINT, &action, nullptr);
+  sigaction(SIGTERM, &action, nullptr);
+}
+
+int RunFineTune(const Command& command) {
+  int exit_code = kExitOk;
+  auto planned = PlanFineTune(command, &exit_code);
+  if (!planned.ok()) return exit_code;
+  const FineTunePlan& plan = *planned;
+  const bool json = absl::GetFlag(FLAGS_json);
+  if (absl::GetFlag(FLAGS_dry_run)) {
+    std::printf("%s\n", DescribePlan(plan).c_str());
+    std::printf("dry run: data OK, nothing sent\n");
+    return kExitOk;
+  }
+  auto client = MakeTrainerClient(&exit_code);
+  if (client == nullptr) return exit_code;
+  std::fprintf(stderr, "%s\n", DescribePlan(plan).c_str());
+
+  const ProgressPrinter::Mode mode = json                    ? ProgressPrinter::Mode::kJson
+                                     : isatty(STDERR_FILENO) ? ProgressPrinter::Mode::kBar
+                                                             : ProgressPrinter::Mode::kLines;
+  ProgressPrinter printer(plan, mode, absl::GetFlag(FLAGS_log_every));
+  std::unique_ptr<FineTuneSession> session = client->FineTune();
+  FineTuneRunnerOptions options;
+  const int timeout_ms = std::max(0, absl::GetFlag(FLAGS_timeout_ms));
+  options.idle_timeout = std::chrono::milliseconds(timeout_ms);
+  FineTuneRunner runner(session.get(), options, &printer);
+  g_runner.store(&runner);
+  InstallInterruptHandlers();
+  FineTuneJob job;
+  job.config = plan.config;
+  job.examples = plan.data.examples;
+  job.epochs = plan.epochs;
+  job.batch_size = plan.batch_size;
+  job.commit = plan.commit;
+  job.description = plan.description;
+  const FineTuneOutcome outcome = runner.Run(job);
+  printer.BreakLine();
+  if (!outcome.started) return TrainerRpcError(outcome.status, client->target());
+  const double seconds = printer.Elapsed();
+
+  // Summary: stdout, or stderr when stdout carries the JSON lines.
+  FILE* out = json ? stderr : stdout;
+  std::string summary = absl::StrFormat("%d/%d steps in %s", outcome.steps, plan.total_steps,
+                                        FormatDuration(seconds));
+  if (!std::isnan(outcome.first_loss)) {
+    absl::StrAppendFormat(&summary, ", loss %.4f \u2192 %.4f", outcome.first_loss,
+                          outcome.last_loss);
+  }
+  if (!outcome.job_id.empty()) summary = absl::StrCat("job ", outcome.job_id, ": ", summary);
+  if (!outcome.base_version.empty()) {
+    absl::StrAppend(&summary, " (from ", outcome.base_version, ")");
+  }
+
+  if (outcome.timed_out) {
+    std::fprintf(out, "%s\n", summary.c_str());
+    std::fprintf(stderr,
+                 "attnctl: no answer from the server for %d ms: cancelled the job (nothing "
+                 "committed; raise --timeout-ms for slow steps, 0 = no limit)\n",
+                 timeout_ms);
+    return kExitFailure;
+  }
+  if (outcome.interrupted && outcome.committed_version.empty()) {
+    std::fprintf(out, "%s\n", summary.c_str());
+    std::fprintf(out, "aborted: nothing committed, serving unchanged\n");
+    const int signal = g_interrupt_signal.load();
+    return 128 + (signal > 0 ? signal : SIGINT);
+  }
+  if (!outcome.ended_ok()) {
+    // A job refused at the start (auth, a running job, a bad config) gets the error alone.
+    if (outcome.job_id.empty()) return TrainerRpcError(outcome.status, client->target());
+    std::fprintf(out, "%s\n", summary.c_str());
+    TrainerRpcError(outcome.status, client->target());
+    absl::FPrintF(stderr, "attnctl: the job stopped after step %d of %d; nothing committed\n",
+                  outcome.steps, plan.total_steps);
+    return kExitFailure;
+  }
+  std::fprintf(out, "%s\n", summary.c_str());
+  if (plan.commit) {
+    if (outcome.committed_version.empty()) {
+      std::fprintf(stderr, "attnctl: the server ended the job without a committed version\n");
+      return kExitFailure;
+    }
+    std::fprintf(out, "committed version %s (now served by default; 'attnctl rollback' undoes)\n",
+                 outcome.committed_version.c_str());
+  } else {
+    std::fprintf(out, "not committed (pass --commit to publish)\n");
+  }
+  return kExitOk;
+}
+
+}  // namespace
+
+Command FineTuneCommand() {
+  return {"finetune",
+          "fine-tune on a JSON Lines file, with live progress; --commit publishes it",
+          "attnctl finetune --data FILE --objective OBJ [flags]",
+          R"(The file is checked completely before connecting (errors name file:line). Examples are
+shuffled every epoch (--seed), sent in batches of --batch-size, one optimisation step per
+batch; the server's learning rate warms up over --warmup-steps, then decays linearly to 0 at
+the last step (ceil(examples / batch-size) x epochs). Progress goes to stderr: a live bar on a
+terminal, else a line every --log-every steps. Without --commit the trained weights are
+discarded at the end (watch the loss first); with --commit they become a new version,
+served by default. Ctrl-C aborts the job (nothing is published, serving is unchanged).
+
+Data, one JSON object per line (other fields ignored, blank lines skipped):
+  contrastive       {"anchor": "...", "positive": "...", "negative": "..."}
+                    (negative optional: on every line or on none; in-batch negatives, so
+                    larger batches help)
+  cosine            {"first": "...", "second": "...", "score": 0.8}   score in [-1, 1]
+  classification    {"text": "...", "label": 2}   label in [0, num-labels)
+)",
+          {{"Flags",
+            {{"data", "FILE"},
+             {"objective", "OBJ"},
+             {"epochs", "N"},
+             {"lr", "X"},
+             {"batch_size", "N"},
+             {"warmup_steps", "N"},
+             {"num_labels", "K"},
+             {"parameters", "P"},
+             {"seed", "S"},
+             {"no_dropout", ""},
+             {"max_length", "N", "max tokens per text; 0 = the model's default"},
+             {"truncation", "MODE"},
+             {"base_version", "V"},
+             {"commit", ""},
+             {"description", "TEXT"},
+             {"token_file", "PATH"},
+             {"log_every", "N"},
+             {"dry_run", ""}}},
+           CommonFlags({{"timeout_ms", "N",
+                         "longest wait for the server's next message in milliseconds; 0 = none"},
+                        {"json", "", "every progress message as a JSON line on stdout"}})},
+          R"(  attnctl finetune --data pairs.jsonl --objective contrastive --epochs 2 --lr 2e-5 \
+      --batch-size 16 --warmup-steps 10 --commit --description "support FAQ pairs"
+  attnctl finetune --data sts.jsonl --objective cosine --dry-run
+  attnctl finetune --data intents.jsonl --objective classification --num-labels 5 --json
+)",
+          RunFineTune};
+}
+
+}  // namespace attn::client::attnctl

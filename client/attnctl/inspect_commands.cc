@@ -1,0 +1,312 @@
+// attnctl's inspect commands: encode, tokenize, info, health (attention: attention_command.cc),
+// all on the Encoder and Health services.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "client/attnctl/command.h"
+#include "client/attnctl/common.h"
+#include "client/client.h"
+#include "client/tensor_decode.h"
+
+ABSL_FLAG(std::string, pooling, "default",
+          "cls | mean | max | none | default = the model's pooling (mean for MiniLM)");
+ABSL_FLAG(std::string, normalize, "default",
+          "L2-normalise the pooled embedding: true | false | default = as the model does (true "
+          "for MiniLM)");
+ABSL_FLAG(std::vector<std::string>, layers, {},
+          "also return per-token hidden states of these layers: 0 = embedding output, i = encoder "
+          "layer i, negative counts from the end (-1 = last)");
+ABSL_FLAG(std::string, service, "",
+          "service to check (default \"\": the server as a whole; for example "
+          "attnserve.v1.Encoder)");
+
+namespace attn::client::attnctl {
+
+Command AttentionCommand();  // attention_command.cc
+
+namespace {
+
+namespace v1 = ::attnserve::v1;
+
+std::string FormatFloats(const float* values, int n) {
+  std::vector<std::string> parts;
+  for (int i = 0; i < n; ++i) parts.push_back(absl::StrFormat("%+.4f", values[i]));
+  return absl::StrJoin(parts, " ");
+}
+
+// encode
+
+int RunEncode(const Command& command) {
+  EncoderClient client(ServerAddress(), OptionsFromFlags());
+  v1::EncodeRequest request;
+  auto texts = FillSharedRequestFields(&request);
+  if (!texts.ok()) return UsageError(std::string(texts.status().message()), &command);
+
+  const std::string pooling = absl::AsciiStrToLower(absl::GetFlag(FLAGS_pooling));
+  if (pooling == "default") {
+    request.set_pooling(v1::POOLING_MODEL_DEFAULT);
+  } else if (pooling == "cls") {
+    request.set_pooling(v1::POOLING_CLS);
+  } else if (pooling == "mean") {
+    request.set_pooling(v1::POOLING_MEAN);
+  } else if (pooling == "max") {
+    request.set_pooling(v1::POOLING_MAX);
+  } else if (pooling == "none") {
+    request.set_pooling(v1::POOLING_NONE);
+  } else {
+    return UsageError(
+        absl::StrCat("--pooling must be cls, mean, max, none or default, not '", pooling, "'"),
+        &command);
+  }
+  const std::string normalize = absl::AsciiStrToLower(absl::GetFlag(FLAGS_normalize));
+  if (normalize == "true") {
+    request.set_normalize(true);
+  } else if (normalize == "false") {
+    request.set_normalize(false);
+  } else if (normalize != "default") {
+    return UsageError(
+        absl::StrCat("--normalize must be true, false or default, not '", normalize, "'"),
+        &command);
+  }
+  for (const std::string& s : absl::GetFlag(FLAGS_layers)) {
+    int layer = 0;
+    if (!absl::SimpleAtoi(s, &layer)) {
+      return UsageError(absl::StrCat("--layers takes integers like 0,-1, not '", s, "'"), &command);
+    }
+    request.add_hidden_layers(layer);
+  }
+
+  auto response = client.Encode(request);
+  if (!response.ok()) return RpcError(response.status(), client.target());
+  if (absl::GetFlag(FLAGS_json)) return PrintJson(*response) ? kExitOk : kExitFailure;
+
+  int status = kExitOk;
+  for (int i = 0; i < response->results_size(); ++i) {
+    const v1::EncodeResult& r = response->results(i);
+    const std::string what = i < static_cast<int>(texts->size()) ? (*texts)[i].Describe() : "";
+    std::printf("[%d] %s (%d tokens%s)\n", i, what.c_str(), r.tokens_size(),
+                TruncationNote(r.truncated(), r.untruncated_length()).c_str());
+    if (r.embedding_size() > 0) {
+      double sq = 0;
+      for (float v : r.embedding()) sq += static_cast<double>(v) * v;
+      const int n = std::min(8, r.embedding_size());
+      std::printf("    embedding [%d] norm %.4f: %s%s\n", r.embedding_size(), std::sqrt(sq),
+                  FormatFloats(r.embedding().data(), n).c_str(),
+                  r.embedding_size() > n ? " ..." : "");
+    }
+    for (const v1::LayerTensor& layer : r.hidden_states()) {
+      auto tensor = DecodeTensor(layer.tensor());
+      if (!tensor.ok()) {
+        std::fprintf(stderr, "attnctl: input %d layer %d: bad tensor from server: %s\n", i,
+                     layer.layer(), std::string(tensor.status().message()).c_str());
+        status = kExitFailure;
+        continue;
+      }
+      const std::string shape = absl::StrJoin(tensor->shape, " x ");
+      const int n = static_cast<int>(
+          std::min<int64_t>(8, tensor->rank() == 2 ? tensor->dim(1) : tensor->size()));
+      std::printf("    layer %d [%s] %s, [CLS] row: %s%s\n", layer.layer(), shape.c_str(),
+                  v1::DType_Name(layer.tensor().dtype()).c_str(),
+                  FormatFloats(tensor->values.data(), n).c_str(), tensor->size() > n ? " ..." : "");
+    }
+  }
+  PrintMetadata(response->model_version(), response->metadata());
+  return status;
+}
+
+// tokenize
+
+int RunTokenize(const Command& command) {
+  EncoderClient client(ServerAddress(), OptionsFromFlags());
+  v1::TokenizeRequest request;
+  auto texts = ReadInputs();
+  if (!texts.ok()) return UsageError(std::string(texts.status().message()), &command);
+  FillInputs(*texts, request.mutable_inputs());
+  auto tokenization = TokenizationFromFlags();
+  if (!tokenization.ok()) return UsageError(std::string(tokenization.status().message()), &command);
+  *request.mutable_tokenization() = *tokenization;
+  request.set_model_version(absl::GetFlag(FLAGS_model_version));
+
+  auto response = client.Tokenize(request);
+  if (!response.ok()) return RpcError(response.status(), client.target());
+  if (absl::GetFlag(FLAGS_json)) return PrintJson(*response) ? kExitOk : kExitFailure;
+
+  for (int i = 0; i < response->results_size(); ++i) {
+    const v1::TokenizeResult& r = response->results(i);
+    const InputText* input = i < static_cast<int>(texts->size()) ? &(*texts)[i] : nullptr;
+    std::printf("[%d] %s (%d tokens%s)\n", i, input ? input->Describe().c_str() : "",
+                r.tokens_size(), TruncationNote(r.truncated(), r.untruncated_length()).c_str());
+    const std::vector<std::string> header = {"#", "token", "id", "type", "chars", "text"};
+    std::vector<std::vector<std::string>> rows;
+    for (int k = 0; k < r.tokens_size(); ++k) {
+      const v1::Token& t = r.tokens(k);
+      std::string span = "-";
+      std::string covered;
+      if (!t.special()) {
+        span = absl::StrFormat("%d-%d", t.char_start(), t.char_end());
+        if (input != nullptr) {
+          const std::string& source = t.source() == 1 ? input->second : input->first;
+          covered = absl::StrCat("\"", CodePointSlice(source, t.char_start(), t.char_end()), "\"");
+        }
+      }
+      rows.push_back({absl::StrCat(k), t.text(), absl::StrCat(t.id()), absl::StrCat(t.type_id()),
+                      span, covered});
+    }
+    PrintTable(header, rows, "   ");
+  }
+  PrintMetadata(response->model_version(), response->metadata());
+  return kExitOk;
+}
+
+// info
+
+int RunInfo(const Command&) {
+  EncoderClient client(ServerAddress(), OptionsFromFlags());
+  v1::GetModelInfoRequest request;
+  request.set_model_version(absl::GetFlag(FLAGS_model_version));
+  auto info = client.GetModelInfo(request);
+  if (!info.ok()) return RpcError(info.status(), client.target());
+  if (absl::GetFlag(FLAGS_json)) return PrintJson(*info) ? kExitOk : kExitFailure;
+
+  // Walk the message by reflection so new ModelInfo fields show up without touching this.
+  const google::protobuf::Descriptor* d = info->GetDescriptor();
+  const google::protobuf::Reflection* r = info->GetReflection();
+  using FD = google::protobuf::FieldDescriptor;
+  std::vector<std::pair<std::string, std::string>> lines;
+  size_t key_width = 0;
+  for (int f = 0; f < d->field_count(); ++f) {
+    const FD* field = d->field(f);
+    std::vector<std::string> values;
+    const int n = field->is_repeated() ? r->FieldSize(*info, field) : 1;
+    for (int k = 0; k < n; ++k) {
+      const bool rep = field->is_repeated();
+      switch (field->cpp_type()) {
+        case FD::CPPTYPE_STRING:
+          values.push_back(rep ? r->GetRepeatedString(*info, field, k)
+                               : r->GetString(*info, field));
+          break;
+        case FD::CPPTYPE_INT32:
+          values.push_back(
+              absl::StrCat(rep ? r->GetRepeatedInt32(*info, field, k) : r->GetInt32(*info, field)));
+          break;
+        case FD::CPPTYPE_INT64:
+          values.push_back(
+              absl::StrCat(rep ? r->GetRepeatedInt64(*info, field, k) : r->GetInt64(*info, field)));
+          break;
+        case FD::CPPTYPE_BOOL:
+          values.push_back((rep ? r->GetRepeatedBool(*info, field, k) : r->GetBool(*info, field))
+                               ? "true"
+                               : "false");
+          break;
+        case FD::CPPTYPE_ENUM:
+          values.push_back(rep ? r->GetRepeatedEnum(*info, field, k)->name()
+                               : r->GetEnum(*info, field)->name());
+          break;
+        default:
+          values.push_back("(not shown; use --json)");
+      }
+    }
+    lines.emplace_back(field->name(), absl::StrJoin(values, ", "));
+    key_width = std::max(key_width, field->name().size());
+  }
+  for (const auto& [key, value] : lines) {
+    std::printf("%s %s\n", PadRight(key + ":", static_cast<int>(key_width) + 1).c_str(),
+                value.c_str());
+  }
+  return kExitOk;
+}
+
+// health
+
+int RunHealth(const Command&) {
+  EncoderClient client(ServerAddress(), OptionsFromFlags());
+  auto status = client.Health(absl::GetFlag(FLAGS_service));
+  if (!status.ok()) {
+    if (status.status().code() == absl::StatusCode::kNotFound) {
+      // The protocol's answer for a service name the server does not know.
+      std::printf("SERVICE_UNKNOWN\n");
+      std::fprintf(stderr, "attnctl: NOT_FOUND: %s\n",
+                   std::string(status.status().message()).c_str());
+      return kExitFailure;
+    }
+    return RpcError(status.status(), client.target());
+  }
+  if (absl::GetFlag(FLAGS_json)) {
+    grpc::health::v1::HealthCheckResponse response;
+    response.set_status(*status);
+    if (!PrintJson(response)) return kExitFailure;
+  } else {
+    std::printf("%s\n", grpc::health::v1::HealthCheckResponse::ServingStatus_Name(*status).c_str());
+  }
+  return *status == grpc::health::v1::HealthCheckResponse::SERVING ? kExitOk : kExitFailure;
+}
+
+}  // namespace
+
+CommandGroup InspectCommands() {
+  CommandGroup group{"Commands", {}};
+  group.commands.push_back(
+      {"encode",
+       "sentence embeddings (and hidden states of chosen layers) of texts",
+       "attnctl encode [--text TEXT [--pair TEXT] | < lines] [flags]",
+       R"(Prints per input its token count, the embedding's L2 norm and first 8 dimensions, and for each
+--layers entry the hidden-state shape and the first 8 values of the [CLS] row.
+)",
+       {{"Flags", {{"pooling", "P"}, {"normalize", "B"}, {"layers", "L,L,..."}, {"dtype", "D"}}},
+        InputFlags(),
+        CommonFlags()},
+       R"(  attnctl encode --text "The cat sat on the mat."
+  attnctl encode --text "A man is eating." --pair "Someone eats." --pooling cls
+  attnctl encode --text "hello" --layers 0,-1 --dtype bfloat16
+  cat sentences.txt | attnctl encode --json > embeddings.jsonl
+)",
+       RunEncode});
+  group.commands.push_back(AttentionCommand());
+  group.commands.push_back(
+      {"tokenize",
+       "tokens, ids, segment ids and character offsets",
+       "attnctl tokenize [--text TEXT [--pair TEXT] | < lines] [flags]",
+       R"(Prints a table per input: position, token, vocabulary id, segment (type) id, the token's
+[start, end) character offsets into its text and the text they cover.
+)",
+       {InputFlags(), CommonFlags()},
+       R"(  attnctl tokenize --text "Tokenization isn't trivial."
+  attnctl tokenize --text "How old are you?" --pair "I am 6." --max-length 8
+)",
+       RunTokenize});
+  group.commands.push_back(
+      {"info",
+       "the served model: architecture, sizes, defaults, versions",
+       "attnctl info [flags]",
+       "Prints the model's architecture, sizes, defaults and versions as \"key: value\" lines.\n",
+       {{"Flags",
+         {{"model_version", "V", "describe this version (default: the one being served)"}}},
+        CommonFlags()},
+       "  attnctl info\n  attnctl info --json\n",
+       RunInfo});
+  group.commands.push_back(
+      {"health",
+       "grpc.health.v1 check; exits 0 only if SERVING (for Docker HEALTHCHECK)",
+       "attnctl health [--service NAME] [flags]",
+       R"(Prints SERVING, NOT_SERVING, UNKNOWN or SERVICE_UNKNOWN and exits 0 only for SERVING, so it can
+be a Docker HEALTHCHECK or a Kubernetes exec probe.
+)",
+       {{"Flags", {{"service", "NAME"}}}, CommonFlags()},
+       R"(  attnctl health
+  HEALTHCHECK CMD ["attnctl", "health", "--timeout-ms", "2000"]
+)",
+       RunHealth});
+  return group;
+}
+
+}  // namespace attn::client::attnctl
