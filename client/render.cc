@@ -23,6 +23,21 @@ constexpr Rgb kDivergingAnchors[] = {{0xb2, 0x18, 0x2b}, {0xd6, 0x60, 0x4d}, {0x
                                      {0xfd, 0xdb, 0xc7}, {0xf7, 0xf7, 0xf7}, {0xd1, 0xe5, 0xf0},
                                      {0x92, 0xc5, 0xde}, {0x43, 0x93, 0xc3}, {0x21, 0x66, 0xac}};
 
+// Linear interpolation along `anchors` at t in [0, 1] (clamped; NaN = the NaN colour).
+template <size_t N>
+Rgb Interpolate(const Rgb (&anchors)[N], double t) {
+  if (std::isnan(t)) return kNanColor;
+  const double pos = std::clamp(t, 0.0, 1.0) * (N - 1);
+  const int i = std::min(static_cast<int>(pos), static_cast<int>(N) - 2);
+  const double f = pos - i;
+  const Rgb& a = anchors[i];
+  const Rgb& b = anchors[i + 1];
+  auto mix = [f](uint8_t x, uint8_t y) {
+    return static_cast<uint8_t>(std::lround(x + (static_cast<double>(y) - x) * f));
+  };
+  return {mix(a.r, b.r), mix(a.g, b.g), mix(a.b, b.b)};
+}
+
 constexpr int kMargin = 16;
 constexpr int kTitleFont = 15;
 constexpr int kTitleHeight = 30;
@@ -345,33 +360,9 @@ int TitleWidth(absl::string_view title) {
 
 }  // namespace
 
-Rgb ScaleColor(double t) {
-  if (std::isnan(t)) return kNanColor;
-  t = std::clamp(t, 0.0, 1.0);
-  const double pos = t * (kNumAnchors - 1);
-  const int i = std::min(static_cast<int>(pos), kNumAnchors - 2);
-  const double f = pos - i;
-  const Rgb& a = kAnchors[i];
-  const Rgb& b = kAnchors[i + 1];
-  auto mix = [f](uint8_t x, uint8_t y) {
-    return static_cast<uint8_t>(std::lround(x + (static_cast<double>(y) - x) * f));
-  };
-  return {mix(a.r, b.r), mix(a.g, b.g), mix(a.b, b.b)};
-}
+Rgb ScaleColor(double t) { return Interpolate(kAnchors, t); }
 
-Rgb DivergingColor(double t) {
-  if (std::isnan(t)) return kNanColor;
-  constexpr int n = sizeof(kDivergingAnchors) / sizeof(kDivergingAnchors[0]);
-  const double pos = std::clamp(t, 0.0, 1.0) * (n - 1);
-  const int i = std::min(static_cast<int>(pos), n - 2);
-  const double f = pos - i;
-  const Rgb& a = kDivergingAnchors[i];
-  const Rgb& b = kDivergingAnchors[i + 1];
-  auto mix = [f](uint8_t x, uint8_t y) {
-    return static_cast<uint8_t>(std::lround(x + (static_cast<double>(y) - x) * f));
-  };
-  return {mix(a.r, b.r), mix(a.g, b.g), mix(a.b, b.b)};
-}
+Rgb DivergingColor(double t) { return Interpolate(kDivergingAnchors, t); }
 
 std::string ToHex(Rgb c) { return absl::StrFormat("#%02x%02x%02x", c.r, c.g, c.b); }
 

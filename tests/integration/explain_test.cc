@@ -13,6 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "tests/golden/golden_json.h"
+#include "tests/golden/relative_error.h"
 #include "tests/integration/harness.h"
 #include "tests/integration/product_catalog.h"
 
@@ -24,6 +25,7 @@ std::optional<std::vector<std::string>> SharedServerFlags() { return std::vector
 namespace {
 
 using ::attn::testing::GoldenJson;
+using ::attn::testing::WorstRelative;
 
 class ExplainTest : public ::testing::Test {
  protected:
@@ -64,19 +66,6 @@ pb::Encoder::Stub* ExplainTest::stub_ = nullptr;
 
 std::vector<float> Floats(const google::protobuf::RepeatedField<float>& field) {
   return {field.begin(), field.end()};
-}
-
-// Worst |ours - ref| / max(|ref|, 0.05 max|ref|), as the engine's parity test.
-double WorstRelative(const std::vector<float>& ours, const std::vector<float>& ref) {
-  EXPECT_EQ(ours.size(), ref.size());
-  double max_ref = 0;
-  for (float v : ref) max_ref = std::max(max_ref, std::fabs(static_cast<double>(v)));
-  double worst = 0;
-  for (size_t i = 0; i < std::min(ours.size(), ref.size()); ++i) {
-    const double scale = std::max(std::fabs(static_cast<double>(ref[i])), 0.05 * max_ref);
-    worst = std::max(worst, std::fabs(static_cast<double>(ours[i]) - ref[i]) / scale);
-  }
-  return worst;
 }
 
 TEST_F(ExplainTest, PairwiseMatchesTorchThroughTheRpc) {
