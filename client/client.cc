@@ -114,6 +114,15 @@ absl::StatusOr<v1::EncodeResponse> EncoderClient::Encode(const v1::EncodeRequest
   return response;
 }
 
+absl::StatusOr<v1::ExplainResponse> EncoderClient::Explain(const v1::ExplainRequest& request) {
+  ::grpc::ClientContext context;
+  PrepareContext(&context);
+  v1::ExplainResponse response;
+  ::grpc::Status status = encoder_->Explain(&context, request, &response);
+  if (!status.ok()) return ToAbslStatus(status);
+  return response;
+}
+
 absl::StatusOr<v1::AttentionMapResponse> EncoderClient::AttentionMap(
     const v1::AttentionMapRequest& request) {
   ::grpc::ClientContext context;

@@ -55,6 +55,8 @@ class EncoderClient {
       const attnserve::v1::AttentionMapRequest& request);
   absl::StatusOr<attnserve::v1::TokenizeResponse> Tokenize(
       const attnserve::v1::TokenizeRequest& request);
+  absl::StatusOr<attnserve::v1::ExplainResponse> Explain(
+      const attnserve::v1::ExplainRequest& request);
   absl::StatusOr<attnserve::v1::ModelInfo> GetModelInfo(
       const attnserve::v1::GetModelInfoRequest& request = {});
 

@@ -18,6 +18,25 @@ constexpr Rgb kAnchors[] = {{0xf7, 0xfb, 0xff}, {0xde, 0xeb, 0xf7}, {0xc6, 0xdb,
                             {0x21, 0x71, 0xb5}, {0x08, 0x51, 0x9c}, {0x08, 0x30, 0x6b}};
 constexpr int kNumAnchors = sizeof(kAnchors) / sizeof(kAnchors[0]);
 constexpr Rgb kNanColor = {0xc8, 0xc8, 0xc8};
+// ColorBrewer "RdBu" (9 classes) from red (negative) through white (0) to blue (positive).
+constexpr Rgb kDivergingAnchors[] = {{0xb2, 0x18, 0x2b}, {0xd6, 0x60, 0x4d}, {0xf4, 0xa5, 0x82},
+                                     {0xfd, 0xdb, 0xc7}, {0xf7, 0xf7, 0xf7}, {0xd1, 0xe5, 0xf0},
+                                     {0x92, 0xc5, 0xde}, {0x43, 0x93, 0xc3}, {0x21, 0x66, 0xac}};
+
+// Linear interpolation along `anchors` at t in [0, 1] (clamped; NaN = the NaN colour).
+template <size_t N>
+Rgb Interpolate(const Rgb (&anchors)[N], double t) {
+  if (std::isnan(t)) return kNanColor;
+  const double pos = std::clamp(t, 0.0, 1.0) * (N - 1);
+  const int i = std::min(static_cast<int>(pos), static_cast<int>(N) - 2);
+  const double f = pos - i;
+  const Rgb& a = anchors[i];
+  const Rgb& b = anchors[i + 1];
+  auto mix = [f](uint8_t x, uint8_t y) {
+    return static_cast<uint8_t>(std::lround(x + (static_cast<double>(y) - x) * f));
+  };
+  return {mix(a.r, b.r), mix(a.g, b.g), mix(a.b, b.b)};
+}
 
 constexpr int kMargin = 16;
 constexpr int kTitleFont = 15;
@@ -166,6 +185,10 @@ Range DataRange(const std::vector<float>& values, const HeatmapOptions& options)
     hi = std::max(hi, static_cast<double>(v));
   }
   if (lo > hi) lo = 0, hi = 1;  // no finite value at all
+  if (options.diverging) {      // symmetric about 0, so white is 0
+    const double a = std::max({std::fabs(lo), std::fabs(hi), 1e-12});
+    lo = -a, hi = a;
+  }
   Range r;
   r.lo = std::isnan(options.vmin) ? lo : options.vmin;
   r.hi = std::isnan(options.vmax) ? hi : options.vmax;
@@ -240,28 +263,31 @@ void AppendTitle(int x, absl::string_view title, std::string* out) {
                   "</text>\n");
 }
 
-// The T×T cells of one map with top-left corner (x0, y0). `tooltip_prefix` is prepended to
-// every tooltip (the head, in grids); without tooltips each cell is a bare <rect/>.
-void AppendCells(int x0, int y0, int cell, const Labels& labels, const float* m, const Range& range,
-                 bool tooltips, absl::string_view tooltip_prefix, std::string* out) {
-  const int t = static_cast<int>(labels.full.size());
+Rgb CellColor(double t, bool diverging) { return diverging ? DivergingColor(t) : ScaleColor(t); }
+
+// The rows x columns cells of one map with top-left corner (x0, y0). `tooltip_prefix` is
+// prepended to every tooltip (the head, in grids); without tooltips each cell is a bare <rect/>.
+void AppendCells(int x0, int y0, int cell, const Labels& rows, const Labels& cols, const float* m,
+                 const Range& range, bool diverging, bool tooltips,
+                 absl::string_view tooltip_prefix, std::string* out) {
+  const int r = static_cast<int>(rows.full.size()), c = static_cast<int>(cols.full.size());
   absl::StrAppend(out, "<g class=\"cells\" shape-rendering=\"crispEdges\">\n");
-  for (int i = 0; i < t; ++i) {
-    for (int j = 0; j < t; ++j) {
-      const double v = m[static_cast<size_t>(i) * t + j];
+  for (int i = 0; i < r; ++i) {
+    for (int j = 0; j < c; ++j) {
+      const double v = m[static_cast<size_t>(i) * c + j];
       absl::StrAppend(out, "<rect class=\"cell\" x=\"", x0 + j * cell, "\" y=\"", y0 + i * cell,
                       "\" width=\"", cell, "\" height=\"", cell, "\" fill=\"",
-                      ToHex(ScaleColor(range.Normalize(v))));
+                      ToHex(CellColor(range.Normalize(v), diverging)));
       if (tooltips) {
-        absl::StrAppend(out, "\"><title>", tooltip_prefix, labels.full[i], " (", i, ") \u2192 ",
-                        labels.full[j], " (", j, "): ", FormatValue(v), "</title></rect>\n");
+        absl::StrAppend(out, "\"><title>", tooltip_prefix, rows.full[i], " (", i, ") \u2192 ",
+                        cols.full[j], " (", j, "): ", FormatValue(v), "</title></rect>\n");
       } else {
         absl::StrAppend(out, "\"/>\n");
       }
     }
   }
-  absl::StrAppend(out, "</g>\n<rect x=\"", x0, "\" y=\"", y0, "\" width=\"", t * cell,
-                  "\" height=\"", t * cell, "\" fill=\"none\" stroke=\"#888888\"/>\n");
+  absl::StrAppend(out, "</g>\n<rect x=\"", x0, "\" y=\"", y0, "\" width=\"", c * cell,
+                  "\" height=\"", r * cell, "\" fill=\"none\" stroke=\"#888888\"/>\n");
 }
 
 void AppendRowLabels(int x0, int y0, int cell, const Labels& labels, const LabelLayout& l,
@@ -299,14 +325,14 @@ void AppendColumnLabels(int x0, int y_bottom, int cell, const Labels& labels, co
 
 // Vertical colour bar (high at the top) with the range's numbers.
 void AppendColorBar(int x, int y, int height, const Range& range, absl::string_view value_label,
-                    std::string* out) {
+                    bool diverging, std::string* out) {
   absl::StrAppend(out, "<g class=\"colorbar\">\n");
   for (int k = 0; k < kBarSteps; ++k) {
     const int top = y + (k * height) / kBarSteps;
     const int bottom = y + ((k + 1) * height) / kBarSteps;
     const double t = 1.0 - (k + 0.5) / kBarSteps;
     absl::StrAppend(out, "<rect x=\"", x, "\" y=\"", top, "\" width=\"", kBarWidth, "\" height=\"",
-                    bottom - top, "\" fill=\"", ToHex(ScaleColor(t)), "\"/>\n");
+                    bottom - top, "\" fill=\"", ToHex(CellColor(t, diverging)), "\"/>\n");
   }
   absl::StrAppend(out, "<rect x=\"", x, "\" y=\"", y, "\" width=\"", kBarWidth, "\" height=\"",
                   height, "\" fill=\"none\" stroke=\"#888888\"/>\n");
@@ -334,19 +360,9 @@ int TitleWidth(absl::string_view title) {
 
 }  // namespace
 
-Rgb ScaleColor(double t) {
-  if (std::isnan(t)) return kNanColor;
-  t = std::clamp(t, 0.0, 1.0);
-  const double pos = t * (kNumAnchors - 1);
-  const int i = std::min(static_cast<int>(pos), kNumAnchors - 2);
-  const double f = pos - i;
-  const Rgb& a = kAnchors[i];
-  const Rgb& b = kAnchors[i + 1];
-  auto mix = [f](uint8_t x, uint8_t y) {
-    return static_cast<uint8_t>(std::lround(x + (static_cast<double>(y) - x) * f));
-  };
-  return {mix(a.r, b.r), mix(a.g, b.g), mix(a.b, b.b)};
-}
+Rgb ScaleColor(double t) { return Interpolate(kAnchors, t); }
+
+Rgb DivergingColor(double t) { return Interpolate(kDivergingAnchors, t); }
 
 std::string ToHex(Rgb c) { return absl::StrFormat("#%02x%02x%02x", c.r, c.g, c.b); }
 
@@ -356,39 +372,119 @@ absl::StatusOr<std::string> RenderHeatmapSvg(const std::vector<std::string>& tok
                                              const std::vector<float>& matrix,
                                              absl::string_view title,
                                              const HeatmapOptions& options) {
-  const int t = static_cast<int>(tokens.size());
-  if (t == 0) return absl::InvalidArgumentError("heatmap needs at least one token");
-  if (matrix.size() != static_cast<size_t>(t) * t) {
+  const size_t t = tokens.size();
+  if (t > 0 && matrix.size() != t * t) {
     return absl::InvalidArgumentError(
         absl::StrFormat("heatmap of %d tokens needs %d values, got %d", t, t * t, matrix.size()));
   }
-  const int cell = options.cell_size > 0 ? options.cell_size : std::clamp(640 / t, 3, 28);
-  const Labels labels = PrepareLabels(tokens, options.max_label_chars);
-  const LabelLayout l = LayoutLabels(labels, cell, 12);
+  return RenderMatrixSvg(tokens, tokens, matrix, title, options);
+}
+
+absl::StatusOr<std::string> RenderMatrixSvg(const std::vector<std::string>& row_tokens,
+                                            const std::vector<std::string>& col_tokens,
+                                            const std::vector<float>& matrix,
+                                            absl::string_view title,
+                                            const HeatmapOptions& options) {
+  const int rows = static_cast<int>(row_tokens.size()), cols = static_cast<int>(col_tokens.size());
+  if (rows == 0 || cols == 0) return absl::InvalidArgumentError("heatmap needs at least one token");
+  if (matrix.size() != static_cast<size_t>(rows) * cols) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("heatmap of %d x %d tokens needs %d values, got %d", rows, cols,
+                        rows * cols, matrix.size()));
+  }
+  const int cell =
+      options.cell_size > 0 ? options.cell_size : std::clamp(640 / std::max(rows, cols), 3, 28);
+  const Labels row_labels = PrepareLabels(row_tokens, options.max_label_chars);
+  const Labels col_labels = PrepareLabels(col_tokens, options.max_label_chars);
+  const LabelLayout rl = LayoutLabels(row_labels, cell, 12);
+  const LabelLayout cl = LayoutLabels(col_labels, cell, 12);
   const Range range = DataRange(matrix, options);
 
-  const int side = t * cell;
-  const int x0 = kMargin + kAxisTitleSize + l.row_label_width;
+  const int width_px = cols * cell, height_px = rows * cell;
+  const int x0 = kMargin + kAxisTitleSize + rl.row_label_width;
   const int y0 = kMargin + kTitleHeight;
-  const int bar_x = x0 + side + 24;
-  const int bar_height = std::clamp(side, 120, 320);
+  const int bar_x = x0 + width_px + 24;
+  const int bar_height = std::clamp(height_px, 120, 320);
   const int width =
       std::max(bar_x + kBarWidth + kBarTextWidth, kMargin + TitleWidth(title)) + kMargin;
   const int height =
-      std::max(y0 + side + l.col_label_height + kAxisTitleSize + 4, y0 + bar_height + 20) + kMargin;
+      std::max(y0 + height_px + cl.col_label_height + kAxisTitleSize + 4, y0 + bar_height + 20) +
+      kMargin;
 
   std::string out;
-  out.reserve(static_cast<size_t>(t) * t * 160 + 4096);
+  out.reserve(static_cast<size_t>(rows) * cols * 160 + 4096);
   AppendSvgOpen(width, height, title, &out);
   AppendTitle(kMargin, title, &out);
-  const bool tooltips = static_cast<int64_t>(t) * t <= options.max_tooltip_cells;
-  AppendCells(x0, y0, cell, labels, matrix.data(), range, tooltips, "", &out);
-  AppendRowLabels(x0, y0, cell, labels, l, &out);
-  AppendColumnLabels(x0, y0 + side, cell, labels, l, &out);
-  AppendAxisTitles(x0 + side / 2, y0 + side + l.col_label_height + kAxisTitleSize - 2, kMargin + 12,
-                   y0 + side / 2, WithStrideNote(options, l), &out);
-  AppendColorBar(bar_x, y0, bar_height, range, options.value_label, &out);
+  const bool tooltips = static_cast<int64_t>(rows) * cols <= options.max_tooltip_cells;
+  AppendCells(x0, y0, cell, row_labels, col_labels, matrix.data(), range, options.diverging,
+              tooltips, "", &out);
+  AppendRowLabels(x0, y0, cell, row_labels, rl, &out);
+  AppendColumnLabels(x0, y0 + height_px, cell, col_labels, cl, &out);
+  HeatmapOptions axes = WithStrideNote(options, rl);
+  axes.col_axis_label = WithStrideNote(options, cl).col_axis_label;
+  AppendAxisTitles(x0 + width_px / 2, y0 + height_px + cl.col_label_height + kAxisTitleSize - 2,
+                   kMargin + 12, y0 + height_px / 2, axes, &out);
+  AppendColorBar(bar_x, y0, bar_height, range, options.value_label, options.diverging, &out);
   absl::StrAppend(&out, "</svg>\n");
+  return out;
+}
+
+absl::StatusOr<std::string> RenderTokenStripSvg(const std::vector<std::string>& tokens,
+                                                const std::vector<float>& values,
+                                                absl::string_view title, int max_width) {
+  if (tokens.size() != values.size() || tokens.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("token strip needs one value per token, got %d tokens and %d values",
+                        tokens.size(), values.size()));
+  }
+  HeatmapOptions options;
+  options.diverging = true;
+  const Range range = DataRange(values, options);
+  constexpr int kFont = 13, kRow = 24, kPad = 4, kGap = 3;
+  std::string cells;
+  int x = kMargin, y = kMargin + kTitleHeight, widest = kMargin + TitleWidth(title);
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    double units = 0;
+    const std::string label = LabelText(tokens[i], 24, &units);
+    const int w = static_cast<int>(std::ceil(units * kCharWidthEm * kFont)) + 2 * kPad;
+    if (x > kMargin && x + w > max_width - kMargin) x = kMargin, y += kRow + kGap;
+    absl::StrAppend(&cells, "<g class=\"token\"><rect x=\"", x, "\" y=\"", y, "\" width=\"", w,
+                    "\" height=\"", kRow, "\" rx=\"3\" fill=\"",
+                    ToHex(DivergingColor(range.Normalize(values[i]))),
+                    "\" stroke=\"#bbbbbb\"><title>", XmlEscape(tokens[i]), " (", i,
+                    "): ", FormatValue(values[i]), "</title></rect><text x=\"", x + kPad, "\" y=\"",
+                    y + kRow - 7, "\" font-size=\"", kFont, "\">", label, "</text></g>\n");
+    x += w + kGap;
+    widest = std::max(widest, x);
+  }
+  const int width = widest + kMargin, height = y + kRow + kMargin + 14;
+  std::string out;
+  AppendSvgOpen(width, height, title, &out);
+  AppendTitle(kMargin, title, &out);
+  absl::StrAppend(&out, cells, "<text x=\"", kMargin, "\" y=\"", height - kMargin + 4,
+                  "\" fill=\"#555555\">red lowers, blue raises the score (scale \u00b1",
+                  FormatValue(range.hi), ")</text>\n</svg>\n");
+  return out;
+}
+
+std::string StackSvgs(const std::vector<std::string>& svgs, absl::string_view title) {
+  // Each part is one of ours: its root element starts with width="W" height="H".
+  auto attribute = [](const std::string& svg, absl::string_view name) {
+    const size_t at = svg.find(absl::StrCat(" ", name, "=\""));
+    return at == std::string::npos ? 0 : std::atoi(svg.c_str() + at + name.size() + 3);
+  };
+  int width = 0, height = 0;
+  std::string body;
+  for (const std::string& svg : svgs) {
+    const int w = attribute(svg, "width"), h = attribute(svg, "height");
+    // A nested <svg> is positioned by its own x/y attributes.
+    absl::StrAppend(&body, "<svg x=\"0\" y=\"", height, "\"", svg.substr(4));
+    width = std::max(width, w);
+    height += h;
+  }
+  std::string out;
+  AppendSvgOpen(width, height, title, &out);
+  absl::StrAppend(&out, body, "</svg>\n");
   return out;
 }
 
@@ -441,8 +537,8 @@ absl::StatusOr<std::string> RenderHeadGridSvg(const std::vector<std::string>& to
     absl::StrAppend(&out, "<g class=\"panel\">\n<text class=\"panel-title\" x=\"",
                     Num(px + side / 2.0), "\" y=\"", py - 5,
                     "\" text-anchor=\"middle\" font-weight=\"bold\">head ", heads[p], "</text>\n");
-    AppendCells(px, py, cell, labels, weights.data() + per_head * p, range, tooltips,
-                absl::StrCat("head ", heads[p], ": "), &out);
+    AppendCells(px, py, cell, labels, labels, weights.data() + per_head * p, range,
+                options.diverging, tooltips, absl::StrCat("head ", heads[p], ": "), &out);
     // Row labels on the left column of panels, column labels under panels with none below.
     if (k == 0) AppendRowLabels(px, py, cell, labels, l, &out);
     if (p + columns >= h) AppendColumnLabels(px, py + side, cell, labels, l, &out);
@@ -450,7 +546,8 @@ absl::StatusOr<std::string> RenderHeadGridSvg(const std::vector<std::string>& to
   }
   AppendAxisTitles(x_base + grid_w / 2, y_base + grid_h + l.col_label_height + kAxisTitleSize - 2,
                    kMargin + 12, y_base + grid_h / 2, WithStrideNote(options, l), &out);
-  AppendColorBar(bar_x, y_base + panel_title, bar_height, range, options.value_label, &out);
+  AppendColorBar(bar_x, y_base + panel_title, bar_height, range, options.value_label,
+                 options.diverging, &out);
   absl::StrAppend(&out, "</svg>\n");
   return out;
 }

@@ -22,6 +22,8 @@ struct Rgb {
 // interpolation between ColorBrewer "Blues" anchors, whose lightness falls monotonically — so
 // darker always means more attention. t is clamped; NaN maps to the NaN colour (grey).
 Rgb ScaleColor(double t);
+// The diverging scale for signed values: t = 0 red, 0.5 white, 1 blue (ColorBrewer RdBu).
+Rgb DivergingColor(double t);
 // "#rrggbb".
 std::string ToHex(Rgb color);
 
@@ -46,6 +48,8 @@ struct HeatmapOptions {
   std::string col_axis_label = "to (key token)";
   // Shown next to the colour bar.
   std::string value_label = "attention weight";
+  // Signed values: a range symmetric about 0 on the red-white-blue scale (DivergingColor).
+  bool diverging = false;
 };
 
 // One T×T map: rows are the query ("from") tokens, columns the key ("to") tokens; `matrix` is
@@ -56,6 +60,23 @@ absl::StatusOr<std::string> RenderHeatmapSvg(const std::vector<std::string>& tok
                                              const std::vector<float>& matrix,
                                              absl::string_view title,
                                              const HeatmapOptions& options = {});
+
+// A rows x cols map with its own row and column labels (RenderHeatmapSvg is the square case):
+// the token-pair attribution matrix of Explain.
+absl::StatusOr<std::string> RenderMatrixSvg(const std::vector<std::string>& row_tokens,
+                                            const std::vector<std::string>& col_tokens,
+                                            const std::vector<float>& matrix,
+                                            absl::string_view title,
+                                            const HeatmapOptions& options = {});
+
+// A text as a wrapped strip of tokens, each on the diverging colour of its value (symmetric
+// range), with a tooltip; fails unless there is one value per token.
+absl::StatusOr<std::string> RenderTokenStripSvg(const std::vector<std::string>& tokens,
+                                                const std::vector<float>& values,
+                                                absl::string_view title, int max_width = 900);
+
+// SVG documents of the functions here, one below the other, as one document.
+std::string StackSvgs(const std::vector<std::string>& svgs, absl::string_view title);
 
 // Small multiples: one panel per head (titled "head h"), all on one colour scale.
 // `weights` is [heads.size(), T, T] row-major; `heads` are the head numbers of its slices.

@@ -24,7 +24,8 @@ void Reply(UnaryCall& call, const absl::StatusOr<Response>& result, int64_t max_
   Proto response;
   ToProto(*result, &response);
   if constexpr (std::is_same_v<Response, core::EncodeResponse> ||
-                std::is_same_v<Response, core::AttentionResponse>) {
+                std::is_same_v<Response, core::AttentionResponse> ||
+                std::is_same_v<Response, core::ExplainResponse>) {
     call.Hold(result->admission);  // the memory is in use until the bytes are written
   }
   call.Finish(CheckResponseSize(response, max_message_bytes), response);
@@ -37,18 +38,18 @@ void EncoderService::ServeEngineCall(int index, const char* method,
                                      EngineCall<CoreRequest, CoreResponse> call) {
   const int64_t max_bytes = max_message_bytes_;
   MarkMethodRawCallback(
-      index, RawMethods::Unary<Request>(
-                 method, metrics_, max_bytes, nullptr,
-                 [core = core_, call, max_bytes](std::shared_ptr<UnaryCall> unary,
-                                                 grpc::CallbackServerContext* context,
-                                                 Request request) {
-                   const core::CallControl control = unary->Control();
-                   (core->*call)(ToCore(request), control,
-                                  [unary, max_bytes](absl::StatusOr<CoreResponse> result) {
-                                    Reply<Response>(*unary, result, max_bytes);
-                                  });
-                 },
-                 /*answer_dropped=*/true));
+      index,
+      RawMethods::Unary<Request>(
+          method, metrics_, max_bytes, nullptr,
+          [core = core_, call, max_bytes](std::shared_ptr<UnaryCall> unary,
+                                          grpc::CallbackServerContext* context, Request request) {
+            const core::CallControl control = unary->Control();
+            (core->*call)(ToCore(request), control,
+                          [unary, max_bytes](absl::StatusOr<CoreResponse> result) {
+                            Reply<Response>(*unary, result, max_bytes);
+                          });
+          },
+          /*answer_dropped=*/true));
 }
 
 EncoderService::EncoderService(core::ServingCore* core, int64_t max_message_bytes, Metrics* metrics)
@@ -61,6 +62,8 @@ EncoderService::EncoderService(core::ServingCore* core, int64_t max_message_byte
                                                          &core::ServingCore::Encode);
   ServeEngineCall<v1::AttentionMapRequest, v1::AttentionMapResponse>(
       index("AttentionMap"), "AttentionMap", &core::ServingCore::AttentionMap);
+  ServeEngineCall<v1::ExplainRequest, v1::ExplainResponse>(index("Explain"), "Explain",
+                                                           &core::ServingCore::Explain);
   MarkMethodRawCallback(
       index("Tokenize"),
       RawMethods::Unary<v1::TokenizeRequest>(

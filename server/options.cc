@@ -28,6 +28,9 @@ ABSL_FLAG(int, max_concurrent_requests, kDefaults.max_concurrent_requests,
           "Requests admitted at once (queued or running); more get RESOURCE_EXHAUSTED.");
 ABSL_FLAG(int, max_inputs_per_request, kDefaults.max_inputs_per_request,
           "Most inputs in one Encode/AttentionMap/Tokenize call.");
+ABSL_FLAG(int, max_explain_documents, kDefaults.max_explain_documents,
+          "Most documents in one Explain call (each is explained against the query: an "
+          "attribution costs tens to thousands of forwards).");
 ABSL_FLAG(int64_t, max_message_bytes, kDefaults.max_message_bytes,
           "Largest request and response in bytes.");
 ABSL_FLAG(int64_t, max_request_memory_bytes, kDefaults.max_request_memory_bytes,
@@ -94,6 +97,7 @@ absl::StatusOr<ServerOptions> OptionsFromFlags() {
   options.max_batch_tokens = absl::GetFlag(FLAGS_max_batch_tokens);
   options.max_concurrent_requests = absl::GetFlag(FLAGS_max_concurrent_requests);
   options.max_inputs_per_request = absl::GetFlag(FLAGS_max_inputs_per_request);
+  options.max_explain_documents = absl::GetFlag(FLAGS_max_explain_documents);
   options.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
   options.max_request_memory_bytes = absl::GetFlag(FLAGS_max_request_memory_bytes);
   options.memory_budget_bytes = absl::GetFlag(FLAGS_memory_budget_bytes);
@@ -123,6 +127,7 @@ absl::StatusOr<ServerOptions> OptionsFromFlags() {
     return invalid("--max-concurrent-requests must be >= 1");
   }
   if (options.max_inputs_per_request < 1) return invalid("--max-inputs-per-request must be >= 1");
+  if (options.max_explain_documents < 1) return invalid("--max-explain-documents must be >= 1");
   if (options.max_message_bytes < 1024) return invalid("--max-message-bytes must be >= 1024");
   if (options.max_request_memory_bytes < 1) {
     return invalid("--max-request-memory-bytes must be >= 1");

@@ -20,6 +20,7 @@ struct ServerOptions {
   int max_concurrent_requests =
       256;  // admitted (queued + running) requests; beyond: RESOURCE_EXHAUSTED
   int max_inputs_per_request = 256;
+  int max_explain_documents = 16;          // documents of one Explain call
   int64_t max_message_bytes = 64ll << 20;  // request and response size limit
   // Estimated working memory of one Encode/AttentionMap call (server/cost_model.h); beyond it
   // the call is refused before any work.

@@ -86,10 +86,8 @@ void SetHeads(const Tensor& full, const std::vector<int>& heads, WireDType dtype
   }
 }
 
-// Tokens and truncation info of one input, for any result message that has them.
-template <typename Result>
-void SetTokens(const Model& model, const Encoding& encoding, Result* result) {
-  google::protobuf::RepeatedPtrField<v1::Token>* tokens = result->mutable_tokens();
+void SetTokenList(const Model& model, const Encoding& encoding,
+                  google::protobuf::RepeatedPtrField<v1::Token>* tokens) {
   tokens->Reserve(encoding.size());
   for (int t = 0; t < encoding.size(); ++t) {
     v1::Token* token = tokens->Add();
@@ -103,6 +101,12 @@ void SetTokens(const Model& model, const Encoding& encoding, Result* result) {
     token->set_special(encoding.special_tokens_mask[t] != 0);
     token->set_source(encoding.sequence_index[t]);
   }
+}
+
+// Tokens and truncation info of one input, for any result message that has them.
+template <typename Result>
+void SetTokens(const Model& model, const Encoding& encoding, Result* result) {
+  SetTokenList(model, encoding, result->mutable_tokens());
   result->set_truncated(encoding.truncated);
   result->set_untruncated_length(encoding.untruncated_length);
 }
@@ -135,6 +139,7 @@ core::EncodeRequest ToCore(const v1::EncodeRequest& request) {
   out.hidden_layers = View(request.hidden_layers());
   out.static_embeddings = request.return_static_embeddings();
   out.output_dtype = static_cast<core::OutputDType>(request.output_dtype());
+  out.sparse = request.sparse();
   return out;
 }
 
@@ -163,6 +168,19 @@ core::TokenizeRequest ToCore(const v1::TokenizeRequest& request) {
   return out;
 }
 
+core::ExplainRequest ToCore(const v1::ExplainRequest& request) {
+  core::ExplainRequest out;
+  out.model_version = request.model_version();
+  out.query = request.query();
+  out.documents.assign(request.documents().begin(), request.documents().end());
+  out.method = static_cast<core::ExplainMethod>(request.method());
+  if (request.has_steps()) out.steps = request.steps();
+  out.layer = request.layer();
+  out.baseline = static_cast<core::ExplainBaseline>(request.baseline());
+  out.word_level = request.word_level();
+  return out;
+}
+
 core::ModelInfoRequest ToCore(const v1::GetModelInfoRequest& request) {
   return {request.model_version()};
 }
@@ -186,6 +204,11 @@ void ToProto(const core::EncodeResponse& response, v1::EncodeResponse* out) {
     }
     if (result.static_embeddings.data != nullptr) {
       SetTensor(result.static_embeddings, dtype, proto->mutable_static_embeddings());
+    }
+    if (result.sparse) {
+      v1::SparseVector* sparse = proto->mutable_sparse();
+      sparse->mutable_indices()->Add(result.sparse->indices.begin(), result.sparse->indices.end());
+      sparse->mutable_values()->Add(result.sparse->values.begin(), result.sparse->values.end());
     }
   }
   out->set_model_version(response.model_version);
@@ -223,6 +246,65 @@ void ToProto(const core::AttentionResponse& response, v1::AttentionMapResponse* 
       }
     }
     if (present(result.rollout)) SetTensor(result.rollout, dtype, proto->mutable_rollout());
+  }
+  out->set_model_version(response.model_version);
+  SetMetadata(response.metadata, true, out->mutable_metadata());
+}
+
+namespace {
+
+void SetTextAttributions(const TextAttribution& text, v1::TextAttributions* out) {
+  out->mutable_integrated_gradients()->Add(text.integrated_gradients.begin(),
+                                           text.integrated_gradients.end());
+  out->mutable_gradient_x_input()->Add(text.gradient_x_input.begin(), text.gradient_x_input.end());
+  out->set_baseline_similarity(text.baseline_similarity);
+}
+
+void SetWords(const TextAttribution& text, google::protobuf::RepeatedPtrField<v1::Word>* out) {
+  for (size_t w = 0; w < text.words.size(); ++w) {
+    const WordSpan& span = text.words[w];
+    v1::Word* word = out->Add();
+    word->set_text(span.text);
+    word->set_char_start(span.char_start);
+    word->set_char_end(span.char_end);
+    word->set_first_token(span.first_token);
+    word->set_num_tokens(span.num_tokens);
+    if (w < text.word_integrated_gradients.size()) {
+      word->set_integrated_gradients(text.word_integrated_gradients[w]);
+    }
+    if (w < text.word_gradient_x_input.size()) {
+      word->set_gradient_x_input(text.word_gradient_x_input[w]);
+    }
+    word->set_special(span.sequence_index < 0);
+  }
+}
+
+}  // namespace
+
+void ToProto(const core::ExplainResponse& response, v1::ExplainResponse* out) {
+  for (const core::ExplainResult& result : response.results) {
+    const AttributionResult& a = result.attribution;
+    v1::ExplainResult* proto = out->add_results();
+    proto->set_similarity(a.similarity);
+    SetTokenList(*response.model, response.query, proto->mutable_query_tokens());
+    SetTokenList(*response.model, result.document, proto->mutable_document_tokens());
+    SetTextAttributions(a.a, proto->mutable_query());
+    SetTextAttributions(a.b, proto->mutable_document());
+    if (!a.pair_matrix.empty()) {
+      SetTensor({a.rows, a.cols}, a.pair_matrix.data(), WireDType::kFloat32,
+                proto->mutable_pair_matrix());
+    }
+    proto->set_baselines_similarity(a.baselines_similarity);
+    proto->set_completeness_error(a.completeness_error);
+    proto->set_attribution_sum(a.attribution_sum);
+    proto->set_completeness_target(a.completeness_target);
+    SetWords(a.a, proto->mutable_query_words());
+    SetWords(a.b, proto->mutable_document_words());
+    if (!a.word_pair_matrix.empty()) {
+      SetTensor({static_cast<int64_t>(a.a.words.size()), static_cast<int64_t>(a.b.words.size())},
+                a.word_pair_matrix.data(), WireDType::kFloat32, proto->mutable_word_pair_matrix());
+    }
+    proto->set_inference_ms(result.inference_ms);
   }
   out->set_model_version(response.model_version);
   SetMetadata(response.metadata, true, out->mutable_metadata());

@@ -12,10 +12,12 @@ core::EncodeRequest ToCore(const attnserve::v1::EncodeRequest& request);
 core::AttentionRequest ToCore(const attnserve::v1::AttentionMapRequest& request);
 core::TokenizeRequest ToCore(const attnserve::v1::TokenizeRequest& request);
 core::ModelInfoRequest ToCore(const attnserve::v1::GetModelInfoRequest& request);
+core::ExplainRequest ToCore(const attnserve::v1::ExplainRequest& request);
 
 void ToProto(const core::EncodeResponse& response, attnserve::v1::EncodeResponse* out);
 void ToProto(const core::AttentionResponse& response, attnserve::v1::AttentionMapResponse* out);
 void ToProto(const core::TokenizeResponse& response, attnserve::v1::TokenizeResponse* out);
 void ToProto(const core::ModelInfo& info, attnserve::v1::ModelInfo* out);
+void ToProto(const core::ExplainResponse& response, attnserve::v1::ExplainResponse* out);
 
 }  // namespace attn::server

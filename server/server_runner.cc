@@ -126,7 +126,7 @@ int RunServer(const ServerOptions& options, std::optional<std::string> trainer_t
   Batcher batcher({options.max_batch_tokens, options.max_concurrent_requests, options.threads},
                   &metrics);
   MemoryBudget memory_budget(options.memory_budget_bytes);
-  core::ServingCore serving_core({{options.max_inputs_per_request},
+  core::ServingCore serving_core({{options.max_inputs_per_request, options.max_explain_documents},
                                   options.max_message_bytes,
                                   options.max_request_memory_bytes},
                                  &registry, &batcher, &memory_budget, &metrics);

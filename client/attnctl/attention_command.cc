@@ -48,18 +48,6 @@ std::string PathForInput(const std::string& path, int index, int count) {
   return absl::StrCat(path.substr(0, dot), "-", index, path.substr(dot));
 }
 
-bool WriteFile(const std::string& path, const std::string& content) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out << content;
-  out.close();
-  if (!out) {
-    std::fprintf(stderr, "attnctl: cannot write %s: %s\n", path.c_str(), std::strerror(errno));
-    return false;
-  }
-  std::fprintf(stderr, "wrote %s (%zu bytes)\n", path.c_str(), content.size());
-  return true;
-}
-
 // A [T, T] map, or [heads, T, T] maps with their head numbers.
 struct Maps {
   std::vector<int> heads;  // empty for a single aggregate map

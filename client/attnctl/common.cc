@@ -308,4 +308,17 @@ void PrintMetadata(const std::string& version, const v1::ResponseMetadata& m) {
       m.queue_ms(), m.inference_ms(), m.batch_inputs());
 }
 
+// Writes `content` to `path`; on failure says so on stderr.
+bool WriteFile(const std::string& path, const std::string& content) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out << content;
+  out.close();
+  if (!out) {
+    std::fprintf(stderr, "attnctl: cannot write %s: %s\n", path.c_str(), std::strerror(errno));
+    return false;
+  }
+  std::fprintf(stderr, "wrote %s (%zu bytes)\n", path.c_str(), content.size());
+  return true;
+}
+
 }  // namespace attn::client::attnctl

@@ -58,6 +58,9 @@ std::string PadRight(absl::string_view s, int width);
 std::string CodePointSlice(absl::string_view s, int begin, int end);
 // A one-line, length-limited rendering of an input text for headings.
 std::string ShortText(absl::string_view text, int max_chars = 60);
+// Writes `content` to `path` ("wrote PATH (N bytes)" on stderr); false, with the reason on
+// stderr, when it cannot.
+bool WriteFile(const std::string& path, const std::string& content);
 // Prints `rows` under `header` in aligned columns (`gaps[c]` spaces after column c, default 2),
 // each line prefixed by `indent`, trailing blanks stripped.
 void PrintTable(const std::vector<std::string>& header,

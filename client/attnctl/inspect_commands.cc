@@ -19,7 +19,10 @@
 #include "client/tensor_decode.h"
 
 ABSL_FLAG(std::string, pooling, "default",
-          "cls | mean | max | none | default = the model's pooling (mean for MiniLM)");
+          "cls | mean | max | none | cls_attention (weighted by the last layer's [CLS] attention) "
+          "| default = the model's pooling (mean for MiniLM)");
+ABSL_FLAG(bool, sparse, false,
+          "also return each input's BM42 sparse vector (fastembed-compatible indices and values)");
 ABSL_FLAG(std::string, normalize, "default",
           "L2-normalise the pooled embedding: true | false | default = as the model does (true "
           "for MiniLM)");
@@ -33,6 +36,7 @@ ABSL_FLAG(std::string, service, "",
 namespace attn::client::attnctl {
 
 Command AttentionCommand();  // attention_command.cc
+Command ExplainCommand();    // explain_command.cc
 
 namespace {
 
@@ -63,11 +67,15 @@ int RunEncode(const Command& command) {
     request.set_pooling(v1::POOLING_MAX);
   } else if (pooling == "none") {
     request.set_pooling(v1::POOLING_NONE);
+  } else if (pooling == "cls_attention") {
+    request.set_pooling(v1::POOLING_CLS_ATTENTION);
   } else {
-    return UsageError(
-        absl::StrCat("--pooling must be cls, mean, max, none or default, not '", pooling, "'"),
-        &command);
+    return UsageError(absl::StrCat("--pooling must be cls, mean, max, none, cls_attention or "
+                                   "default, not '",
+                                   pooling, "'"),
+                      &command);
   }
+  request.set_sparse(absl::GetFlag(FLAGS_sparse));
   const std::string normalize = absl::AsciiStrToLower(absl::GetFlag(FLAGS_normalize));
   if (normalize == "true") {
     request.set_normalize(true);
@@ -118,6 +126,14 @@ int RunEncode(const Command& command) {
       std::printf("    layer %d [%s] %s, [CLS] row: %s%s\n", layer.layer(), shape.c_str(),
                   v1::DType_Name(layer.tensor().dtype()).c_str(),
                   FormatFloats(tensor->values.data(), n).c_str(), tensor->size() > n ? " ..." : "");
+    }
+    if (r.has_sparse()) {
+      std::vector<std::string> entries;
+      for (int k = 0; k < r.sparse().indices_size(); ++k) {
+        entries.push_back(absl::StrFormat("%u:%.4f", r.sparse().indices(k), r.sparse().values(k)));
+      }
+      std::printf("    sparse (BM42) %d entries: %s\n", r.sparse().indices_size(),
+                  absl::StrJoin(entries, " ").c_str());
     }
   }
   PrintMetadata(response->model_version(), response->metadata());
@@ -262,16 +278,23 @@ CommandGroup InspectCommands() {
        R"(Prints per input its token count, the embedding's L2 norm and first 8 dimensions, and for each
 --layers entry the hidden-state shape and the first 8 values of the [CLS] row.
 )",
-       {{"Flags", {{"pooling", "P"}, {"normalize", "B"}, {"layers", "L,L,..."}, {"dtype", "D"}}},
+       {{"Flags",
+         {{"pooling", "P"},
+          {"normalize", "B"},
+          {"layers", "L,L,..."},
+          {"dtype", "D"},
+          {"sparse", ""}}},
         InputFlags(),
         CommonFlags()},
        R"(  attnctl encode --text "The cat sat on the mat."
   attnctl encode --text "A man is eating." --pair "Someone eats." --pooling cls
   attnctl encode --text "hello" --layers 0,-1 --dtype bfloat16
+  attnctl encode --text "red kettle, 1.7 litres" --sparse
   cat sentences.txt | attnctl encode --json > embeddings.jsonl
 )",
        RunEncode});
   group.commands.push_back(AttentionCommand());
+  group.commands.push_back(ExplainCommand());
   group.commands.push_back(
       {"tokenize",
        "tokens, ids, segment ids and character offsets",

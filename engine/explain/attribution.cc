@@ -28,6 +28,12 @@ struct TextPath {
   Tensor embedding;           // (alphas, H) f = normalize(pooled) (or pooled when not)
 };
 
+// The yield point of AttributionOptions: CANCELLED when the caller abandons the call.
+absl::Status Checkpoint(const std::function<bool()>& checkpoint) {
+  if (checkpoint && checkpoint()) return absl::CancelledError("attribution stopped by its caller");
+  return absl::OkStatus();
+}
+
 float Dot(const float* a, const float* b, int64_t n) {
   double sum = 0;
   for (int64_t i = 0; i < n; ++i) sum += static_cast<double>(a[i]) * b[i];
@@ -202,9 +208,10 @@ void AttentionJvp(const BertConfig& config, const float* qkv,
 
 // Pushes the tangents `dx` ((n T, H), tangent t perturbing path sequence seq[t]) to the change of
 // the sentence embedding f of that sequence: returns (n, H).
-Tensor EmbeddingJvp(const BertConfig& config, const BertWeights& weights,
-                    const SentenceEmbeddingConfig& pooling, const TextPath& path, int layer,
-                    const std::vector<int64_t>& seq, Tensor dx, ExecContext& ctx) {
+absl::StatusOr<Tensor> EmbeddingJvp(const BertConfig& config, const BertWeights& weights,
+                                    const SentenceEmbeddingConfig& pooling, const TextPath& path,
+                                    int layer, const std::vector<int64_t>& seq, Tensor dx,
+                                    ExecContext& ctx, const std::function<bool()>& checkpoint) {
   const TrainingForward& f = path.forward;
   const int64_t T = path.T, H = config.hidden_size, I = config.intermediate_size;
   const int64_t n = static_cast<int64_t>(seq.size()), rows = n * T;
@@ -216,6 +223,7 @@ Tensor EmbeddingJvp(const BertConfig& config, const BertWeights& weights,
   const Tensor zero_3h({3 * H}), zero_h({H}), zero_i({I});
   Tensor dqkv({rows, 3 * H}), dcontext({rows, H}), dffn({rows, I});
   for (int l = layer; l < config.num_hidden_layers; ++l) {
+    if (absl::Status status = Checkpoint(checkpoint); !status.ok()) return status;
     const LayerWeights& w = weights.layers[l];
     const LayerActivations& a = f.layers[l];
     // qkv = x W_qkv^T + b  ->  dqkv = dx W_qkv^T
@@ -270,9 +278,10 @@ Tensor EmbeddingJvp(const BertConfig& config, const BertWeights& weights,
 
 // u (T, H) += (1/m) sum over the run's points of J_f(x(alpha))[:, i] (x_i - r_i), batched over
 // (point, token i).
-void AddIntegratedJacobianColumns(const BertConfig& config, const BertWeights& weights,
-                                  const SentenceEmbeddingConfig& pooling, const TextPath& path,
-                                  int layer, Tensor* u) {
+absl::Status AddIntegratedJacobianColumns(const BertConfig& config, const BertWeights& weights,
+                                          const SentenceEmbeddingConfig& pooling,
+                                          const TextPath& path, int layer,
+                                          const std::function<bool()>& checkpoint, Tensor* u) {
   const int64_t T = path.T, H = config.hidden_size, m = path.m;
   constexpr int64_t kMaxRows = 4096;  // tangent rows per batch (~50 MB of working memory at H 384)
   const int64_t per_batch = std::max<int64_t>(1, kMaxRows / T);
@@ -288,12 +297,15 @@ void AddIntegratedJacobianColumns(const BertConfig& config, const BertWeights& w
       float* row = dx.data() + (t * T + i) * H;
       for (int64_t c = 0; c < H; ++c) row[c] = path.x.data()[i * H + c] - path.r.data()[i * H + c];
     }
-    Tensor df = EmbeddingJvp(config, weights, pooling, path, layer, seq, std::move(dx), ctx);
+    absl::StatusOr<Tensor> df =
+        EmbeddingJvp(config, weights, pooling, path, layer, seq, std::move(dx), ctx, checkpoint);
+    if (!df.ok()) return df.status();
     for (int64_t t = 0; t < n; ++t) {
       const int64_t i = (begin + t) % T;
-      for (int64_t c = 0; c < H; ++c) u->data()[i * H + c] += df.data()[t * H + c] / m;
+      for (int64_t c = 0; c < H; ++c) u->data()[i * H + c] += df->data()[t * H + c] / m;
     }
   }
+  return absl::OkStatus();
 }
 
 // Path points per run so that one run's saved activations stay near kRunBytes: per token and
@@ -455,6 +467,7 @@ absl::StatusOr<AttributionResult> ExplainSimilarity(const BertConfig& config,
     if (pairwise) u[side] = Tensor({T, H});
     const int64_t per_run = PointsPerRun(config, T, options.layer);
     for (int64_t s0 = 0; s0 < m; s0 += per_run) {
+      if (absl::Status st = Checkpoint(options.checkpoint); !st.ok()) return st;
       p.alphas.clear();
       for (int64_t s = s0; s < std::min<int64_t>(m, s0 + per_run); ++s) {
         p.alphas.push_back(static_cast<float>(m - s) / static_cast<float>(m));
@@ -469,7 +482,11 @@ absl::StatusOr<AttributionResult> ExplainSimilarity(const BertConfig& config,
         for (int64_t e = 0; e < T * H; ++e) grad_sum.data()[e] += grad->data()[k * T * H + e];
       }
       if (pairwise) {
-        AddIntegratedJacobianColumns(config, weights, pooling, p, options.layer, &u[side]);
+        if (absl::Status st = AddIntegratedJacobianColumns(
+                config, weights, pooling, p, options.layer, options.checkpoint, &u[side]);
+            !st.ok()) {
+          return st;
+        }
       }
     }
     p.forward = TrainingForward();  // release the last run's activations

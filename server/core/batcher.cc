@@ -35,8 +35,12 @@ absl::Status Batcher::Submit(std::shared_ptr<Job> job) {
   state->enqueued = Clock::now();
   state->output.sequences.resize(state->job->sequences.size());
 
-  // Split into chunks within the token budget, keeping sequence order.
+  // Split into chunks within the token budget, keeping sequence order (a task is one chunk).
   std::vector<Chunk> chunks;
+  if (state->job->task) {
+    state->tokens = state->job->task_tokens;
+    chunks.push_back(Chunk{state, 0, 0, state->tokens});
+  }
   Chunk current{state, 0, 0, 0};
   for (int i = 0; i < static_cast<int>(state->job->sequences.size()); ++i) {
     const int64_t tokens = static_cast<int64_t>(state->job->sequences[i].token_ids.size());
@@ -150,36 +154,95 @@ void Batcher::Loop() {
           },
           this));
       if (queue_.empty()) return;  // stopping and drained
-      // The oldest light request first (ordinary calls wait for about one batch, not behind
-      // every chunk of the heavy requests queued before them), but never twice in a row ahead
-      // of an older chunk (heavy requests keep going); then any later chunks of the same model
-      // version and extras that fit the token budget.
-      auto seed = queue_.begin();
-      if (!light_went_ahead_) {
-        seed = std::find_if(queue_.begin(), queue_.end(), [](const Chunk& chunk) {
-          return chunk.job->tokens <= kLightJobTokens;
-        });
-        if (seed == queue_.end()) seed = queue_.begin();
-      }
-      light_went_ahead_ = seed != queue_.begin();
-      batch.push_back(std::move(*seed));
-      queue_.erase(seed);
-      int64_t tokens = batch.front().tokens;
-      const Job& first = *batch.front().job->job;
-      for (auto it = queue_.begin(); it != queue_.end();) {
-        const Job& candidate = *it->job->job;
-        if (candidate.model == first.model && SameExtras(candidate.forward, first.forward) &&
-            tokens + it->tokens <= options_.max_batch_tokens) {
-          tokens += it->tokens;
-          batch.push_back(std::move(*it));
-          it = queue_.erase(it);
-        } else {
-          ++it;
-        }
-      }
+      batch = TakeBatch(/*forwards_only=*/false);
+    }
+    if (batch.size() == 1 && batch.front().job->job->task) {
+      RunTask(batch.front());
+      continue;
     }
     RunBatch(std::move(batch));
   }
+}
+
+std::vector<Batcher::Chunk> Batcher::TakeBatch(bool forwards_only) {
+  auto is_task = [](const Chunk& chunk) { return static_cast<bool>(chunk.job->job->task); };
+  // The oldest light request first (ordinary calls wait for about one batch, not behind every
+  // chunk of the heavy requests queued before them), but never twice in a row ahead of an older
+  // chunk (heavy requests keep going); then any later chunks of the same model version and
+  // extras that fit the token budget. A task runs alone.
+  auto first = queue_.begin();
+  if (forwards_only) first = std::find_if_not(queue_.begin(), queue_.end(), is_task);
+  if (first == queue_.end()) return {};
+  auto seed = first;
+  if (!light_went_ahead_ || forwards_only) {
+    seed = std::find_if(first, queue_.end(), [&](const Chunk& chunk) {
+      return chunk.job->tokens <= kLightJobTokens && !is_task(chunk);
+    });
+    if (seed == queue_.end()) seed = first;
+  }
+  if (!forwards_only) light_went_ahead_ = seed != queue_.begin();
+  std::vector<Chunk> batch;
+  batch.push_back(std::move(*seed));
+  queue_.erase(seed);
+  if (is_task(batch.front())) return batch;
+  int64_t tokens = batch.front().tokens;
+  const Job& leader = *batch.front().job->job;
+  for (auto it = queue_.begin(); it != queue_.end();) {
+    const Job& candidate = *it->job->job;
+    if (!is_task(*it) && candidate.model == leader.model &&
+        SameExtras(candidate.forward, leader.forward) &&
+        tokens + it->tokens <= options_.max_batch_tokens) {
+      tokens += it->tokens;
+      batch.push_back(std::move(*it));
+      it = queue_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  return batch;
+}
+
+void Batcher::RunTask(const Chunk& chunk) {
+  const std::shared_ptr<JobState>& state = chunk.job;
+  if (!StillWanted(state, "queue")) return;
+  const auto start = Clock::now();
+  state->started = true;
+  state->output.queue_seconds = std::chrono::duration<double>(start - state->enqueued).count();
+  metrics_->RecordQueueTime(state->output.queue_seconds);
+  double others_seconds = 0;  // forward batches run from the task's yield points
+  const std::function<bool()> yield = [&] {
+    if (DropReason(*state->job) != nullptr) return true;
+    // The forward batches queued now (not those arriving while they run: the task goes on).
+    int64_t pending;
+    {
+      absl::MutexLock lock(&mutex_);
+      pending = std::count_if(queue_.begin(), queue_.end(),
+                              [](const Chunk& c) { return !c.job->job->task; });
+    }
+    const auto others_start = Clock::now();
+    while (pending > 0) {
+      std::vector<Chunk> batch;
+      {
+        absl::MutexLock lock(&mutex_);
+        batch = TakeBatch(/*forwards_only=*/true);
+      }
+      if (batch.empty()) break;
+      pending -= static_cast<int64_t>(batch.size());
+      RunBatch(std::move(batch));
+    }
+    others_seconds += std::chrono::duration<double>(Clock::now() - others_start).count();
+    return false;
+  };
+  absl::Status status = state->job->task(yield);
+  const double seconds =
+      std::chrono::duration<double>(Clock::now() - start).count() - others_seconds;
+  state->output.inference_seconds = seconds;
+  metrics_->RecordInferenceTime(seconds);
+  if (status.code() == absl::StatusCode::kCancelled && !StillWanted(state, "compute")) return;
+  if (!status.ok() && status.code() != absl::StatusCode::kInvalidArgument) {
+    Log(LogLevel::kError, "engine task failed: %s", status.ToString());
+  }
+  Finish(state, std::move(status));
 }
 
 void Batcher::RunBatch(std::vector<Chunk> chunks) {

@@ -13,6 +13,10 @@
 // Requests are merged only when they keep the same extra outputs (hidden layers, static
 // embeddings, attention parts), so a batch never keeps more for a request than its own cost
 // estimate (server/cost_model.h) counted.
+// Task jobs (Explain: many forwards and backwards of their own) queue like the others but run
+// alone, on the same thread; at each of the task's yield points the batcher first checks that the
+// task is still wanted, then runs the forward batches queued meanwhile, so a long task delays an
+// Encode by one yield interval, not by the whole task.
 #pragma once
 
 #include <chrono>
@@ -55,10 +59,18 @@ struct JobOutput {
   int batch_inputs = 0;                 // largest batch that carried this job
 };
 
+// Runs a task job: call `yield` between units of work and stop (returning its CANCELLED) when
+// it returns true.
+using TaskFn = std::function<absl::Status(const std::function<bool()>& yield)>;
+
 struct Job {
   std::shared_ptr<const Model> model;
   std::vector<SequenceInput> sequences;
   ForwardOptions forward;  // what to keep; pool must be false
+  // A task job instead of a forward: `sequences` empty; `task_tokens` its cost in token-forward
+  // equivalents (for the light-first rule).
+  TaskFn task;
+  int64_t task_tokens = 0;
   std::optional<std::chrono::system_clock::time_point> deadline;
   std::function<bool()> is_cancelled;  // may be empty
   // Called exactly once, on the batcher thread: OK with the output, or why it failed.
@@ -91,7 +103,10 @@ class Batcher {
   };
 
   void Loop();
+  // The next batch from the queue (a task chunk alone); `forwards_only`: skip task chunks.
+  std::vector<Chunk> TakeBatch(bool forwards_only) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   void RunBatch(std::vector<Chunk> batch);
+  void RunTask(const Chunk& chunk);
   void Finish(const std::shared_ptr<JobState>& job, absl::Status status);
   // Drop check; returns false (and finishes the job, counting it as dropped at `stage`) if
   // nobody waits for it any more.

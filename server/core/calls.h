@@ -15,6 +15,8 @@
 #include <vector>
 
 #include "absl/types/span.h"
+#include "engine/explain/attribution.h"
+#include "engine/explain/sparse_bm42.h"
 #include "engine/half.h"
 #include "engine/model.h"
 #include "server/core/cost_model.h"
@@ -39,7 +41,14 @@ struct TokenizationOptions {
   int32_t max_length = 0;                            // 0 = the model's default
 };
 
-enum class Pooling : int { kModelDefault = 0, kCls = 1, kMean = 2, kMax = 3, kNone = 4 };
+enum class Pooling : int {
+  kModelDefault = 0,
+  kCls = 1,
+  kMean = 2,
+  kMax = 3,
+  kNone = 4,
+  kClsAttention = 5,  // weighted by the last layer's [CLS] attention row, mean over heads
+};
 enum class OutputDType : int { kUnspecified = 0, kFloat32 = 1, kFloat16 = 2, kBFloat16 = 3 };
 
 // Per-call control from the transport: when the caller gives up.
@@ -96,6 +105,7 @@ struct EncodeRequest {
   absl::Span<const int32_t> hidden_layers;  // 0 = embedding output, L = last; negatives from end
   bool static_embeddings = false;
   OutputDType output_dtype = OutputDType::kUnspecified;
+  bool sparse = false;  // BM42 sparse vector per input (engine/explain/sparse_bm42.h)
 };
 
 struct EncodeResult {
@@ -104,6 +114,7 @@ struct EncodeResult {
   MatrixView token_embeddings;   // (T, H) last layer; empty unless asked
   std::vector<std::pair<int, MatrixView>> hidden_states;  // (layer, (T, H)), request order
   MatrixView static_embeddings;                           // (T, H); empty unless asked
+  std::optional<SparseVector> sparse;                     // when asked
 };
 
 struct EncodeResponse {
@@ -162,6 +173,42 @@ struct AttentionResponse {
   std::vector<AttentionResult> results;
   Metadata metadata;
   std::shared_ptr<const void> batch;     // owns the maps the results point into
+  std::shared_ptr<Admission> admission;  // hold until the response is sent
+};
+
+// ---- Explain --------------------------------------------------------------------------------
+
+enum class ExplainMethod : int {
+  kUnspecified = 0,  // pairwise
+  kPairwise = 1,
+  kIntegratedGradients = 2,
+  kGradientXInput = 3,
+};
+enum class ExplainBaseline : int { kUnspecified = 0, kPadTokens = 1, kMaskTokens = 2, kZero = 3 };
+
+struct ExplainRequest {
+  std::string_view model_version;
+  std::string_view query;                   // text a
+  std::vector<std::string_view> documents;  // texts b, each explained against the query
+  ExplainMethod method = ExplainMethod::kUnspecified;
+  std::optional<int32_t> steps;  // unset = 32
+  int32_t layer = 0;
+  ExplainBaseline baseline = ExplainBaseline::kUnspecified;
+  bool word_level = false;
+};
+
+struct ExplainResult {
+  Encoding document;
+  AttributionResult attribution;  // a = the query, b = the document
+  double inference_ms = 0;
+};
+
+struct ExplainResponse {
+  std::string model_version;
+  std::shared_ptr<const Model> model;
+  Encoding query;
+  std::vector<ExplainResult> results;  // one per document, in order
+  Metadata metadata;
   std::shared_ptr<Admission> admission;  // hold until the response is sent
 };
 

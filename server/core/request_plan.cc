@@ -2,10 +2,13 @@
 
 #include <algorithm>
 #include <cctype>
+#include <map>
+#include <memory>
 #include <set>
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 
 namespace attn::server::core {
 
@@ -47,6 +50,22 @@ absl::StatusOr<std::vector<int>> ResolveIndices(absl::Span<const int32_t> raw, i
     resolved.push_back(index);
   }
   return resolved;
+}
+
+// The BM42 encoder of a model directory (its stop words and stemmer), made once per directory:
+// fine-tuned versions share their base's tokenizer and stop words.
+absl::StatusOr<std::shared_ptr<const Bm42Encoder>> Bm42For(const Model& model) {
+  static absl::Mutex mutex(absl::kConstInit);
+  static auto* encoders = new std::map<std::string, std::shared_ptr<const Bm42Encoder>>();
+  absl::MutexLock lock(&mutex);
+  auto it = encoders->find(model.model_dir());
+  if (it != encoders->end()) return it->second;
+  absl::StatusOr<std::unique_ptr<Bm42Encoder>> made =
+      Bm42Encoder::Create(model.tokenizer(), model.model_dir());
+  if (!made.ok()) return made.status();
+  std::shared_ptr<const Bm42Encoder> shared = std::move(*made);
+  encoders->emplace(model.model_dir(), shared);
+  return shared;
 }
 
 // The checks of the input list as a whole; the truncation it asks for.
@@ -262,11 +281,14 @@ absl::StatusOr<EncodePlan> PrepareEncode(const Model& model, const EncodeRequest
     case Pooling::kNone:
       plan.pooling = std::nullopt;
       break;
+    case Pooling::kClsAttention:
+      plan.cls_attention_pooling = true;
+      break;
     default:
       return absl::InvalidArgumentError(
           absl::StrCat("pooling: unknown value ", static_cast<int>(request.pooling),
                        "; use POOLING_MODEL_DEFAULT, POOLING_CLS, POOLING_MEAN, "
-                       "POOLING_MAX or POOLING_NONE"));
+                       "POOLING_MAX, POOLING_NONE or POOLING_CLS_ATTENTION"));
   }
   plan.normalize = request.normalize.value_or(model.sentence_config().normalize);
   plan.token_embeddings = request.token_embeddings;
@@ -289,6 +311,17 @@ absl::StatusOr<EncodePlan> PrepareEncode(const Model& model, const EncodeRequest
     plan.forward.hidden_layers.push_back(num_layers);
   }
   plan.forward.static_embeddings = plan.static_embeddings;
+  plan.sparse = request.sparse;
+  if (plan.sparse) {
+    absl::StatusOr<std::shared_ptr<const Bm42Encoder>> bm42 = Bm42For(model);
+    if (!bm42.ok()) return bm42.status();
+    plan.bm42 = *std::move(bm42);
+  }
+  // Attention pooling and BM42 read the last layer's [CLS] attention row.
+  if (plan.cls_attention_pooling || plan.sparse) {
+    plan.forward.attention_layers = {num_layers - 1};
+    plan.forward.attention_probs = true;
+  }
 
   if (absl::Status affordable = CheckLowerBound(model, request, limits, check, &plan);
       !affordable.ok()) {
@@ -372,14 +405,28 @@ absl::StatusOr<AttentionPlan> PrepareAttention(const Model& model, const Attenti
 
 RequestCost EstimateCost(const Model& model, const EncodePlan& p, int64_t version_bytes) {
   EncodeCostQuery query;
-  query.pooled = p.pooling.has_value();
+  query.pooled = p.pooling.has_value() || p.cls_attention_pooling;
   query.token_embeddings = p.token_embeddings;
   query.hidden_layers = static_cast<int>(p.hidden_layers.size());
   query.keeps_last_layer = p.forward.hidden_layers.size() == p.hidden_layers.size();
   query.static_embeddings = p.static_embeddings;
   query.dtype = p.dtype;
-  return EstimateEncodeCost(model.config(), model.tokenizer(), p.inputs.encodings, query,
-                            version_bytes);
+  RequestCost cost = EstimateEncodeCost(model.config(), model.tokenizer(), p.inputs.encodings,
+                                        query, version_bytes);
+  if (p.cls_attention_pooling || p.sparse) {
+    // The last layer's (heads, T, T) probabilities per input; a sparse vector holds at most one
+    // (index, value) per token: <= 5 + 4 wire bytes, 8 bytes in memory, both held twice.
+    const int64_t heads = model.config().num_attention_heads;
+    for (const Encoding& e : p.inputs.encodings) {
+      const int64_t T = e.size();
+      cost.working_bytes += heads * T * T * 4 + 4 * T;
+      if (p.sparse) {
+        cost.response_bytes += 8 + 9 * T;
+        cost.working_bytes += 2 * (8 + 9 * T) + 8 * T;
+      }
+    }
+  }
+  return cost;
 }
 
 RequestCost EstimateCost(const Model& model, const AttentionPlan& p, int64_t version_bytes) {

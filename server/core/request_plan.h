@@ -5,11 +5,13 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string_view>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "engine/explain/sparse_bm42.h"
 #include "engine/half.h"
 #include "engine/model.h"
 #include "server/core/calls.h"
@@ -19,6 +21,7 @@ namespace attn::server::core {
 
 struct RequestLimits {
   int max_inputs_per_request = 0;  // set from ServerOptions (server/options.h)
+  int max_explain_documents = 0;
 };
 
 // Inputs tokenized and ready for the engine.
@@ -57,7 +60,10 @@ using LowerBoundCheck = std::function<absl::Status(const Plan& lower_bound)>;
 
 struct EncodePlan {
   TokenizedInputs inputs;
-  std::optional<PoolingMode> pooling;  // nullopt = no pooling
+  std::optional<PoolingMode> pooling;       // nullopt = no pooling (or cls_attention_pooling)
+  bool cls_attention_pooling = false;       // Pooling::kClsAttention
+  bool sparse = false;                      // BM42 sparse vectors
+  std::shared_ptr<const Bm42Encoder> bm42;  // set when sparse
   bool normalize = false;
   bool token_embeddings = false;
   std::vector<int> hidden_layers;  // resolved (0..L), request order

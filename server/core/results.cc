@@ -4,6 +4,8 @@
 #include <cstring>
 
 #include "engine/attention_analysis.h"
+#include "engine/explain/sparse_bm42.h"
+#include "engine/log.h"
 #include "engine/ops/pooling.h"
 
 namespace attn::server::core {
@@ -34,10 +36,27 @@ void BuildEncodeResults(const Model& model, EncodePlan& plan, const JobOutput& o
     EncodeResult& result = (*results)[i];
     result.encoding = std::move(plan.inputs.encodings[i]);
     const float* last_hidden = view.hidden(last_layer, H);
-    if (plan.pooling) {
+    std::vector<float> cls_attention;  // (T) the BM42 weights
+    if (plan.cls_attention_pooling || plan.sparse) {
+      cls_attention = ClsAttentionOverHeads(view.attention(last_layer - 1).probs);
+    }
+    if (plan.pooling || plan.cls_attention_pooling) {
       result.embedding.resize(H);
-      PoolForward(last_hidden, H, {0, T}, *plan.pooling, result.embedding.data());
+      if (plan.cls_attention_pooling) {
+        AttentionWeightedPool(last_hidden, T, H, cls_attention, result.embedding.data());
+      } else {
+        PoolForward(last_hidden, H, {0, T}, *plan.pooling, result.embedding.data());
+      }
       if (plan.normalize) L2NormalizeRows(result.embedding.data(), 1, H);
+    }
+    if (plan.sparse) {
+      absl::StatusOr<SparseVector> sparse = plan.bm42->Encode(result.encoding, cls_attention);
+      if (sparse.ok()) {
+        result.sparse = std::move(*sparse);
+      } else {  // only on a length mismatch, which the forward rules out; logged, answered empty
+        Log(LogLevel::kError, "BM42 sparse vector failed: %s", sparse.status().ToString());
+        result.sparse.emplace();
+      }
     }
     if (plan.token_embeddings) result.token_embeddings = {T, H, last_hidden};
     result.hidden_states.reserve(plan.hidden_layers.size());

@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "engine/ops/pooling.h"
+#include "server/core/explain.h"
 #include "server/core/results.h"
 
 namespace attn::server::core {
@@ -23,6 +24,22 @@ void SetEngineTimes(const JobOutput& output, Metadata* metadata) {
   metadata->queue_ms = output.queue_seconds * 1e3;
   metadata->inference_ms = output.inference_seconds * 1e3;
   metadata->batch_inputs = output.batch_inputs;
+}
+
+// What the batcher runs for a plan: a packed forward of its sequences, or (Explain) a task.
+template <typename Plan>
+void FillJob(const std::shared_ptr<const Model>&, absl::StatusOr<Plan>* plan, Job* job) {
+  job->sequences = (*plan)->inputs.sequences;
+  job->forward = (*plan)->forward;
+}
+
+void FillJob(const std::shared_ptr<const Model>& model, absl::StatusOr<ExplainPlan>* plan,
+             Job* job) {
+  job->task_tokens = (*plan)->cost_tokens;
+  // The plan lives as long as the job (the job's callback holds it).
+  job->task = [model, plan](const std::function<bool()>& yield) {
+    return RunExplain(*model, &**plan, yield);
+  };
 }
 
 }  // namespace
@@ -68,7 +85,7 @@ ServingCore::ServingCore(CoreOptions options, ModelRegistry* registry, Batcher* 
       memory_budget_(memory_budget),
       metrics_(metrics) {}
 
-// The shared path of Encode and AttentionMap: version, `prepare` (validate + tokenize), drop
+// The shared path of Encode, AttentionMap and Explain: version, `prepare` (validate + tokenize), drop
 // check, cost and admission, submit; `build` makes the response on the batcher thread.
 template <typename Request, typename Plan, typename Response, typename Prepare, typename Build>
 void ServingCore::RunEngineCall(const Request& request, const CallControl& control, Prepare prepare,
@@ -109,8 +126,7 @@ void ServingCore::RunEngineCall(const Request& request, const CallControl& contr
 
   auto job = std::make_shared<Job>();
   job->model = version->model;
-  job->sequences = (*plan)->inputs.sequences;
-  job->forward = (*plan)->forward;
+  FillJob(version->model, plan.get(), job.get());
   job->deadline = control.deadline;
   job->is_cancelled = control.is_cancelled;
   // `done` is shared: it is called here if Submit refuses the job, else by the job's callback.
@@ -166,6 +182,18 @@ void ServingCore::AttentionMap(const AttentionRequest& request, const CallContro
         BuildAttentionResults(model, plan, output, &response->results);
         // The dense maps in the results point into the batch results.
         response->batch = std::make_shared<const JobOutput>(std::move(output));
+      },
+      std::move(done));
+}
+
+void ServingCore::Explain(const ExplainRequest& request, const CallControl& control,
+                          Done<ExplainResponse> done) {
+  RunEngineCall<ExplainRequest, ExplainPlan, ExplainResponse>(
+      request, control, PrepareExplain,
+      [](const Model&, ExplainPlan& plan, JobOutput&, ExplainResponse* response) {
+        response->query = std::move(plan.inputs.encodings[0]);
+        response->results = std::move(plan.results);
+        response->metadata.batch_inputs = 1;
       },
       std::move(done));
 }

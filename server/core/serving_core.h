@@ -44,6 +44,11 @@ class ServingCore {
   void Encode(const EncodeRequest& request, const CallControl& control, Done<EncodeResponse> done);
   void AttentionMap(const AttentionRequest& request, const CallControl& control,
                     Done<AttentionResponse> done);
+  // Attributions of the query-document similarities (explain.h): one task on the batcher
+  // thread that yields to queued forward batches; costed from AttributionCostTokens (the light-
+  // first rule) and its working memory (the budget).
+  void Explain(const ExplainRequest& request, const CallControl& control,
+               Done<ExplainResponse> done);
 
   // Calls answered on the calling thread.
   absl::StatusOr<TokenizeResponse> Tokenize(const TokenizeRequest& request,

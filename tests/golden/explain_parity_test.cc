@@ -19,10 +19,13 @@
 #include "engine/model.h"
 #include "nlohmann/json.hpp"
 #include "tests/golden/golden_json.h"
+#include "tests/golden/relative_error.h"
 #include "tests/test_model.h"
 
 namespace attn {
 namespace {
+
+using testing::WorstRelative;
 
 // The stated bound on |sum of attributions - its identity's right-hand side| with the token
 // baselines ([PAD], [MASK]) at the fixture's step counts (>= 8 steps); worst seen 0.0094.
@@ -52,19 +55,6 @@ Encoding EncodeText(const Model& model, const nlohmann::json& text) {
           : model.tokenizer().Encode(text.get<std::string>());
   EXPECT_TRUE(e.ok()) << e.status();
   return *e;
-}
-
-// Worst |ours - ref| / max(|ref|, 0.05 max|ref|) over the entries.
-double WorstRelative(const std::vector<float>& ours, const std::vector<float>& ref) {
-  EXPECT_EQ(ours.size(), ref.size());
-  double max_ref = 0;
-  for (float v : ref) max_ref = std::max(max_ref, std::fabs(static_cast<double>(v)));
-  double worst = 0;
-  for (size_t i = 0; i < std::min(ours.size(), ref.size()); ++i) {
-    const double scale = std::max(std::fabs(static_cast<double>(ref[i])), 0.05 * max_ref);
-    worst = std::max(worst, std::fabs(static_cast<double>(ours[i]) - ref[i]) / scale);
-  }
-  return worst;
 }
 
 TEST_P(ExplainParityTest, MatchesTorch) {

@@ -248,8 +248,8 @@ TEST_F(LifecycleTest, ReflectionListsServicesAndDescribesEncoder) {
       found = true;
       std::set<std::string> methods;
       for (const auto& method : service.method()) methods.insert(method.name());
-      EXPECT_EQ(methods,
-                (std::set<std::string>{"Encode", "AttentionMap", "Tokenize", "GetModelInfo"}));
+      EXPECT_EQ(methods, (std::set<std::string>{"Encode", "AttentionMap", "Tokenize",
+                                                "GetModelInfo", "Explain"}));
     }
   }
   EXPECT_TRUE(found) << "no attnserve.v1.Encoder service in the returned descriptors";

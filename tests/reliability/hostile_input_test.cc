@@ -85,6 +85,23 @@ grpc::Status Encode(Clients& c, const pb::EncodeRequest& request,
   return c.encoder->Encode(&context, request, response != nullptr ? response : &ignored);
 }
 
+grpc::Status Explain(Clients& c, const pb::ExplainRequest& request) {
+  pb::ExplainResponse ignored;
+  grpc::ClientContext context;
+  context.set_deadline(Deadline());
+  return c.encoder->Explain(&context, request, &ignored);
+}
+
+// An Explain request of `query` against `documents`, then `configure`.
+pb::ExplainRequest ExplainOf(const std::string& query, const std::vector<std::string>& documents,
+                             const std::function<void(pb::ExplainRequest*)>& configure = {}) {
+  pb::ExplainRequest request;
+  request.set_query(query);
+  for (const std::string& d : documents) request.add_documents(d);
+  if (configure) configure(&request);
+  return request;
+}
+
 grpc::Status Attention(Clients& c, const pb::AttentionMapRequest& request,
                        pb::AttentionMapResponse* response = nullptr) {
   pb::AttentionMapResponse ignored;
@@ -1402,6 +1419,128 @@ std::vector<HostileCase> Catalogue() {
        StatusCode::UNAUTHENTICATED,
        {},
        "Rollback"});
+
+  // --- Explain (issue 19): every limit named; none of these reaches the engine -------------------
+  add({"explain_steps_0",
+       "Explain with steps explicitly 0",
+       [](Clients& c) {
+         return Explain(
+             c, ExplainOf("a cat", {"a dog"}, [](pb::ExplainRequest* r) { r->set_steps(0); }));
+       },
+       StatusCode::INVALID_ARGUMENT,
+       {"steps is 0", "1 to 256"},
+       "Explain"});
+  add({"explain_steps_100000",
+       "Explain with 100000 interpolation steps",
+       [](Clients& c) {
+         return Explain(
+             c, ExplainOf("a cat", {"a dog"}, [](pb::ExplainRequest* r) { r->set_steps(100000); }));
+       },
+       StatusCode::INVALID_ARGUMENT,
+       {"steps is 100000", "1 to 256"},
+       "Explain"});
+  add({"explain_5000_token_query",
+       "Explain with a 5,000-token query (integrated gradients: limit 512)",
+       [](Clients& c) {
+         std::string text;
+         for (int i = 0; i < 4998; ++i) text += "word ";
+         return Explain(c, ExplainOf(text, {"a dog"}, [](pb::ExplainRequest* r) {
+                          r->set_method(pb::ATTRIBUTION_INTEGRATED_GRADIENTS);
+                        }));
+       },
+       StatusCode::INVALID_ARGUMENT,
+       {"query has 5000 tokens", "limit of 512", "does not truncate"},
+       "Explain"});
+  add({"explain_5000_token_document_pairwise",
+       "pairwise Explain with a 5,000-token document (limit 128)",
+       [](Clients& c) {
+         std::string text;
+         for (int i = 0; i < 4998; ++i) text += "word ";
+         return Explain(c, ExplainOf("a cat", {"a dog", text}));
+       },
+       StatusCode::INVALID_ARGUMENT,
+       {"documents[1] has 5000 tokens", "limit of 128", "ATTRIBUTION_PAIRWISE"},
+       "Explain"});
+  add({"explain_empty_document",
+       "Explain with an empty second text",
+       [](Clients& c) { return Explain(c, ExplainOf("a cat", {""})); },
+       StatusCode::INVALID_ARGUMENT,
+       {"documents[0] is empty"},
+       "Explain"});
+  add({"explain_no_documents",
+       "Explain with a query and no documents",
+       [](Clients& c) { return Explain(c, ExplainOf("a cat", {})); },
+       StatusCode::INVALID_ARGUMENT,
+       {"no documents", "16"},
+       "Explain"});
+  add({"explain_empty_query",
+       "Explain with an empty query",
+       [](Clients& c) { return Explain(c, ExplainOf("", {"a dog"})); },
+       StatusCode::INVALID_ARGUMENT,
+       {"query is empty"},
+       "Explain"});
+  add({"explain_unknown_method",
+       "Explain with method 7",
+       [](Clients& c) {
+         return Explain(c, ExplainOf("a cat", {"a dog"}, [](pb::ExplainRequest* r) {
+                          r->set_method(static_cast<pb::AttributionMethod>(7));
+                        }));
+       },
+       StatusCode::INVALID_ARGUMENT,
+       {"method: unknown value 7", "ATTRIBUTION_PAIRWISE"},
+       "Explain"});
+  add({"explain_unknown_baseline",
+       "Explain with baseline 9",
+       [](Clients& c) {
+         return Explain(c, ExplainOf("a cat", {"a dog"}, [](pb::ExplainRequest* r) {
+                          r->set_baseline(static_cast<pb::AttributionBaseline>(9));
+                        }));
+       },
+       StatusCode::INVALID_ARGUMENT,
+       {"baseline: unknown value 9"},
+       "Explain"});
+  add({"explain_layer_7",
+       "Explain at layer 7 of a 6-layer model",
+       [](Clients& c) {
+         return Explain(
+             c, ExplainOf("a cat", {"a dog"}, [](pb::ExplainRequest* r) { r->set_layer(7); }));
+       },
+       StatusCode::INVALID_ARGUMENT,
+       {"layer is 7", "0 to 6"},
+       "Explain"});
+  add({"explain_layer_negative",
+       "Explain at layer -1",
+       [](Clients& c) {
+         return Explain(
+             c, ExplainOf("a cat", {"a dog"}, [](pb::ExplainRequest* r) { r->set_layer(-1); }));
+       },
+       StatusCode::INVALID_ARGUMENT,
+       {"layer is -1", "0 to 6"},
+       "Explain"});
+  add({"explain_1000_documents",
+       "Explain with 1,000 documents",
+       [](Clients& c) {
+         return Explain(c, ExplainOf("a cat", std::vector<std::string>(1000, "a dog")));
+       },
+       StatusCode::INVALID_ARGUMENT,
+       {"1000 documents", "limit of 16", "--max-explain-documents"},
+       "Explain"});
+  add({"explain_only_punctuation_document",
+       "Explain with a document that tokenizes to nothing (only control characters)",
+       [](Clients& c) { return Explain(c, ExplainOf("a cat", {"\x01\x02"})); },
+       StatusCode::INVALID_ARGUMENT,
+       {"documents[0]", "no tokens besides"},
+       "Explain"});
+  add({"encode_unknown_pooling_6",
+       "Encode with pooling 6 (POOLING_CLS_ATTENTION is 5)",
+       [](Clients& c) {
+         pb::EncodeRequest request = Texts({"hello"});
+         request.set_pooling(static_cast<pb::Pooling>(6));
+         return Encode(c, request);
+       },
+       StatusCode::INVALID_ARGUMENT,
+       {"pooling: unknown value 6", "POOLING_CLS_ATTENTION"},
+       "Encode"});
   return cases;
 }
 

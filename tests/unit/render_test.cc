@@ -535,3 +535,52 @@ TEST(DecodeTensor, ValidatesSizes) {
 
 }  // namespace
 }  // namespace attn::client
+
+// ---------------------------------------------------------------------------------------------
+// Explain pictures: rectangular pair matrices, signed values, token strips
+
+namespace attn::client {
+namespace {
+
+TEST(RenderMatrix, RectangularWithTheirOwnRowAndColumnLabels) {
+  const std::vector<std::string> rows = {"[CLS]", "guitar", "[SEP]"};
+  const std::vector<std::string> cols = {"[CLS]", "someone", "plays", "guitar", "[SEP]"};
+  std::vector<float> m(rows.size() * cols.size(), 0.0f);
+  m[1 * cols.size() + 3] = 0.42f;
+  m[1 * cols.size() + 1] = -0.1f;
+  HeatmapOptions options;
+  options.diverging = true;
+  auto svg = RenderMatrixSvg(rows, cols, m, "pairs", options);
+  ASSERT_TRUE(svg.ok()) << svg.status();
+  EXPECT_EQ(CheckWellFormed(*svg), "");
+  EXPECT_EQ(Count(*svg, "class=\"cell\""), 15);
+  EXPECT_TRUE(absl::StrContains(*svg, "<title>guitar (1) \u2192 guitar (3): 0.420</title>"));
+  EXPECT_TRUE(absl::StrContains(*svg, "<title>guitar (1) \u2192 someone (1): -0.100</title>"));
+  // Diverging: 0 is white-ish, the largest |value| sets both ends (+-0.42).
+  EXPECT_TRUE(absl::StrContains(*svg, ToHex(DivergingColor(0.5))));
+  EXPECT_TRUE(absl::StrContains(*svg, "min -0.420"));
+  EXPECT_TRUE(absl::StrContains(*svg, "max 0.420"));
+  EXPECT_FALSE(RenderMatrixSvg(rows, cols, std::vector<float>(14), "x").ok());
+}
+
+TEST(RenderMatrix, DivergingScaleRunsRedWhiteBlue) {
+  const Rgb red = DivergingColor(0.0), mid = DivergingColor(0.5), blue = DivergingColor(1.0);
+  EXPECT_GT(red.r, red.b);
+  EXPECT_GT(blue.b, blue.r);
+  EXPECT_GT(std::min({mid.r, mid.g, mid.b}), 0xf0);
+}
+
+TEST(RenderTokenStrip, OneBoxPerTokenAndStacksIntoOneDocument) {
+  auto strip = RenderTokenStripSvg({"[CLS]", "a", "<b>", "[SEP]"}, {0, 0.5f, -0.25f, 0}, "query");
+  ASSERT_TRUE(strip.ok()) << strip.status();
+  EXPECT_EQ(CheckWellFormed(*strip), "");
+  EXPECT_EQ(Count(*strip, "class=\"token\""), 4);
+  EXPECT_TRUE(absl::StrContains(*strip, "&lt;b&gt; (2): -0.250"));
+  EXPECT_FALSE(RenderTokenStripSvg({"a"}, {}, "x").ok());
+  const std::string both = StackSvgs({*strip, *strip}, "both");
+  EXPECT_EQ(CheckWellFormed(both), "");
+  EXPECT_EQ(Count(both, "class=\"token\""), 8);
+}
+
+}  // namespace
+}  // namespace attn::client
