@@ -100,9 +100,6 @@ const char* DropReason(const Job& job) {
   return nullptr;
 }
 
-// Requests of at most this many tokens go ahead of heavier ones when a batch is formed.
-constexpr int64_t kLightJobTokens = 1024;
-
 // Whether two requests may share a packed batch: the engine keeps hidden states for every
 // sequence of a batch and attention parts for every sequence that wants attention, so only
 // requests keeping the same extras are merged (the common plain-embedding call always is).
@@ -166,19 +163,24 @@ void Batcher::Loop() {
 
 std::vector<Batcher::Chunk> Batcher::TakeBatch(bool forwards_only) {
   auto is_task = [](const Chunk& chunk) { return static_cast<bool>(chunk.job->job->task); };
-  // The oldest light request first (ordinary calls wait for about one batch, not behind every
-  // chunk of the heavy requests queued before them), but never twice in a row ahead of an older
-  // chunk (heavy requests keep going); then any later chunks of the same model version and
-  // extras that fit the token budget. A task runs alone.
+  // The cheapest queued request first (by its admission estimate; ties: the oldest), so
+  // ordinary calls wait for about one batch, not behind every chunk of the costly requests
+  // queued before them; but never twice in a row ahead of an older chunk (costly requests keep
+  // going); then any later chunks of the same model version and extras that fit the token
+  // budget. A task runs alone.
   auto first = queue_.begin();
   if (forwards_only) first = std::find_if_not(queue_.begin(), queue_.end(), is_task);
   if (first == queue_.end()) return {};
   auto seed = first;
   if (!light_went_ahead_ || forwards_only) {
-    seed = std::find_if(first, queue_.end(), [&](const Chunk& chunk) {
-      return chunk.job->tokens <= kLightJobTokens && !is_task(chunk);
-    });
-    if (seed == queue_.end()) seed = first;
+    auto cheapest = queue_.end();
+    for (auto it = first; it != queue_.end(); ++it) {
+      if (is_task(*it)) continue;
+      if (cheapest == queue_.end() || it->job->job->cost_bytes < cheapest->job->job->cost_bytes) {
+        cheapest = it;
+      }
+    }
+    if (cheapest != queue_.end()) seed = cheapest;
   }
   if (!forwards_only) light_went_ahead_ = seed != queue_.begin();
   std::vector<Chunk> batch;

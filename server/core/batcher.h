@@ -7,9 +7,10 @@
 // chunks. Cancellation and deadlines are checked when a batch is formed (stage "queue"), between
 // encoder layers (the engine's stop_requested: the forward stops once no request of the batch
 // is wanted) and after the forward (stage "compute"); dropped requests are counted in metrics.
-// A batch starts with the oldest light request (<= 1024 tokens) if one waits, else the oldest
-// chunk (and with the oldest after a batch that skipped it), so ordinary calls wait for about
-// one batch, not behind every chunk of the heavy requests queued before them.
+// A batch starts with the cheapest queued request by its admission estimate (Job::cost_bytes;
+// ties: the oldest), and with the oldest chunk after a batch that skipped it, so ordinary calls
+// wait for about one batch, not behind every chunk of the costly requests queued before them
+// (a 512-token AttentionMap with every map is few tokens but costly), and costly ones keep going.
 // Requests are merged only when they keep the same extra outputs (hidden layers, static
 // embeddings, attention parts), so a batch never keeps more for a request than its own cost
 // estimate (server/cost_model.h) counted.
@@ -67,6 +68,9 @@ struct Job {
   std::shared_ptr<const Model> model;
   std::vector<SequenceInput> sequences;
   ForwardOptions forward;  // what to keep; pool must be false
+  // The admission estimate of the call's working memory (cost_model.h): batches start with the
+  // cheapest queued request, so an ordinary call does not wait behind costly ones.
+  int64_t cost_bytes = 0;
   // A task job instead of a forward: `sequences` empty; `task_tokens` its cost in token-forward
   // equivalents (for the light-first rule).
   TaskFn task;

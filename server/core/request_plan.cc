@@ -109,6 +109,22 @@ absl::Status CheckLowerBound(const Model& model, const Request& request,
   return status;
 }
 
+// The lower-bound check (if any), then tokenizing into plan->inputs.
+template <typename Request, typename Plan>
+absl::Status CheckThenTokenize(const Model& model, const Request& request,
+                               const RequestLimits& limits, const LowerBoundCheck<Plan>& check,
+                               Plan* plan) {
+  if (absl::Status affordable = CheckLowerBound(model, request, limits, check, plan);
+      !affordable.ok()) {
+    return affordable;
+  }
+  absl::StatusOr<TokenizedInputs> inputs =
+      TokenizeInputs(model, request.inputs, request.tokenization, limits);
+  if (!inputs.ok()) return inputs.status();
+  plan->inputs = std::move(*inputs);
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<TruncationOptions> ResolveTruncation(const Model& model,
@@ -323,14 +339,10 @@ absl::StatusOr<EncodePlan> PrepareEncode(const Model& model, const EncodeRequest
     plan.forward.attention_probs = true;
   }
 
-  if (absl::Status affordable = CheckLowerBound(model, request, limits, check, &plan);
-      !affordable.ok()) {
-    return affordable;
+  if (absl::Status tokenized = CheckThenTokenize(model, request, limits, check, &plan);
+      !tokenized.ok()) {
+    return tokenized;
   }
-  absl::StatusOr<TokenizedInputs> inputs =
-      TokenizeInputs(model, request.inputs, request.tokenization, limits);
-  if (!inputs.ok()) return inputs.status();
-  plan.inputs = std::move(*inputs);
   return plan;
 }
 
@@ -392,14 +404,10 @@ absl::StatusOr<AttentionPlan> PrepareAttention(const Model& model, const Attenti
     plan.forward.attention_layers = plan.layers;
   }
 
-  if (absl::Status affordable = CheckLowerBound(model, request, limits, check, &plan);
-      !affordable.ok()) {
-    return affordable;
+  if (absl::Status tokenized = CheckThenTokenize(model, request, limits, check, &plan);
+      !tokenized.ok()) {
+    return tokenized;
   }
-  absl::StatusOr<TokenizedInputs> inputs =
-      TokenizeInputs(model, request.inputs, request.tokenization, limits);
-  if (!inputs.ok()) return inputs.status();
-  plan.inputs = std::move(*inputs);
   return plan;
 }
 

@@ -85,8 +85,8 @@ ServingCore::ServingCore(CoreOptions options, ModelRegistry* registry, Batcher* 
       memory_budget_(memory_budget),
       metrics_(metrics) {}
 
-// The shared path of Encode, AttentionMap and Explain: version, `prepare` (validate + tokenize), drop
-// check, cost and admission, submit; `build` makes the response on the batcher thread.
+// The shared path of Encode, AttentionMap and Explain: version, `prepare` (validate + tokenize),
+// drop check, cost and admission, submit; `build` makes the response on the batcher thread.
 template <typename Request, typename Plan, typename Response, typename Prepare, typename Build>
 void ServingCore::RunEngineCall(const Request& request, const CallControl& control, Prepare prepare,
                                 Build build, Done<Response> done) {
@@ -127,6 +127,7 @@ void ServingCore::RunEngineCall(const Request& request, const CallControl& contr
   auto job = std::make_shared<Job>();
   job->model = version->model;
   FillJob(version->model, plan.get(), job.get());
+  job->cost_bytes = cost.working_bytes;
   job->deadline = control.deadline;
   job->is_cancelled = control.is_cancelled;
   // `done` is shared: it is called here if Submit refuses the job, else by the job's callback.

@@ -238,6 +238,44 @@ TEST_F(ServingCoreTest, TokenizeRejectsTooManyInputsNamingTheLimit) {
             "split it into several calls");
 }
 
+// The batcher starts a batch with the cheapest queued request by its admission estimate, not
+// the first few-token one: a costly request of few tokens (a 512-token AttentionMap with every
+// map) queued first does not go ahead of an ordinary call; costly requests still finish.
+TEST_F(ServingCoreTest, BatcherStartsWithTheCheapestQueuedRequest) {
+  Batcher batcher(BatcherOptions{/*max_batch_tokens=*/256, /*max_concurrent_requests=*/8,
+                                 /*threads=*/0},
+                  &metrics_);
+  absl::Mutex mutex;
+  std::vector<std::string> finished;
+  auto job = [&](const std::string& name, int sequences, int tokens, int64_t cost) {
+    auto j = std::make_shared<Job>();
+    j->model = *model_;
+    for (int i = 0; i < sequences; ++i) {
+      std::vector<int32_t> ids(tokens, 2000 + i);
+      ids.front() = 101;
+      ids.back() = 102;
+      j->sequences.push_back({ids, {}});
+    }
+    j->forward.pool = false;
+    j->forward.hidden_layers = {(*model_)->config().num_hidden_layers};
+    j->cost_bytes = cost;
+    j->done = [&, name](absl::Status status, JobOutput) {
+      EXPECT_TRUE(status.ok()) << name << ": " << status;
+      absl::MutexLock lock(&mutex);
+      finished.push_back(name);
+    };
+    return j;
+  };
+  // Four 256-token chunks keep the engine busy while the other two are queued behind them.
+  ASSERT_TRUE(batcher.Submit(job("costly, many tokens", 4, 256, 1'000'000'000)).ok());
+  ASSERT_TRUE(batcher.Submit(job("costly, few tokens", 1, 16, 100'000'000)).ok());
+  ASSERT_TRUE(batcher.Submit(job("ordinary", 1, 16, 100'000)).ok());
+  batcher.Stop();  // finishes everything queued
+  ASSERT_EQ(finished.size(), 3u);
+  EXPECT_EQ(finished,
+            (std::vector<std::string>{"ordinary", "costly, few tokens", "costly, many tokens"}));
+}
+
 TEST_F(ServingCoreTest, UnknownVersionIsNotFound) {
   ModelInfoRequest request{"no-such-version"};
   absl::StatusOr<ModelInfo> info = core_->GetModelInfo(request, CallControl{});
