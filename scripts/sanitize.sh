@@ -82,6 +82,9 @@ asan_targets() {
 run_asan() {
   if ((DO_BUILD)); then
     configure "$ASAN_BUILD" -DATTN_SANITIZE=ON || return 1
+    # Regenerate first in a reused build dir: the target list below comes from build.ninja, and
+    # a stale one would leave tests added since out of the run.
+    ninja -C "$ASAN_BUILD" build.ninja >/dev/null || return 1
     local targets
     targets=$(asan_targets) && [[ -n "$targets" ]] || return 1
     # shellcheck disable=SC2086  # one target per word
