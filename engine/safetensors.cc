@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "engine/durable_file.h"
 #include "engine/half.h"
 #include "engine/json_depth.h"
 #include "engine/log.h"
@@ -427,20 +428,6 @@ absl::StatusOr<std::string> BuildHeader(const std::vector<NamedTensor>& tensors,
   for (int i = 0; i < 8; ++i) out[i] = static_cast<char>((len >> (8 * i)) & 0xffu);
   out += json_text;
   return out;
-}
-
-// write(2) until done; returns 0 or the errno of the failure.
-int WriteAll(int fd, const char* data, size_t size) {
-  while (size > 0) {
-    const ssize_t n = ::write(fd, data, size);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return errno;
-    }
-    data += n;
-    size -= static_cast<size_t>(n);
-  }
-  return 0;
 }
 
 }  // namespace
