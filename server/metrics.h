@@ -18,7 +18,7 @@
 
 namespace attn::server {
 
-class Metrics final : public ServingMetrics {
+class Metrics final : public ServingMetrics, public TrainingMetrics {
  public:
   Metrics();
 
@@ -42,10 +42,10 @@ class Metrics final : public ServingMetrics {
                     const std::string& precision, int layers, int hidden, int heads);
 
   // Fine-tuning: one completed optimisation step over `examples` examples with loss `loss`.
-  void RecordFineTuneStep(int64_t examples, double loss);
+  void RecordFineTuneStep(int64_t examples, double loss) override;
   // A finished fine-tuning job: outcome "committed", "aborted", "failed" or "cancelled".
-  void RecordFineTuneJob(std::string_view outcome);
-  void RecordVersionPublished();
+  void RecordFineTuneJob(std::string_view outcome) override;
+  void RecordVersionPublished() override;
   // attnserve_serving_version_info{version} 1 for the version served by default (replaces the
   // previous series).
   void SetServingVersion(const std::string& version);

@@ -22,9 +22,9 @@
 #include "server/core/cost_model.h"
 #include "server/core/model_registry.h"
 #include "server/core/serving_core.h"
+#include "server/core/store_versions.h"
 #include "server/encoder_service.h"
 #include "server/metrics.h"
-#include "server/store_versions.h"
 #include "server/store_watcher.h"
 #include "server/trainer_service.h"
 
@@ -107,7 +107,7 @@ int RunServer(const ServerOptions& options, std::optional<std::string> trainer_t
   if (!credentials.ok()) return Fail(std::string(credentials.status().message()));
 
   ModelRegistry registry(options.max_loaded_versions, [&options](const ModelVersion& version) {
-    return LoadVersion(options, version);
+    return LoadVersion(options.model_dir, options.model_store, options.precision, version);
   });
   registry.SetEvictionListener([](const std::string& version) {
     Log(LogLevel::kInfo,

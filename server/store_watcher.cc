@@ -6,7 +6,7 @@
 #include "absl/time/time.h"
 #include "engine/log.h"
 #include "engine/model_store.h"
-#include "server/store_versions.h"
+#include "server/core/store_versions.h"
 
 namespace attn::server {
 

@@ -1,17 +1,13 @@
 #include "server/trainer_service.h"
 
-#include <algorithm>
-#include <ctime>
 #include <memory>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
 #include "engine/log.h"
 #include "engine/model_store.h"
 #include "server/auth.h"
 #include "server/fine_tune_reactor.h"
 #include "server/raw_method.h"
-#include "server/store_versions.h"
 
 namespace attn::server {
 
@@ -34,7 +30,9 @@ TrainerService::TrainerService(const ServerOptions& options, std::optional<std::
       token_(std::move(token)),
       registry_(registry),
       metrics_(metrics),
-      training_thread_(options.trainer_threads, options.trainer_nice) {
+      fine_tuning_(core::FineTuningOptions{options.max_inputs_per_request, options.model_store,
+                                           options.trainer_threads, options.trainer_nice},
+                   registry, metrics) {
   const google::protobuf::FileDescriptor& file = *v1::FineTuneRequest::descriptor()->file();
   // FineTune takes raw bytes (see FineTuneReactor).
   MarkMethodRawCallback(MethodIndex(file, "Trainer", "FineTune"),
@@ -63,37 +61,7 @@ void TrainerService::ServeVersionsMethod(const char* method, VersionsHandler<Req
           }));
 }
 
-void TrainerService::SetNextSequence(int64_t sequence) {
-  absl::MutexLock lock(&mutex_);
-  next_sequence_ = std::max<int64_t>(sequence, 1);
-}
-
-int64_t TrainerService::TakeSequence() {
-  absl::MutexLock lock(&mutex_);
-  return next_sequence_++;
-}
-
-absl::StatusOr<std::string> TrainerService::StartJob() {
-  absl::MutexLock lock(&mutex_);
-  if (!running_job_.empty()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("fine-tuning job ", running_job_,
-                     " is running; one job runs at a time (wait for it to commit or abort)"));
-  }
-  ++jobs_started_;
-  const std::time_t now = std::time(nullptr);
-  std::tm tm{};
-  gmtime_r(&now, &tm);
-  char stamp[32];
-  std::strftime(stamp, sizeof(stamp), "%Y%m%dT%H%M%SZ", &tm);
-  running_job_ = absl::StrFormat("job-%s-%d", stamp, jobs_started_);
-  return running_job_;
-}
-
-void TrainerService::EndJob(const std::string& job_id) {
-  absl::MutexLock lock(&mutex_);
-  if (running_job_ == job_id) running_job_.clear();
-}
+void TrainerService::SetNextSequence(int64_t sequence) { fine_tuning_.SetNextSequence(sequence); }
 
 absl::Status TrainerService::Authorize(const grpc::CallbackServerContext& context) const {
   if (!token_.has_value()) {
@@ -131,10 +99,10 @@ absl::Status TrainerService::HandleRollback(const v1::RollbackRequest& request,
       return name;
     }
   }
-  const std::string previous = ServedVersion();
+  const std::string previous = fine_tuning_.ServedVersion();
   absl::StatusOr<ModelVersion> served = registry_->Rollback(request.version());
   if (!served.ok()) return served.status();
-  if (absl::Status recorded = RecordOrRevert("rollback", previous, served->version);
+  if (absl::Status recorded = fine_tuning_.RecordOrRevert("rollback", previous, served->version);
       !recorded.ok()) {
     return recorded;
   }
@@ -148,30 +116,16 @@ absl::Status TrainerService::HandleSetServingVersion(const v1::SetServingVersion
   if (absl::Status name = CheckVersionName(request.version(), "version"); !name.ok()) {
     return name;
   }
-  const std::string previous = ServedVersion();
+  const std::string previous = fine_tuning_.ServedVersion();
   if (absl::Status set = registry_->SetServing(request.version()); !set.ok()) return set;
-  if (absl::Status recorded = RecordOrRevert("set-serving", previous, request.version());
+  if (absl::Status recorded =
+          fine_tuning_.RecordOrRevert("set-serving", previous, request.version());
       !recorded.ok()) {
     return recorded;
   }
   Log(LogLevel::kInfo, "SetServingVersion: now serving version %s", request.version());
   FillVersions(response);
   return absl::OkStatus();
-}
-
-std::string TrainerService::ServedVersion() const {
-  std::string serving;
-  registry_->List(&serving);
-  return serving;
-}
-
-absl::Status TrainerService::RecordOrRevert(const std::string& action, const std::string& from,
-                                            const std::string& to, const std::string& committed) {
-  absl::Status recorded = RecordServing(options_.model_store, action, from, to, committed);
-  if (recorded.ok() || from.empty()) return recorded;
-  // Not recorded: a restart or a replica would serve `from`, so this server does too.
-  registry_->SetServing(from).IgnoreError();
-  return absl::Status(recorded.code(), absl::StrCat(recorded.message(), "; still serving ", from));
 }
 
 }  // namespace attn::server

@@ -1,10 +1,10 @@
 // attnserve.v1.Trainer over the gRPC callback API: fine-tuning jobs (FineTune, a bidirectional
-// stream) and model versions (ListVersions, Rollback, SetServingVersion).
+// stream, an adapter over the core's FineTuneJob: server/core/fine_tuning.h) and model versions
+// (ListVersions, Rollback, SetServingVersion).
 //
-// Threads: gRPC threads only validate messages and move them along; every engine step (Trainer
-// creation, tokenization of the batches, Step, checkpoint writing) runs on one dedicated
-// training thread with --trainer-threads OpenMP threads, so training leaves the other cores to
-// the batcher that serves Encode/AttentionMap. One job runs at a time.
+// Threads: gRPC threads only validate messages and move them along; every engine step runs on
+// the core's training thread with --trainer-threads OpenMP threads, so training leaves the other
+// cores to the batcher that serves Encode/AttentionMap. One job runs at a time.
 #pragma once
 
 #include <cstdint>
@@ -14,17 +14,17 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "attnserve/v1/trainer.grpc.pb.h"
+#include "server/core/fine_tuning.h"
 #include "server/core/model_registry.h"
 #include "server/metrics.h"
 #include "server/options.h"
-#include "server/training_thread.h"
 
 namespace attn::server {
 
 class TrainerService final : public attnserve::v1::Trainer::CallbackService {
  public:
   // `token` unset = the service is disabled (every call answers UNIMPLEMENTED). Starts the
-  // training thread (training_thread.h); destroying the service stops it, so destroy it after
+  // training thread (core::FineTuning); destroying the service stops it, so destroy it after
   // the gRPC server has shut down. FineTune streams are served by fine_tune_reactor.cc.
   TrainerService(const ServerOptions& options, std::optional<std::string> token,
                  ModelRegistry* registry, Metrics* metrics);
@@ -37,10 +37,6 @@ class TrainerService final : public attnserve::v1::Trainer::CallbackService {
 
   // OK, or UNIMPLEMENTED (no token configured), UNAUTHENTICATED or PERMISSION_DENIED.
   absl::Status Authorize(const grpc::CallbackServerContext& context) const;
-  // Claims the single job slot: a new job id, or FAILED_PRECONDITION naming the running job.
-  absl::StatusOr<std::string> StartJob();
-  void EndJob(const std::string& job_id);
-  int64_t TakeSequence();
   void FillVersions(attnserve::v1::ListVersionsResponse* response) const;
 
   // ListVersions, Rollback and SetServingVersion: each registered by the constructor (through
@@ -58,23 +54,14 @@ class TrainerService final : public attnserve::v1::Trainer::CallbackService {
                               attnserve::v1::ListVersionsResponse* response);
   absl::Status HandleSetServingVersion(const attnserve::v1::SetServingVersionRequest& request,
                                        attnserve::v1::ListVersionsResponse* response);
-  std::string ServedVersion() const;
-  // Records a change of the default version in the model store; if that fails, serves `from`
-  // again (what a restart would serve) and returns the error.
-  absl::Status RecordOrRevert(const std::string& action, const std::string& from,
-                              const std::string& to, const std::string& committed = "");
 
   const ServerOptions options_;
   const std::optional<std::string> token_;
   ModelRegistry* const registry_;
   Metrics* const metrics_;
-
-  mutable absl::Mutex mutex_;
-  std::string running_job_ ABSL_GUARDED_BY(mutex_);
-  int64_t jobs_started_ ABSL_GUARDED_BY(mutex_) = 0;
-  int64_t next_sequence_ ABSL_GUARDED_BY(mutex_) = 1;
-  // Last: destroyed first, running the tasks still queued while the members they use live.
-  TrainingThread training_thread_;
+  // Last: destroyed first, its training thread running the tasks still queued while the
+  // members they use live.
+  core::FineTuning fine_tuning_;
 };
 
 }  // namespace attn::server

@@ -14,7 +14,7 @@ namespace attn::server {
 
 namespace {
 
-// --- protobuf wire sizes (field numbers < 16: one tag byte) ---
+// --- Protocol Buffers wire sizes (field numbers < 16: one tag byte) ---
 
 int64_t VarintBytes(uint64_t value) {
   int64_t bytes = 1;

@@ -1,6 +1,7 @@
 // What a request will cost, from the request alone, before any work: the bytes of its response
 // and the peak working memory of serving it; and the server-wide budget calls are admitted
-// against. No gRPC or protobuf here: sizes of the protobuf wire format are computed by hand.
+// against. The core links no RPC or serialisation library: the wire sizes of the responses
+// (Protocol Buffers encoding) are computed by hand.
 //
 // Working memory of one Encode/AttentionMap call, at its peak (the response being serialised
 // while everything it was built from is still held):
@@ -34,7 +35,7 @@
 namespace attn::server {
 
 struct RequestCost {
-  int64_t response_bytes = 0;  // protobuf wire size of the response
+  int64_t response_bytes = 0;  // wire size of the response (Protocol Buffers encoding)
   int64_t working_bytes = 0;   // peak memory of serving the call, response included
 };
 

@@ -30,4 +30,16 @@ class ServingMetrics {
   virtual void RecordMemoryRefusal(std::string_view limit) = 0;
 };
 
+// What fine-tuning jobs report (fine_tuning.h). Implementations must be thread-safe.
+class TrainingMetrics {
+ public:
+  virtual ~TrainingMetrics() = default;
+
+  // One training step of `examples` examples that ended with `loss`.
+  virtual void RecordFineTuneStep(int64_t examples, double loss) = 0;
+  // A job's end: "committed", "aborted", "failed" or "cancelled".
+  virtual void RecordFineTuneJob(std::string_view outcome) = 0;
+  virtual void RecordVersionPublished() = 0;
+};
+
 }  // namespace attn::server

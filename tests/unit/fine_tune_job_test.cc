@@ -1,9 +1,10 @@
-// The fine-tuning job's pure functions (server/fine_tune_job.h) with the real tokenizer and no
-// server: a config resolves into the trainer's options, and every check lives in one place:
-// the protocol's own (enums, 0 = default, empty texts, fields of another objective, the
+// The fine-tuning job's pure functions (server/core/fine_tune_job.h), reached from the protocol's
+// messages through the front end's conversion (server/fine_tune_convert.h), with the real
+// tokenizer and no server: a config resolves into the trainer's options, and every check lives in
+// one place: the protocol's own (enums, 0 = default, empty texts, fields of another objective, the
 // server's batch limit) here, the trainer's (ValidateTrainerOptions, ValidateTrainingBatch)
 // in the engine, whose messages the server only prefixes with "config: " or "batch N, ".
-#include "server/fine_tune_job.h"
+#include "server/core/fine_tune_job.h"
 
 #include <gtest/gtest.h>
 
@@ -12,12 +13,21 @@
 #include <string>
 
 #include "absl/strings/match.h"
+#include "server/fine_tune_convert.h"
 #include "tests/test_model.h"
 
 namespace attn::server {
 namespace {
 
 namespace v1 = ::attnserve::v1;
+using core::CheckBatchShape;
+using core::JobSettings;
+
+absl::StatusOr<JobSettings> ResolveJobConfig(const v1::FineTuneConfig& config, const Model& base) {
+  absl::StatusOr<core::FineTuneConfig> converted = ToCore(config);
+  if (!converted.ok()) return converted.status();
+  return core::ResolveJobConfig(*converted, base);
+}
 
 class FineTuneJobTest : public ::testing::Test {
  protected:
@@ -43,7 +53,7 @@ class FineTuneJobTest : public ::testing::Test {
     EXPECT_TRUE(settings.ok()) << settings.status();
     if (!settings.ok()) return "no settings";
     TrainingBatch out;
-    absl::Status status = ConvertBatch(batch, *settings, model(), 4, &out);
+    absl::Status status = core::ConvertBatch(ToCore(batch), *settings, model(), 4, &out);
     if (status.ok()) return "";
     EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
     return std::string(status.message());
@@ -89,6 +99,11 @@ TEST_F(FineTuneJobTest, ConfigErrorsOneWordingEach) {
   config.set_objective(v1::OBJECTIVE_UNSPECIFIED);
   EXPECT_EQ(ConfigError(config),
             "config.objective is not set; use CONTRASTIVE, COSINE_SIMILARITY or CLASSIFICATION");
+  config.set_objective(static_cast<v1::Objective>(7));
+  EXPECT_EQ(ConfigError(config), "config.objective: unknown value 7");
+  config = Config(v1::CONTRASTIVE);
+  config.set_parameters(static_cast<v1::ParameterSelection>(9));
+  EXPECT_EQ(ConfigError(config), "config.parameters: unknown value 9");
   config = Config(v1::COSINE_SIMILARITY);
   config.set_contrastive_scale(5);
   EXPECT_EQ(ConfigError(config), "config.contrastive_scale is only for the CONTRASTIVE objective");
@@ -135,7 +150,7 @@ TEST_F(FineTuneJobTest, BatchErrorsNameTheBatchAndTheExample) {
   const v1::FineTuneConfig contrastive = Config(v1::CONTRASTIVE);
   EXPECT_EQ(BatchError(contrastive, Batch({Pair("a", "b"), Pair("c", "d")})), "");
   // The server's limit, before any tokenization.
-  EXPECT_EQ(CheckBatchShape(Batch({Pair("a", "b"), Pair("c", "d")}), 4, 1).message(),
+  EXPECT_EQ(CheckBatchShape(ToCore(Batch({Pair("a", "b"), Pair("c", "d")})), 4, 1).message(),
             "batch 4 has 2 examples; send 1 to 1 (--max-inputs-per-request) per batch");
   // The protocol's: texts and fields.
   EXPECT_EQ(BatchError(contrastive, Batch({Pair("a", "b"), Pair("", "d")})),

@@ -1,4 +1,4 @@
-#include "server/store_versions.h"
+#include "server/core/store_versions.h"
 
 #include <unistd.h>
 
@@ -11,14 +11,14 @@
 #include "absl/strings/str_join.h"
 #include "engine/log.h"
 #include "engine/serving_state.h"
+#include "server/core/fine_tune_job.h"
 
 namespace attn::server {
 
 ModelVersion UnloadedVersion(const StoredVersion& stored) {
   ModelVersion version;
   version.version = stored.version;
-  version.origin = absl::StrCat("fine-tuned from ", stored.base_version, " (", stored.objective,
-                                ", ", stored.steps, stored.steps == 1 ? " step)" : " steps)");
+  version.origin = core::FineTunedOrigin(stored.base_version, stored.objective, stored.steps);
   version.sequence = stored.sequence;
   version.created_utc = stored.created_utc;
   version.description = stored.description;
@@ -26,19 +26,21 @@ ModelVersion UnloadedVersion(const StoredVersion& stored) {
   return version;
 }
 
-absl::StatusOr<std::shared_ptr<const Model>> LoadVersion(const ServerOptions& options,
+absl::StatusOr<std::shared_ptr<const Model>> LoadVersion(const std::string& model_dir,
+                                                         const std::string& model_store,
+                                                         Precision precision,
                                                          const ModelVersion& version) {
   const auto start = std::chrono::steady_clock::now();
   absl::StatusOr<std::shared_ptr<const Model>> model;
   if (version.version == "base") {
-    model = Model::Load(options.model_dir, ModelOptions{options.precision});
-  } else if (options.model_store.empty()) {
+    model = Model::Load(model_dir, ModelOptions{precision});
+  } else if (model_store.empty()) {
     model = absl::FailedPreconditionError("the server has no --model-store to load it from");
   } else {
-    absl::StatusOr<StoredVersion> stored = ReadStoredVersion(options.model_store, version.version);
-    absl::StatusOr<LoadedVersion> loaded =
-        stored.ok() ? LoadStoredVersion(*stored, ModelOptions{options.precision})
-                    : absl::StatusOr<LoadedVersion>(stored.status());
+    absl::StatusOr<StoredVersion> stored = ReadStoredVersion(model_store, version.version);
+    absl::StatusOr<LoadedVersion> loaded = stored.ok()
+                                               ? LoadStoredVersion(*stored, ModelOptions{precision})
+                                               : absl::StatusOr<LoadedVersion>(stored.status());
     if (loaded.ok()) {
       model = loaded->model;
     } else {

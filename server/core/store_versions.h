@@ -8,8 +8,8 @@
 #include "absl/status/statusor.h"
 #include "engine/model.h"
 #include "engine/model_store.h"
+#include "engine/precision.h"
 #include "server/core/model_registry.h"
-#include "server/options.h"
 
 namespace attn::server {
 
@@ -17,8 +17,11 @@ namespace attn::server {
 // or pinned).
 ModelVersion UnloadedVersion(const StoredVersion& stored);
 
-// Loads a version's model from disk: "base" from --model-dir, the others from the store.
-absl::StatusOr<std::shared_ptr<const Model>> LoadVersion(const ServerOptions& options,
+// Loads a version's model from disk at `precision`: "base" from `model_dir`, the others from
+// `model_store` ("" = none: FAILED_PRECONDITION).
+absl::StatusOr<std::shared_ptr<const Model>> LoadVersion(const std::string& model_dir,
+                                                         const std::string& model_store,
+                                                         Precision precision,
                                                          const ModelVersion& version);
 
 // Registers every committed version of the model store, newest first: the newest one that

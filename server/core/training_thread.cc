@@ -1,4 +1,4 @@
-#include "server/training_thread.h"
+#include "server/core/training_thread.h"
 
 #include <omp.h>
 #include <sys/resource.h>

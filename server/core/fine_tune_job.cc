@@ -1,0 +1,198 @@
+#include "server/core/fine_tune_job.h"
+
+#include <initializer_list>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "server/core/request_plan.h"
+
+namespace attn::server::core {
+
+const char* ObjectiveName(Objective objective) {
+  switch (objective) {
+    case Objective::kContrastive:
+      return "contrastive";
+    case Objective::kCosineSimilarity:
+      return "cosine_similarity";
+    case Objective::kClassification:
+      return "classification";
+  }
+  return "unknown";
+}
+
+absl::Status StepFailure(const absl::Status& step, const std::string& message) {
+  return absl::Status(
+      step.code() == absl::StatusCode::kOutOfRange ? absl::StatusCode::kAborted : step.code(),
+      message);
+}
+
+std::string FineTunedOrigin(const std::string& base, const std::string& objective, int64_t steps) {
+  return absl::StrCat("fine-tuned from ", base, " (", objective, ", ", steps,
+                      steps == 1 ? " step)" : " steps)");
+}
+
+absl::StatusOr<JobSettings> ResolveJobConfig(const FineTuneConfig& config, const Model& base) {
+  JobSettings s;
+  TrainerOptions& t = s.trainer;
+  if (!config.objective.has_value()) {
+    return absl::InvalidArgumentError(
+        "config.objective is not set; use CONTRASTIVE, COSINE_SIMILARITY or CLASSIFICATION");
+  }
+  t.objective = *config.objective;
+
+  // AdamW: 0 means the default for every setting but weight_decay, which is optional. The
+  // values themselves are checked by the engine (ValidateTrainerOptions, below).
+  if (config.learning_rate != 0) t.adamw.lr = config.learning_rate;
+  if (config.beta1 != 0) t.adamw.beta1 = config.beta1;
+  if (config.beta2 != 0) t.adamw.beta2 = config.beta2;
+  if (config.epsilon != 0) t.adamw.eps = config.epsilon;
+  if (config.weight_decay) t.adamw.weight_decay = *config.weight_decay;
+  t.warmup_steps = config.warmup_steps;
+  t.total_steps = config.total_steps;
+  if (config.max_grad_norm) t.max_grad_norm = *config.max_grad_norm;  // 0 = no clipping
+  t.trainable = config.parameters;
+  t.seed = config.seed;
+  t.dropout = !config.disable_dropout;
+
+  if (config.contrastive_scale != 0) {  // 0 = the default
+    if (t.objective != Objective::kContrastive) {
+      return absl::InvalidArgumentError(
+          "config.contrastive_scale is only for the CONTRASTIVE objective");
+    }
+    t.contrastive_scale = config.contrastive_scale;
+  }
+  t.num_labels = config.num_labels;
+  if (absl::Status valid = ValidateTrainerOptions(t); !valid.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("config: ", valid.message()));
+  }
+
+  absl::StatusOr<TruncationOptions> truncation = ResolveTruncation(base, config.tokenization);
+  if (!truncation.ok())
+    return absl::InvalidArgumentError(absl::StrCat("config.", truncation.status().message()));
+  s.truncation = *truncation;
+  return s;
+}
+
+absl::Status CheckBatchShape(const TrainingBatchRequest& batch, int64_t batch_number,
+                             int max_examples) {
+  const int examples = static_cast<int>(batch.examples.size());
+  if (examples > max_examples) {
+    return absl::InvalidArgumentError(absl::StrCat("batch ", batch_number, " has ", examples,
+                                                   " examples; send 1 to ", max_examples,
+                                                   " (--max-inputs-per-request) per batch"));
+  }
+  return absl::OkStatus();
+}
+
+std::vector<std::string> BatchWarnings(const TrainingBatchRequest& batch,
+                                       const JobSettings& settings, int64_t batch_number) {
+  std::vector<std::string> warnings;
+  if (settings.trainer.objective == Objective::kContrastive) {
+    int same = 0;
+    for (const TrainingExample& e : batch.examples) same += e.anchor == e.positive;
+    if (same > 0) {
+      warnings.push_back(absl::StrCat(
+          "batch ", batch_number, ": ", same, " of ", static_cast<int>(batch.examples.size()),
+          " examples have anchor == positive; an identical pair is trivially similar (loss "
+          "near 0) and teaches nothing, give real paraphrases or related texts"));
+    }
+  }
+  return warnings;
+}
+
+absl::Status ConvertBatch(const TrainingBatchRequest& in, const JobSettings& settings,
+                          const Model& model, int64_t batch_number, TrainingBatch* out) {
+  const std::string batch_name = absl::StrCat("batch ", batch_number);
+  const int examples = static_cast<int>(in.examples.size());
+  auto tokenize = [&](int i, const char* field, const std::string& text,
+                      std::vector<SequenceInput>* into) -> absl::Status {
+    const std::string where = absl::StrCat(batch_name, ", examples[", i, "].", field);
+    if (text.empty()) return absl::InvalidArgumentError(absl::StrCat(where, " is empty"));
+    absl::StatusOr<Encoding> encoding = model.tokenizer().Encode(text, settings.truncation);
+    if (!encoding.ok())
+      return absl::InvalidArgumentError(absl::StrCat(where, ": ", encoding.status().message()));
+    if (!settings.truncation.enabled && encoding->size() > settings.truncation.max_length) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, " has ", encoding->size(), " tokens, more than max_length ",
+                       settings.truncation.max_length, " and truncation is TRUNCATION_NONE"));
+    }
+    into->push_back({std::move(encoding->ids), std::move(encoding->type_ids)});
+    return absl::OkStatus();
+  };
+  // Fields of another objective are a client bug worth reporting, not silently ignoring.
+  auto unused = [&](int i, const TrainingExample& e,
+                    std::initializer_list<std::pair<const char*, bool>> fields) {
+    for (const auto& [name, set] : fields) {
+      if (set) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(batch_name, ", examples[", i, "].", name, " is set but the ",
+                         ObjectiveName(settings.trainer.objective), " objective does not use it"));
+      }
+    }
+    return absl::OkStatus();
+  };
+  bool batch_has_negatives = false;
+  for (const TrainingExample& e : in.examples) batch_has_negatives |= !e.negative.empty();
+  for (int i = 0; i < examples; ++i) {
+    const TrainingExample& e = in.examples[i];
+    absl::Status status;
+    switch (settings.trainer.objective) {
+      case Objective::kContrastive: {
+        status = unused(i, e,
+                        {{"first", !e.first.empty()},
+                         {"second", !e.second.empty()},
+                         {"score", e.score != 0},
+                         {"text", !e.text.empty()},
+                         {"label", e.label != 0}});
+        if (!status.ok()) return status;
+        if (!(status = tokenize(i, "anchor", e.anchor, &out->anchors)).ok()) return status;
+        if (!(status = tokenize(i, "positive", e.positive, &out->positives)).ok()) {
+          return status;
+        }
+        // One negative per anchor once any example has one; an empty sequence stands for a
+        // missing one, which ValidateTrainingBatch reports with its index.
+        if (e.negative.empty()) {
+          if (batch_has_negatives) out->negatives.emplace_back();
+        } else if (!(status = tokenize(i, "negative", e.negative, &out->negatives)).ok()) {
+          return status;
+        }
+        break;
+      }
+      case Objective::kCosineSimilarity: {
+        status = unused(i, e,
+                        {{"anchor", !e.anchor.empty()},
+                         {"positive", !e.positive.empty()},
+                         {"negative", !e.negative.empty()},
+                         {"text", !e.text.empty()},
+                         {"label", e.label != 0}});
+        if (!status.ok()) return status;
+        if (!(status = tokenize(i, "first", e.first, &out->first)).ok()) return status;
+        if (!(status = tokenize(i, "second", e.second, &out->second)).ok()) return status;
+        out->scores.push_back(e.score);
+        break;
+      }
+      case Objective::kClassification: {
+        status = unused(i, e,
+                        {{"anchor", !e.anchor.empty()},
+                         {"positive", !e.positive.empty()},
+                         {"negative", !e.negative.empty()},
+                         {"first", !e.first.empty()},
+                         {"second", !e.second.empty()},
+                         {"score", e.score != 0}});
+        if (!status.ok()) return status;
+        if (!(status = tokenize(i, "text", e.text, &out->inputs)).ok()) return status;
+        out->labels.push_back(e.label);
+        break;
+      }
+    }
+  }
+  // The engine's checks of the whole batch (counts, negatives, scores, labels), said of this
+  // batch.
+  if (absl::Status valid = ValidateTrainingBatch(*out, settings.trainer); !valid.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(batch_name, ", ", valid.message()));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace attn::server::core

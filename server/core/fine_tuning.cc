@@ -1,0 +1,294 @@
+#include "server/core/fine_tuning.h"
+
+#include <algorithm>
+#include <chrono>
+#include <ctime>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "engine/log.h"
+#include "engine/model_store.h"
+#include "server/core/store_versions.h"
+
+namespace attn::server::core {
+
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+std::string UtcNow(const char* format) {
+  const std::time_t now = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&now, &tm);
+  char text[32];
+  std::strftime(text, sizeof(text), format, &tm);
+  return text;
+}
+
+absl::Status Cancelled(const CallControl& control) {
+  if (const char* reason = control.DropReason(); reason != nullptr) {
+    return absl::CancelledError(absl::StrCat("nobody waits for the job any more (", reason, ")"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+// ---- FineTuning -----------------------------------------------------------------------------
+
+FineTuning::FineTuning(FineTuningOptions options, ModelRegistry* registry, TrainingMetrics* metrics)
+    : options_(std::move(options)),
+      registry_(registry),
+      metrics_(metrics),
+      training_thread_(options_.trainer_threads, options_.trainer_nice) {}
+
+void FineTuning::SetNextSequence(int64_t sequence) {
+  absl::MutexLock lock(&mutex_);
+  next_sequence_ = std::max<int64_t>(sequence, 1);
+}
+
+int64_t FineTuning::TakeSequence() {
+  absl::MutexLock lock(&mutex_);
+  return next_sequence_++;
+}
+
+absl::StatusOr<std::unique_ptr<FineTuneJob>> FineTuning::Begin(const FineTuneConfig& config) {
+  if (!config.base_version.empty()) {
+    if (absl::Status name = ValidateVersionName(config.base_version); !name.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("config.base_version: ", name.message()));
+    }
+  }
+  absl::StatusOr<ModelVersion> base = registry_->Get(config.base_version);
+  if (!base.ok()) return base.status();
+  absl::StatusOr<JobSettings> settings = ResolveJobConfig(config, *base->model);
+  if (!settings.ok()) return settings.status();
+
+  std::string id;
+  {
+    absl::MutexLock lock(&mutex_);
+    if (!running_job_.empty()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("fine-tuning job ", running_job_,
+                       " is running; one job runs at a time (wait for it to commit or abort)"));
+    }
+    ++jobs_started_;
+    running_job_ = absl::StrFormat("job-%s-%d", UtcNow("%Y%m%dT%H%M%SZ"), jobs_started_);
+    id = running_job_;
+  }
+  Log(LogLevel::kInfo, "fine-tuning job %s started: %s from version %s (lr %g)", id,
+      ObjectiveName(settings->trainer.objective), base->version, settings->trainer.adamw.lr);
+  return std::unique_ptr<FineTuneJob>(
+      new FineTuneJob(this, std::move(id), *std::move(base), *std::move(settings)));
+}
+
+void FineTuning::EndJob(const std::string& job_id) {
+  absl::MutexLock lock(&mutex_);
+  if (running_job_ == job_id) running_job_.clear();
+}
+
+std::string FineTuning::ServedVersion() const {
+  std::string serving;
+  registry_->List(&serving);
+  return serving;
+}
+
+absl::Status FineTuning::RecordOrRevert(const std::string& action, const std::string& from,
+                                        const std::string& to, const std::string& committed) {
+  absl::Status recorded = RecordServing(options_.model_store, action, from, to, committed);
+  if (recorded.ok() || from.empty()) return recorded;
+  // Not recorded: a restart or a replica would serve `from`, so this server does too.
+  registry_->SetServing(from).IgnoreError();
+  return absl::Status(recorded.code(), absl::StrCat(recorded.message(), "; still serving ", from));
+}
+
+// ---- FineTuneJob ----------------------------------------------------------------------------
+
+FineTuneJob::FineTuneJob(FineTuning* owner, std::string id, ModelVersion base, JobSettings settings)
+    : owner_(owner), id_(std::move(id)), base_(std::move(base)), settings_(std::move(settings)) {}
+
+FineTuneJob::~FineTuneJob() { End("", absl::OkStatus()); }
+
+void FineTuneJob::End(std::string_view outcome, const absl::Status& status) {
+  if (ended_) return;
+  ended_ = true;
+  trainer_.reset();
+  if (!status.ok()) {
+    Log(LogLevel::kInfo, "fine-tuning job %s: %s %s", id_, absl::StatusCodeToString(status.code()),
+        status.message());
+  }
+  if (!outcome.empty()) {
+    owner_->metrics_->RecordFineTuneJob(outcome);
+    Log(LogLevel::kInfo, "fine-tuning job %s ended (%s) after %d steps", id_, outcome, steps_);
+  }
+  owner_->EndJob(id_);
+}
+
+void FineTuneJob::Prepare(const CallControl& control, Done done) {
+  // Copying the weights (and the optimiser set-up) is engine work: training thread.
+  owner_->training_thread_.Post([this, control, done = std::move(done)] {
+    if (absl::Status cancelled = Cancelled(control); !cancelled.ok()) return done(cancelled);
+    absl::StatusOr<std::unique_ptr<Trainer>> trainer =
+        Trainer::Create(base_.model, settings_.trainer);
+    if (!trainer.ok()) return done(trainer.status());
+    trainer_ = *std::move(trainer);
+    done(absl::OkStatus());
+  });
+}
+
+void FineTuneJob::Step(TrainingBatchRequest batch, const CallControl& control, ProgressDone done) {
+  const int64_t number = steps_ + 1;
+  if (absl::Status shape = CheckBatchShape(batch, number, owner_->options_.max_examples_per_batch);
+      !shape.ok()) {
+    return done(shape);
+  }
+  if (trainer_ == nullptr) {
+    return done(absl::FailedPreconditionError(
+        absl::StrCat("job ", id_, " has no trainer: it was not prepared or has ended")));
+  }
+  std::vector<std::string> warnings = BatchWarnings(batch, settings_, number);
+  owner_->training_thread_.Post([this, number, batch = std::move(batch), control,
+                                 warnings = std::move(warnings), done = std::move(done)]() mutable {
+    if (absl::Status cancelled = Cancelled(control); !cancelled.ok()) return done(cancelled);
+    TrainingBatch converted;
+    if (absl::Status valid = ConvertBatch(batch, settings_, *base_.model, number, &converted);
+        !valid.ok()) {
+      return done(valid);
+    }
+    absl::StatusOr<StepResult> step = trainer_->Step(converted);
+    if (!step.ok()) {
+      return done(StepFailure(
+          step.status(),
+          absl::StrCat("job ", id_, " stopped at batch ", number, ": ", step.status().message(),
+                       ". Nothing was committed; the served version is "
+                       "unchanged")));
+    }
+    steps_ = step->step;
+    examples_seen_ += step->examples;
+    last_ = *step;
+    owner_->metrics_->RecordFineTuneStep(step->examples, step->loss);
+    Log(LogLevel::kDebug, "job %s step %d: loss %.5f, grad norm %.4f, %d examples in %.3f s", id_,
+        steps_, step->loss, step->grad_norm, step->examples, step->seconds);
+    zero_loss_steps_ = step->loss == 0.0 ? zero_loss_steps_ + 1 : 0;
+    if (zero_loss_steps_ == kZeroLossSteps) {
+      warnings.push_back(absl::StrCat(
+          "the loss has been exactly 0 for ", kZeroLossSteps, " steps in a row (steps ",
+          steps_ - kZeroLossSteps + 1, " to ", steps_,
+          "): these batches give no gradient signal; check that the examples differ and, for "
+          "CONTRASTIVE, that batches hold several unrelated pairs"));
+    }
+    FineTuneProgress progress = Progress();
+    Warn(warnings, &progress);
+    done(std::move(progress));
+  });
+}
+
+void FineTuneJob::Commit(CommitRequest request, const CallControl& control, ProgressDone done) {
+  if (steps_ == 0) {
+    return done(absl::FailedPreconditionError(absl::StrCat(
+        "nothing to commit: job ", id_, " has not run a training step yet; send batches first")));
+  }
+  if (owner_->options_.model_store.empty()) {
+    return done(absl::FailedPreconditionError(
+        absl::StrCat("cannot commit job ", id_,
+                     ": this server keeps no model store; start the server with "
+                     "--model-store DIR to publish fine-tuned versions")));
+  }
+  owner_->training_thread_.Post(
+      [this, request = std::move(request), control, done = std::move(done)] {
+        if (absl::Status cancelled = Cancelled(control); !cancelled.ok()) return done(cancelled);
+        absl::StatusOr<ModelVersion> published = Publish(request);
+        if (!published.ok()) return done(published.status());
+        trainer_.reset();
+        FineTuneProgress progress = Progress();
+        progress.committed_version = published->version;
+        done(std::move(progress));
+      });
+}
+
+FineTuneProgress FineTuneJob::Abort() {
+  trainer_.reset();
+  return Progress();
+}
+
+// Checkpoint to the store (atomic: temp dir, fsync, rename), then add the version to the
+// registry and (unless do_not_serve) serve it, in one registry step.
+absl::StatusOr<ModelVersion> FineTuneJob::Publish(const CommitRequest& request) {
+  const std::string& store = owner_->options_.model_store;
+  const int64_t sequence = owner_->TakeSequence();
+  const std::string version = NewVersionName(sequence);
+  CheckpointInfo info;
+  info.base_version = base_.version;
+  info.objective = ObjectiveName(settings_.trainer.objective);
+  info.steps = steps_;
+  info.final_loss = last_.loss;
+  info.sequence = sequence;
+  info.description = request.description;
+  info.notes = notes_;
+  const auto start = Clock::now();
+  // Before the checkpoint appears: a --watch-store poll of this server may serve it as the
+  // newest version before Publish does.
+  const std::string previous = owner_->ServedVersion();
+  if (absl::Status written = WriteCheckpoint(trainer_->base(), trainer_->weights(),
+                                             trainer_->head(), info, store, version);
+      !written.ok()) {
+    return absl::Status(written.code(), absl::StrCat("commit of job ", id_, " failed: ",
+                                                     written.message(), "; nothing was published"));
+  }
+  ModelVersion published;
+  published.version = version;
+  published.origin = FineTunedOrigin(base_.version, info.objective, steps_);
+  published.model = trainer_->Snapshot();
+  published.sequence = sequence;
+  absl::StatusOr<StoredVersion> stored = ReadStoredVersion(store, version);
+  published.created_utc = stored.ok() ? stored->created_utc : UtcNow("%Y-%m-%dT%H:%M:%SZ");
+  published.description = stored.ok() ? stored->description : request.description;
+  published.notes = notes_;
+  const bool serve = !request.do_not_serve;
+  if (absl::Status added = owner_->registry_->Publish(published, serve); !added.ok()) {
+    return added;
+  }
+  // Recorded also when the default stays (a replica or a restart must not serve the new
+  // version as the newest one).
+  if (absl::Status recorded = serve ? owner_->RecordOrRevert("commit", previous, version, version)
+                                    : RecordServing(store, "commit-staged", previous, "", version);
+      !recorded.ok()) {
+    return absl::Status(recorded.code(), absl::StrCat("job ", id_, " committed version ", version,
+                                                      " but: ", recorded.message()));
+  }
+  owner_->metrics_->RecordVersionPublished();
+  Log(LogLevel::kInfo, "job %s committed version %s (%d steps, final loss %.5f) in %.2f s%s", id_,
+      version, steps_, last_.loss, std::chrono::duration<double>(Clock::now() - start).count(),
+      serve ? "; now served by default" : " (not served by default)");
+  return published;
+}
+
+void FineTuneJob::Warn(const std::vector<std::string>& warnings, FineTuneProgress* progress) {
+  for (const std::string& warning : warnings) {
+    Log(LogLevel::kWarning, "fine-tuning job %s: %s", id_, warning);
+    progress->warnings.push_back(warning);
+    if (notes_.size() < kMaxNotes) {
+      notes_.push_back(warning);
+    } else if (notes_.size() == kMaxNotes) {
+      notes_.push_back("more warnings were raised; see the server log");
+    }
+  }
+}
+
+FineTuneProgress FineTuneJob::Progress() {
+  FineTuneProgress progress;
+  progress.job_id = id_;
+  progress.step = steps_;
+  progress.loss = last_.loss;
+  progress.grad_norm = last_.grad_norm;
+  progress.learning_rate = last_.learning_rate;
+  progress.examples_per_second = last_.seconds > 0 ? last_.examples / last_.seconds : 0;
+  progress.examples_seen = examples_seen_;
+  if (!sent_base_version_) {
+    progress.base_version = base_.version;
+    sent_base_version_ = true;
+  }
+  return progress;
+}
+
+}  // namespace attn::server::core

@@ -1,0 +1,98 @@
+#include "server/fine_tune_convert.h"
+
+#include "absl/strings/str_cat.h"
+#include "server/proto_convert.h"
+
+namespace attn::server {
+
+namespace v1 = attnserve::v1;
+
+absl::StatusOr<core::FineTuneConfig> ToCore(const v1::FineTuneConfig& config) {
+  core::FineTuneConfig out;
+  switch (config.objective()) {
+    case v1::OBJECTIVE_UNSPECIFIED:
+      break;
+    case v1::CONTRASTIVE:
+      out.objective = Objective::kContrastive;
+      break;
+    case v1::COSINE_SIMILARITY:
+      out.objective = Objective::kCosineSimilarity;
+      break;
+    case v1::CLASSIFICATION:
+      out.objective = Objective::kClassification;
+      break;
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("config.objective: unknown value ", config.objective()));
+  }
+  switch (config.parameters()) {
+    case v1::PARAMETERS_UNSPECIFIED:
+    case v1::PARAMETERS_ALL:
+      out.parameters = TrainableSet::kAll;
+      break;
+    case v1::PARAMETERS_ATTENTION_ONLY:
+      out.parameters = TrainableSet::kAttentionOnly;
+      break;
+    case v1::PARAMETERS_ALL_BUT_EMBEDDINGS:
+      out.parameters = TrainableSet::kAllButEmbeddings;
+      break;
+    case v1::PARAMETERS_HEAD_ONLY:
+      out.parameters = TrainableSet::kHeadOnly;
+      break;
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("config.parameters: unknown value ", config.parameters()));
+  }
+  out.learning_rate = config.learning_rate();
+  out.beta1 = config.beta1();
+  out.beta2 = config.beta2();
+  out.epsilon = config.epsilon();
+  if (config.has_weight_decay()) out.weight_decay = config.weight_decay();
+  out.warmup_steps = config.warmup_steps();
+  out.total_steps = config.total_steps();
+  if (config.has_max_grad_norm()) out.max_grad_norm = config.max_grad_norm();
+  out.seed = config.seed();
+  out.disable_dropout = config.disable_dropout();
+  out.contrastive_scale = config.contrastive_scale();
+  out.num_labels = config.num_labels();
+  out.base_version = config.base_version();
+  out.tokenization = ToCore(config.tokenization());
+  return out;
+}
+
+core::TrainingBatchRequest ToCore(const v1::TrainingBatch& batch) {
+  core::TrainingBatchRequest out;
+  out.examples.reserve(batch.examples_size());
+  for (const v1::TrainingExample& e : batch.examples()) {
+    core::TrainingExample& example = out.examples.emplace_back();
+    example.anchor = e.anchor();
+    example.positive = e.positive();
+    example.negative = e.negative();
+    example.first = e.first();
+    example.second = e.second();
+    example.score = e.score();
+    example.text = e.text();
+    example.label = e.label();
+  }
+  return out;
+}
+
+core::CommitRequest ToCore(const v1::CommitRequest& commit) {
+  return core::CommitRequest{commit.description(), commit.do_not_serve()};
+}
+
+void ToProto(const core::FineTuneProgress& progress, v1::FineTuneProgress* out) {
+  out->Clear();
+  out->set_job_id(progress.job_id);
+  out->set_step(progress.step);
+  out->set_loss(progress.loss);
+  out->set_grad_norm(progress.grad_norm);
+  out->set_learning_rate(progress.learning_rate);
+  out->set_examples_per_second(progress.examples_per_second);
+  out->set_examples_seen(progress.examples_seen);
+  out->set_committed_version(progress.committed_version);
+  out->set_base_version(progress.base_version);
+  for (const std::string& warning : progress.warnings) out->add_warnings(warning);
+}
+
+}  // namespace attn::server
