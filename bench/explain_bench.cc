@@ -20,9 +20,8 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
-#include "absl/flags/usage.h"
 #include "absl/strings/str_split.h"
+#include "engine/cli_util.h"
 #include "engine/explain/attribution.h"
 #include "engine/model.h"
 #include "nlohmann/json.hpp"
@@ -58,8 +57,8 @@ double Median(std::vector<double> v) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage("Times ExplainSimilarity against one forward of the same texts.");
-  absl::ParseCommandLine(argc, argv);
+  attn::StartProgram(argc, argv, "attn-bench-explain",
+                     "Times ExplainSimilarity against one forward of the same texts.");
   if (absl::GetFlag(FLAGS_threads) > 0) omp_set_num_threads(absl::GetFlag(FLAGS_threads));
   auto model = attn::Model::Load(absl::GetFlag(FLAGS_model_dir));
   if (!model.ok()) {

@@ -15,6 +15,10 @@ to its longest sequence; ours packs. Sections:
   served      attnserve under 1, 8, 32 closed-loop gRPC clients (attn-load-gen) sending one
               sentence per request; requests/s, p50/p99, and the ratio to ours offline
               (sentences/s on the mixed batch, the same sentences)
+  explain     what an explanation costs: pairwise Explain with 32 steps on two 32-token texts
+              (attn-bench-explain), in ms and as a multiple of one forward of the same texts;
+              and the served Encode latency (1 client) with pairwise Explain calls arriving at
+              1 per second beside it, against the same load without them (interleaved rounds)
 
 It prints a table of ratios (ours / peer) with the goal of each row met or missed, writes it
 with the raw timings, machine and versions to <out>/latest.json, and with --results-md also as
@@ -28,6 +32,7 @@ fails (any error makes the served numbers meaningless).
 """
 import argparse
 import array
+import contextlib
 import datetime
 import json
 import math
@@ -45,7 +50,7 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 import sentences  # noqa: E402  (bench/sentences.py)
 
-SECTIONS = ["throughput", "latency", "int8", "bf16", "finetune", "served"]
+SECTIONS = ["throughput", "latency", "int8", "bf16", "finetune", "served", "explain"]
 PAUSE_BETWEEN_RUNS_S = 0.05
 
 # Goals of issue 5 (ratios in the same run). kind "min": ratio >= value; "max": ratio <= value.
@@ -75,6 +80,7 @@ class Sizes:
             self.cosine = 16
             self.train = (2, 16)                # pairs, tokens
             self.clients = [1, 2]
+            self.explain = (8, 2)               # tokens per text, steps
         else:
             self.fixed = {"tp_32x128": (32, 128), "tp_8x512": (8, 512), "lat_1x16": (1, 16),
                           "lat_1x128": (1, 128)}
@@ -82,6 +88,7 @@ class Sizes:
             self.cosine = 256
             self.train = (16, 64)
             self.clients = [1, 8, 32]
+            self.explain = (32, 32)
         self.runs = runs
         self.warmup = warmup
         self.latency_runs = latency_runs
@@ -170,6 +177,7 @@ class Engines:
         self.engine_bin = os.path.join(bench_bin, "attn-bench-engine")
         self.train_bin = os.path.join(bench_bin, "attn-bench-train")
         self.load_gen_bin = os.path.join(bench_bin, "attn-load-gen")
+        self.explain_bin = os.path.join(bench_bin, "attn-bench-explain")
         self.server_bin = os.path.join(args.build_dir, "server", "attnserve")
         self.peer_python = os.path.join(args.venv, "bin", "python")
         self.onnx = {"ort-fp32": os.path.join(args.onnx_dir, "model-fp32.onnx"),
@@ -182,8 +190,8 @@ class Engines:
         self.unavailable = {}  # engine -> reason
 
     def missing_ours(self):
-        return [p for p in (self.engine_bin, self.train_bin, self.load_gen_bin, self.server_bin)
-                if not os.access(p, os.X_OK)]
+        return [p for p in (self.engine_bin, self.train_bin, self.load_gen_bin, self.server_bin,
+                            self.explain_bin) if not os.access(p, os.X_OK)]
 
     def argv(self, engine):
         t = str(self.args.threads)
@@ -704,9 +712,9 @@ class Run:
             self.table.add(label, value(ours), "torch-train", value(peer), None,
                            ("finetune", "torch-train"), note=f"n/a ({reason})")
 
-    def served(self):
-        offline_sps = (self.describe["mixed_64"]["sequences"] / self.offline["median_s"]
-                       if getattr(self, "offline", None) else None)
+    @contextlib.contextmanager
+    def running_server(self):
+        """attnserve on the model, on a free port, until the block ends; yields the port."""
         ready_file = os.path.join(self.out_dir, "attnserve.ready")
         if os.path.exists(ready_file):
             os.remove(ready_file)
@@ -729,32 +737,8 @@ class Run:
             if port is None:
                 raise RuntimeError(f"attnserve did not become ready (exit code {server.poll()}), "
                                    f"see {server_log.name}")
-            per_level = {c: [] for c in self.sizes.clients}
-            for round_index in range(self.sizes.served_runs):
-                for clients in self.sizes.clients:
-                    out = subprocess.run(
-                        [self.engines.load_gen_bin, "--target", f"127.0.0.1:{port}",
-                         "--clients", str(clients), "--sentences", self.sentences_path,
-                         "--duration-s", str(self.sizes.served_duration_s),
-                         "--warmup-s", str(self.sizes.served_warmup_s)],
-                        capture_output=True, text=True, timeout=300)
-                    if out.returncode != 0:
-                        raise RuntimeError(f"attn-load-gen failed: {out.stderr.strip()} "
-                                           f"{out.stdout.strip()}")
-                    report = json.loads(out.stdout)
-                    # A served error makes the row's numbers meaningless (and is a bug when
-                    # the server runs as configured here): stop, do not tabulate it.
-                    errors = sum(report["errors"].values())
-                    if errors or report["requests"] == 0:
-                        raise RuntimeError(
-                            f"served: {clients} clients got {errors} errors "
-                            f"{report['errors']} in {report['requests']} requests; first: "
-                            f"{report.get('first_error', 'none')} (server log "
-                            f"{server_log.name})")
-                    per_level[clients].append(report)
-                    log(f"served: round {round_index + 1}, {clients} clients: "
-                        f"{report['requests_per_s']:.1f} req/s, p50 {report['p50_ms']:.1f} ms, "
-                        f"p99 {report['p99_ms']:.1f} ms, errors {report['errors']}")
+            self.server_log_path = server_log.name
+            yield port
         finally:
             server.send_signal(signal.SIGTERM)
             try:
@@ -763,6 +747,39 @@ class Run:
                 server.kill()
                 server.wait()
             server_log.close()
+
+    def load(self, port, clients, sentences_path, extra=()):
+        """One attn-load-gen run; its report. Any Encode error stops the benchmark: it makes the
+        row's numbers meaningless (and is a bug when the server runs as configured here)."""
+        out = subprocess.run(
+            [self.engines.load_gen_bin, "--target", f"127.0.0.1:{port}",
+             "--clients", str(clients), "--sentences", sentences_path,
+             "--duration-s", str(self.sizes.served_duration_s),
+             "--warmup-s", str(self.sizes.served_warmup_s), *extra],
+            capture_output=True, text=True, timeout=600)
+        if out.returncode != 0:
+            raise RuntimeError(f"attn-load-gen failed: {out.stderr.strip()} {out.stdout.strip()}")
+        report = json.loads(out.stdout)
+        errors = sum(report["errors"].values())
+        if errors or report["requests"] == 0:
+            raise RuntimeError(
+                f"served: {clients} clients got {errors} errors {report['errors']} in "
+                f"{report['requests']} requests; first: {report.get('first_error', 'none')} "
+                f"(server log {self.server_log_path})")
+        return report
+
+    def served(self):
+        offline_sps = (self.describe["mixed_64"]["sequences"] / self.offline["median_s"]
+                       if getattr(self, "offline", None) else None)
+        per_level = {c: [] for c in self.sizes.clients}
+        with self.running_server() as port:
+            for round_index in range(self.sizes.served_runs):
+                for clients in self.sizes.clients:
+                    report = self.load(port, clients, self.sentences_path)
+                    per_level[clients].append(report)
+                    log(f"served: round {round_index + 1}, {clients} clients: "
+                        f"{report['requests_per_s']:.1f} req/s, p50 {report['p50_ms']:.1f} ms, "
+                        f"p99 {report['p99_ms']:.1f} ms, errors {report['errors']}")
         self.raw["served"] = {"offline_sentences_per_s": offline_sps,
                               "runs": {str(c): r for c, r in per_level.items()}}
         for clients, reports in per_level.items():
@@ -776,6 +793,58 @@ class Run:
                            f"{', %d errors' % errors if errors else ''})",
                            rps, "ours offline", offline_sps, ratio, goal_key, "/s",
                            note="n/a (no offline figure)")
+
+    def explain(self):
+        tokens, steps = self.sizes.explain
+        out = subprocess.run(
+            [self.engines.explain_bin, "--model-dir", self.args.model_dir, "--tokens",
+             str(tokens), "--steps", str(steps), "--methods", "pairwise", "--runs",
+             str(min(self.sizes.runs, 3)), "--warmup", "0", "--threads", str(self.args.threads)],
+            capture_output=True, text=True, timeout=3600)
+        if out.returncode != 0:
+            raise RuntimeError(f"attn-bench-explain failed: {out.stderr.strip()[-2000:]}")
+        cost = json.loads(out.stdout.strip().splitlines()[-1])
+        log(f"explain: pairwise {steps} steps on two {tokens}-token texts: "
+            f"{cost['pairwise_ms']:.0f} ms, forward {cost['forward_ms']:.2f} ms")
+        self.table.add(f"Explain pairwise, {steps} steps, two {tokens}-token texts (ms; ratio = "
+                       f"how many forwards of the same texts it costs)", cost["pairwise_ms"],
+                       "ours forward (Encode of both)", cost["forward_ms"],
+                       cost["pairwise_ms"] / cost["forward_ms"], ("explain_cost", None), "ms")
+
+        # Encode latency with Explain calls arriving at 1/s, against the same load without them,
+        # interleaved round by round on one server. Two sentences of about `tokens` tokens.
+        pair_path = os.path.join(self.out_dir, "explain-sentences.txt")
+        with open(pair_path, "w") as f:
+            f.write("A man is playing a guitar on a small stage while a crowd sings along "
+                    "with every song of the band tonight.\n"
+                    "Someone plays the guitar for an audience that claps and dances in the "
+                    "warm summer evening near the river.\n")
+        reports = {"alone": [], "with_explain": []}
+        with self.running_server() as port:
+            for round_index in range(self.sizes.served_runs):
+                for kind in reports:
+                    extra = (() if kind == "alone" else
+                             ("--explain-per-s", "1", "--explain-steps", str(steps)))
+                    report = self.load(port, 1, self.sentences_path, extra + (
+                        ("--explain-sentences", pair_path) if kind != "alone" else ()))
+                    reports[kind].append(report)
+                    log(f"explain: round {round_index + 1}, Encode {kind}: p50 "
+                        f"{report['p50_ms']:.1f} ms, p99 {report['p99_ms']:.1f} ms"
+                        + (f", Explain {report['explain']}" if "explain" in report else ""))
+        self.raw["explain"] = {"cost": cost, "served": reports}
+        p99 = {k: statistics.median(r["p99_ms"] for r in v) for k, v in reports.items()}
+        p50 = {k: statistics.median(r["p50_ms"] for r in v) for k, v in reports.items()}
+        sent = sum(r["explain"]["sent"] for r in reports["with_explain"])
+        answered = sum(r["explain"]["ok_in_window"] for r in reports["with_explain"])
+        refused = {}
+        for r in reports["with_explain"]:
+            for code, n in r["explain"]["errors_in_window"].items():
+                refused[code] = refused.get(code, 0) + n
+        self.table.add(f"Encode p99 (1 client) with Explain ({steps} steps) at 1/s: ms (p50 "
+                       f"{p50['with_explain']:.1f} vs {p50['alone']:.1f}; Explains sent {sent}, "
+                       f"answered in the window {answered}, errors {refused or 'none'})",
+                       p99["with_explain"], "Encode p99 alone", p99["alone"],
+                       p99["with_explain"] / p99["alone"], ("explain_p99", None), "ms")
 
     def execute(self):
         missing = self.engines.missing_ours()
@@ -802,6 +871,8 @@ class Run:
                 self.finetune()
             if "served" in sections:
                 self.served()
+            if "explain" in sections:
+                self.explain()
         finally:
             self.close()
         self.machine["loadavg_end"] = os.getloadavg()

@@ -6,9 +6,16 @@
 // line with requests/s, latency p50/p90/p99/mean (ms, client-side wall time of the RPC) and
 // errors by gRPC code. Bounded in time (warm-up + duration + the last in-flight call) and in
 // count (--max-requests in total).
+//
+// With --explain-per-s R, one more thread starts an Explain (pairwise, --explain-steps, two
+// texts: --explain-sentences) every 1/R s from the start of the warm-up, without waiting for
+// earlier ones, so the Encode latencies show what concurrent explanations cost them; the report's
+// "explain" object counts them (sent, answered OK inside the window, errors by code). Explains
+// still running when the window ends are cancelled.
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <fstream>
 #include <map>
@@ -34,6 +41,12 @@ ABSL_FLAG(std::string, sentences, "",
           "File of sentences to send, one per line (empty lines skipped). Required.");
 ABSL_FLAG(int64_t, max_requests, 1000000, "Stop after this many requests in total.");
 ABSL_FLAG(int, timeout_ms, 30000, "Deadline of each request.");
+ABSL_FLAG(double, explain_per_s, 0,
+          "Explain calls started per second beside the Encode load (0 = none).");
+ABSL_FLAG(int, explain_steps, 32, "Integrated-path steps of each Explain call.");
+ABSL_FLAG(std::string, explain_sentences, "",
+          "File whose first two lines are the texts each Explain compares (default: the first "
+          "two of --sentences).");
 
 namespace {
 
@@ -106,6 +119,87 @@ void RunClient(int id, const std::vector<std::string>& sentences, Clock::time_po
   }
 }
 
+// Open-loop Explain calls at `per_s` until `measure_until`; those still running then are
+// cancelled. Counts what ended inside [measure_from, measure_until].
+nlohmann::json RunExplains(double per_s, const std::string& query, const std::string& document,
+                           Clock::time_point measure_from, Clock::time_point measure_until) {
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+  args.SetInt(GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH, 64 << 20);
+  auto stub = attnserve::v1::Encoder::NewStub(grpc::CreateCustomChannel(
+      absl::GetFlag(FLAGS_target), grpc::InsecureChannelCredentials(), args));
+  struct Call {
+    grpc::ClientContext context;
+    attnserve::v1::ExplainRequest request;
+    attnserve::v1::ExplainResponse response;
+    Clock::time_point start;
+  };
+  std::mutex mutex;
+  std::condition_variable all_done;
+  int running = 0;
+  int64_t sent = 0, ok = 0;
+  std::vector<double> latencies_ms;
+  std::map<std::string, int64_t> errors;
+  std::vector<std::shared_ptr<Call>> calls;
+  const auto period =
+      std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(1.0 / per_s));
+  for (Clock::time_point next = Clock::now(); next < measure_until; next += period) {
+    std::this_thread::sleep_until(next);  // paces the load: one call per period
+    auto call = std::make_shared<Call>();
+    call->request.set_query(query);
+    call->request.add_documents(document);
+    call->request.set_method(attnserve::v1::ATTRIBUTION_PAIRWISE);
+    call->request.set_steps(absl::GetFlag(FLAGS_explain_steps));
+    call->context.set_wait_for_ready(true);
+    call->start = Clock::now();
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      ++running;
+      ++sent;
+      calls.push_back(call);
+    }
+    stub->async()->Explain(
+        &call->context, &call->request, &call->response, [&, call](grpc::Status status) {
+          const Clock::time_point stop = Clock::now();
+          std::lock_guard<std::mutex> lock(mutex);
+          if (stop >= measure_from && stop <= measure_until) {
+            if (status.ok()) {
+              ++ok;
+              latencies_ms.push_back(
+                  std::chrono::duration<double, std::milli>(stop - call->start).count());
+            } else {
+              ++errors[CodeName(status.error_code())];
+            }
+          }
+          if (--running == 0) all_done.notify_all();
+        });
+  }
+  std::this_thread::sleep_until(measure_until);
+  std::unique_lock<std::mutex> lock(mutex);
+  for (const std::shared_ptr<Call>& call : calls) call->context.TryCancel();
+  all_done.wait(lock, [&] { return running == 0; });
+  std::sort(latencies_ms.begin(), latencies_ms.end());
+  return {{"per_s", per_s},
+          {"steps", absl::GetFlag(FLAGS_explain_steps)},
+          {"sent", sent},
+          {"ok_in_window", ok},
+          {"p50_ms", Percentile(latencies_ms, 0.50)},
+          {"errors_in_window", errors}};
+}
+
+// The non-empty lines of `path`; false (with a message naming `flag`) if it cannot be read.
+bool ReadSentences(const std::string& path, const char* flag, std::vector<std::string>* out) {
+  std::ifstream in(path);
+  if (!in) {
+    std::fprintf(stderr, "cannot read %s '%s'\n", flag, path.c_str());
+    return false;
+  }
+  for (std::string line; std::getline(in, line);) {
+    if (!line.empty()) out->push_back(line);
+  }
+  return true;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -118,26 +212,27 @@ int main(int argc, char** argv) {
   const int clients = absl::GetFlag(FLAGS_clients);
   const double duration_s = absl::GetFlag(FLAGS_duration_s),
                warmup_s = absl::GetFlag(FLAGS_warmup_s);
-  if (clients < 1 || duration_s <= 0 || warmup_s < 0 || absl::GetFlag(FLAGS_max_requests) < 1) {
+  const double explain_per_s = absl::GetFlag(FLAGS_explain_per_s);
+  if (clients < 1 || duration_s <= 0 || warmup_s < 0 || absl::GetFlag(FLAGS_max_requests) < 1 ||
+      explain_per_s < 0 || explain_per_s > 100 || absl::GetFlag(FLAGS_explain_steps) < 1) {
     std::fprintf(stderr,
                  "need --clients >= 1, --duration-s > 0, --warmup-s >= 0, "
-                 "--max-requests >= 1\n");
+                 "--max-requests >= 1, --explain-per-s in [0, 100], --explain-steps >= 1\n");
     return 2;
   }
   std::vector<std::string> sentences;
-  {
-    std::ifstream in(absl::GetFlag(FLAGS_sentences));
-    if (!in) {
-      std::fprintf(stderr, "cannot read --sentences '%s'\n",
-                   absl::GetFlag(FLAGS_sentences).c_str());
-      return 2;
-    }
-    for (std::string line; std::getline(in, line);) {
-      if (!line.empty()) sentences.push_back(line);
-    }
+  if (!ReadSentences(absl::GetFlag(FLAGS_sentences), "--sentences", &sentences)) return 2;
+  std::vector<std::string> explain_texts;
+  if (!absl::GetFlag(FLAGS_explain_sentences).empty() &&
+      !ReadSentences(absl::GetFlag(FLAGS_explain_sentences), "--explain-sentences",
+                     &explain_texts)) {
+    return 2;
   }
-  if (sentences.empty()) {
-    std::fprintf(stderr, "--sentences has no sentences\n");
+  if (explain_texts.empty()) explain_texts = sentences;
+  if (sentences.empty() || (explain_per_s > 0 && explain_texts.size() < 2)) {
+    std::fprintf(stderr, "%s\n",
+                 sentences.empty() ? "--sentences has no sentences"
+                                   : "Explain needs two texts (--explain-sentences)");
     return 2;
   }
 
@@ -153,6 +248,13 @@ int main(int argc, char** argv) {
   for (int i = 0; i < clients; ++i) {
     threads.emplace_back(RunClient, i, std::cref(sentences), measure_from, measure_until, &budget,
                          &stats[i]);
+  }
+  nlohmann::json explain;
+  if (explain_per_s > 0) {
+    threads.emplace_back([&] {
+      explain = RunExplains(explain_per_s, explain_texts[0], explain_texts[1], measure_from,
+                            measure_until);
+    });
   }
   for (std::thread& thread : threads) thread.join();
 
@@ -177,6 +279,7 @@ int main(int argc, char** argv) {
                            {"mean_ms", mean},
                            {"errors", errors}};
   if (!first_error.empty()) report["first_error"] = first_error;
+  if (!explain.is_null()) report["explain"] = explain;
   if (budget.load() <= 0) report["stopped_by_max_requests"] = true;
   std::printf("%s\n", report.dump().c_str());
   return latencies.empty() ? 1 : 0;

@@ -13,8 +13,8 @@
 #      plus bench/requirements.txt from PyPI (onnxruntime, onnx, transformers);
 #   4. the ONNX export (bench/export_onnx.py) into .cache/bench/onnx, redone when the weights or
 #      the exporter change;
-#   5. a Release build of attn-bench-engine, attn-bench-train, attn-load-gen and attnserve in
-#      $ATTN_BUILD_DIR (default build/).
+#   5. a Release build of attn-bench-engine, attn-bench-train, attn-bench-explain, attn-load-gen
+#      and attnserve in $ATTN_BUILD_DIR (default build/).
 # Environment: ATTN_BUILD_DIR, ATTN_MODEL_DIR (as scripts/setup.sh).
 set -euo pipefail
 
@@ -24,7 +24,7 @@ MODEL_DIR="${ATTN_MODEL_DIR:-$ROOT/models/all-MiniLM-L6-v2}"
 VENV="$ROOT/.venv-bench"
 ONNX_DIR="$ROOT/.cache/bench/onnx"
 if [[ "${1:-}" == "-h" || "${1:-}" == "--help" ]]; then
-  sed -n '2,19p' "$0"
+  sed -n '2,18p' "$0"
   exit 0
 fi
 
@@ -104,7 +104,8 @@ if [[ ! -f "$BUILD_DIR/build.ninja" ]]; then
     -DATTN_DEFAULT_MODEL_DIR="$MODEL_DIR"
 fi
 log "building the bench tools and attnserve in $BUILD_DIR"
-cmake --build "$BUILD_DIR" -j2 --target attn-bench-engine attn-bench-train attn-load-gen attnserve
+cmake --build "$BUILD_DIR" -j2 --target attn-bench-engine attn-bench-train attn-bench-explain \
+  attn-load-gen attnserve
 
 # --- run -----------------------------------------------------------------------------------------
 cd "$ROOT"
