@@ -1258,6 +1258,36 @@ TEST(TrainingData, ContrastiveLinesBlankLinesCrLfAndBom) {
   EXPECT_EQ(data->examples[1].negative(), "m");
 }
 
+TEST(TrainingData, DataOfAnotherObjectiveIsSaidOnce) {
+  // Every line written for cosine similarity, read as contrastive: one message, not 40.
+  std::string cosine;
+  for (int i = 0; i < 40; ++i) cosine += "{\"first\": \"a\", \"second\": \"b\", \"score\": 0.5}\n";
+  absl::StatusOr<TrainingData> data = Parse(cosine, v1::CONTRASTIVE);
+  ASSERT_EQ(data.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(data.status().message(),
+            "d.jsonl: this looks like cosine data: 40 of 40 lines (the first is line 1) have the "
+            "fields {\"first\": \"...\", \"second\": \"...\", \"score\": 0.8}, not those of "
+            "--objective contrastive, {\"anchor\": \"...\", \"positive\": \"...\", \"negative\": "
+            "\"...\" (optional)}; pass --objective cosine");
+  // A few stray lines of another objective among good ones: said once, with the other errors.
+  data = Parse(
+      "{\"text\": \"a\", \"label\": 1}\n"
+      "{\"anchor\": \"a\", \"positive\": \"b\"}\n"
+      "{\"text\": \"c\", \"label\": 0}\n"
+      "{\"text\": 5, \"label\": 0}\n",
+      v1::CLASSIFICATION);
+  ASSERT_EQ(data.status().code(), absl::StatusCode::kInvalidArgument);
+  const std::vector<std::string> lines = absl::StrSplit(data.status().message(), '\n');
+  ASSERT_EQ(lines.size(), 2u) << data.status().message();
+  EXPECT_TRUE(absl::StartsWith(lines[0],
+                               "d.jsonl: this looks like contrastive data: 1 of 4 lines (the "
+                               "first is line 2)"))
+      << lines[0];
+  EXPECT_TRUE(absl::EndsWith(lines[0], "; pass --objective contrastive or fix those lines"))
+      << lines[0];
+  EXPECT_EQ(lines[1], "d.jsonl:4: \"text\" must be a string, not a number");
+}
+
 TEST(TrainingData, ErrorsNameTheLine) {
   auto data = Parse(
       "{\"anchor\": \"a\", \"positive\": \"b\"}\n"
@@ -1579,13 +1609,13 @@ TEST_F(TrainerCliTest, DataErrorsBeforeConnecting) {
   EXPECT_TRUE(r.out.empty()) << r.out;
   EXPECT_TRUE(trainer_->jobs().empty());  // never connected
 
-  // The objective decides which fields are needed.
+  // The objective decides which fields are needed; data of another objective is said once.
   r = RunCli({"finetune", "--server", Target(), "--data", data_, "--objective", "cosine"});
   EXPECT_EXIT_CODE(r, 2);
-  EXPECT_TRUE(absl::StrContains(r.err,
-                                ":1: missing field \"first\"; missing field \"second\"; "
-                                "missing field \"score\"\n"))
+  EXPECT_TRUE(absl::StrContains(r.err, "this looks like contrastive data: 10 of 10 lines"))
       << r.err;
+  EXPECT_TRUE(absl::StrContains(r.err, "; pass --objective contrastive\n")) << r.err;
+  EXPECT_FALSE(absl::StrContains(r.err, ":2:")) << "one message, not one per line: " << r.err;
 
   r = RunCli({"finetune", "--server", Target(), "--data", "/nonexistent/d.jsonl", "--objective",
               "contrastive"});

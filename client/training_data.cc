@@ -93,6 +93,29 @@ const char* ObjectiveFields(v1::Objective objective) {
   }
 }
 
+// The --objective value whose fields `json` has ("anchor"+"positive", "first"+"second",
+// "text"+"label"), or OBJECTIVE_UNSPECIFIED.
+v1::Objective ObjectiveOfFields(const Json& json) {
+  if (!json.is_object()) return v1::OBJECTIVE_UNSPECIFIED;
+  if (json.contains("anchor") && json.contains("positive")) return v1::CONTRASTIVE;
+  if (json.contains("first") && json.contains("second")) return v1::COSINE_SIMILARITY;
+  if (json.contains("text") && json.contains("label")) return v1::CLASSIFICATION;
+  return v1::OBJECTIVE_UNSPECIFIED;
+}
+
+const char* ObjectiveFlag(v1::Objective objective) {
+  switch (objective) {
+    case v1::CONTRASTIVE:
+      return "contrastive";
+    case v1::COSINE_SIMILARITY:
+      return "cosine";
+    case v1::CLASSIFICATION:
+      return "classification";
+    default:
+      return "";
+  }
+}
+
 class LineChecker {
  public:
   LineChecker(const Json& object, std::vector<std::string>* problems)
@@ -224,6 +247,9 @@ absl::StatusOr<TrainingData> ParseTrainingData(absl::string_view text, v1::Objec
   };
   // Contrastive negatives: all or none. The first example decides; later ones must agree.
   int negatives_decided_by = 0;
+  // Lines written for another objective: said once for the file, not once per line.
+  int other_objective_lines = 0, first_other_line = 0, object_lines = 0;
+  v1::Objective other_objective = v1::OBJECTIVE_UNSPECIFIED;
   int line_number = 0;
   size_t pos = 0;
   while (pos < text.size()) {
@@ -254,6 +280,16 @@ absl::StatusOr<TrainingData> ParseTrainingData(absl::string_view text, v1::Objec
       report(line_number, absl::StrCat("bad JSON: ", ShortParseError(e.what())));
       continue;
     }
+    object_lines += json.is_object();
+    if (const v1::Objective fields = ObjectiveOfFields(json);
+        fields != v1::OBJECTIVE_UNSPECIFIED && fields != objective &&
+        objective != v1::OBJECTIVE_UNSPECIFIED) {
+      if (other_objective_lines++ == 0) {
+        first_other_line = line_number;
+        other_objective = fields;
+      }
+      continue;
+    }
     v1::TrainingExample example;
     bool has_negative = false;
     std::vector<std::string> problems;
@@ -279,6 +315,16 @@ absl::StatusOr<TrainingData> ParseTrainingData(absl::string_view text, v1::Objec
   if (total_errors > static_cast<int>(errors.size())) {
     errors.push_back(absl::StrFormat("%s: ... and %d more problems", name,
                                      total_errors - static_cast<int>(errors.size())));
+  }
+  if (other_objective_lines > 0) {
+    errors.insert(errors.begin(),
+                  absl::StrFormat(
+                      "%s: this looks like %s data: %d of %d lines (the first is line %d) have "
+                      "the fields %s, not those of --objective %s, %s; pass --objective %s%s",
+                      name, ObjectiveFlag(other_objective), other_objective_lines, object_lines,
+                      first_other_line, ObjectiveFields(other_objective), ObjectiveFlag(objective),
+                      ObjectiveFields(objective), ObjectiveFlag(other_objective),
+                      other_objective_lines < object_lines ? " or fix those lines" : ""));
   }
   if (!errors.empty()) return absl::InvalidArgumentError(absl::StrJoin(errors, "\n"));
   if (data.examples.empty()) {
