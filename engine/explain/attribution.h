@@ -77,8 +77,8 @@ struct AttributionOptions {
   int max_steps = 256;
   int max_tokens = 512;           // per text, special tokens included
   int max_pairwise_tokens = 128;  // per text, for kPairwise (cost grows as steps x tokens^2)
-  // Yield point, called between units of work (a run of path points, one encoder layer of a
-  // batch of Jacobian-vector products: well under a second each at 32 tokens); returning true
+  // Yield point, called between units of work (a run of path points, each half of an encoder
+  // layer of a batch of Jacobian-vector products: well under a second each); returning true
   // abandons the call with CANCELLED. A server checks the caller's deadline here and runs other
   // queued work on the same thread. May be empty.
   std::function<bool()> checkpoint;
