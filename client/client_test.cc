@@ -141,6 +141,11 @@ class FakeEncoder final : public v1::Encoder::Service {
     std::lock_guard<std::mutex> lock(mu_);
     return last_encode_;
   }
+  int encode_calls() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return encode_calls_;
+  }
+  static constexpr int kMaxInputsPerRequest = 3;
   v1::AttentionMapRequest last_attention() {
     std::lock_guard<std::mutex> lock(mu_);
     return last_attention_;
@@ -156,6 +161,7 @@ class FakeEncoder final : public v1::Encoder::Service {
     {
       std::lock_guard<std::mutex> lock(mu_);
       last_encode_ = *request;
+      ++encode_calls_;
     }
     for (const v1::Input& input : request->inputs()) {
       v1::EncodeResult* r = response->add_results();
@@ -273,6 +279,7 @@ class FakeEncoder final : public v1::Encoder::Service {
     info->set_version(request->model_version().empty() ? "v1" : request->model_version());
     info->set_version_origin("/models/all-MiniLM-L6-v2");
     info->add_available_versions("v1");
+    info->set_max_inputs_per_request(kMaxInputsPerRequest);
     info->add_available_versions("v2");
     return grpc::Status::OK;
   }
@@ -302,6 +309,7 @@ class FakeEncoder final : public v1::Encoder::Service {
   grpc::Status fail_;
   std::chrono::milliseconds delay_{0};
   v1::EncodeRequest last_encode_;
+  int encode_calls_ = 0;
   v1::AttentionMapRequest last_attention_;
   v1::TokenizeRequest last_tokenize_;
 };
@@ -940,6 +948,30 @@ TEST_F(ClientTest, CliEncode) {
   r = RunCli({"encode", "--server", Target(), "--text", "a"});
   EXPECT_EXIT_CODE(r, 1);
   EXPECT_EQ(r.err, "attnctl: RESOURCE_EXHAUSTED: queue full (64)\n");
+}
+
+TEST_F(ClientTest, CliEncodeSplitsInputsOverTheServersLimitAndPrintsJsonLines) {
+  // 7 inputs, the server takes 3 per request (GetModelInfo): calls of 3, 3 and 1, in order.
+  const int before = service_->encode_calls();
+  CliResult r = RunCli({"encode", "--server", Target(), "--jsonl"}, "s0\ns1\ns2\ns3\ns4\ns5\ns6\n");
+  EXPECT_EXIT_CODE(r, 0);
+  EXPECT_EQ(service_->encode_calls() - before, 3);
+  ASSERT_EQ(service_->last_encode().inputs_size(), 1);
+  EXPECT_EQ(service_->last_encode().inputs(0).text(), "s6");
+  const std::vector<std::string> lines = absl::StrSplit(r.out, '\n', absl::SkipEmpty());
+  ASSERT_EQ(lines.size(), 7u) << r.out;
+  for (int i = 0; i < 7; ++i) {
+    EXPECT_TRUE(absl::StartsWith(lines[i], absl::StrCat("{\"index\":", i, ",\"tokens\":[")))
+        << lines[i];
+    EXPECT_TRUE(absl::StrContains(lines[i], "\"embedding\":[")) << lines[i];
+  }
+  // The human-readable form numbers the inputs across calls.
+  r = RunCli({"encode", "--server", Target()}, "s0\ns1\ns2\ns3\n");
+  EXPECT_EXIT_CODE(r, 0);
+  EXPECT_TRUE(absl::StrContains(r.out, "[3] \"s3\"")) << r.out;
+  r = RunCli({"encode", "--server", Target(), "--json", "--jsonl", "--text", "a"});
+  EXPECT_EXIT_CODE(r, 2);
+  EXPECT_TRUE(absl::StrContains(r.err, "pick one")) << r.err;
 }
 
 TEST_F(ClientTest, CliTokenize) {

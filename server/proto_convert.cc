@@ -337,6 +337,7 @@ void ToProto(const core::ModelInfo& info, v1::ModelInfo* out) {
   out->set_version(info.version);
   out->set_version_origin(info.version_origin);
   for (const std::string& name : info.available_versions) out->add_available_versions(name);
+  out->set_max_inputs_per_request(info.max_inputs_per_request);
 }
 
 }  // namespace attn::server

@@ -17,6 +17,7 @@
 #include "client/attnctl/common.h"
 #include "client/client.h"
 #include "client/tensor_decode.h"
+#include "google/protobuf/util/json_util.h"
 
 ABSL_FLAG(std::string, pooling, "default",
           "cls | mean | max | none | cls_attention (weighted by the last layer's [CLS] attention) "
@@ -29,6 +30,9 @@ ABSL_FLAG(std::string, normalize, "default",
 ABSL_FLAG(std::vector<std::string>, layers, {},
           "also return per-token hidden states of these layers: 0 = embedding output, i = encoder "
           "layer i, negative counts from the end (-1 = last)");
+ABSL_FLAG(bool, jsonl, false,
+          "print one JSON line per input ({\"index\": i, ...its EncodeResult}), for files of "
+          "any size");
 ABSL_FLAG(std::string, service, "",
           "service to check (default \"\": the server as a whole; for example "
           "attnserve.v1.Encoder)");
@@ -49,6 +53,65 @@ std::string FormatFloats(const float* values, int n) {
 }
 
 // encode
+
+// One line per result: {"index": first_index + i, ...the EncodeResult as proto JSON}.
+bool PrintJsonLines(const v1::EncodeResponse& response, int first_index) {
+  google::protobuf::util::JsonPrintOptions options;
+  options.preserve_proto_field_names = true;
+  for (int i = 0; i < response.results_size(); ++i) {
+    std::string json;
+    if (auto printed =
+            google::protobuf::util::MessageToJsonString(response.results(i), &json, options);
+        !printed.ok()) {
+      std::fprintf(stderr, "attnctl: cannot print JSON: %s\n", printed.ToString().c_str());
+      return false;
+    }
+    // The result's JSON is an object: open it with the index.
+    std::printf("{\"index\":%d%s%s\n", first_index + i, json.size() > 2 ? "," : "",
+                json.c_str() + 1);
+  }
+  return true;
+}
+
+// The human-readable lines of input `index` (`what`: its text, shortened); false if a tensor
+// from the server cannot be decoded.
+bool PrintEncodeResult(int index, const std::string& what, const v1::EncodeResult& r) {
+  bool ok = true;
+  std::printf("[%d] %s (%d tokens%s)\n", index, what.c_str(), r.tokens_size(),
+              TruncationNote(r.truncated(), r.untruncated_length()).c_str());
+  if (r.embedding_size() > 0) {
+    double sq = 0;
+    for (float v : r.embedding()) sq += static_cast<double>(v) * v;
+    const int n = std::min(8, r.embedding_size());
+    std::printf("    embedding [%d] norm %.4f: %s%s\n", r.embedding_size(), std::sqrt(sq),
+                FormatFloats(r.embedding().data(), n).c_str(),
+                r.embedding_size() > n ? " ..." : "");
+  }
+  for (const v1::LayerTensor& layer : r.hidden_states()) {
+    auto tensor = DecodeTensor(layer.tensor());
+    if (!tensor.ok()) {
+      std::fprintf(stderr, "attnctl: input %d layer %d: bad tensor from server: %s\n", index,
+                   layer.layer(), std::string(tensor.status().message()).c_str());
+      ok = false;
+      continue;
+    }
+    const std::string shape = absl::StrJoin(tensor->shape, " x ");
+    const int n = static_cast<int>(
+        std::min<int64_t>(8, tensor->rank() == 2 ? tensor->dim(1) : tensor->size()));
+    std::printf("    layer %d [%s] %s, [CLS] row: %s%s\n", layer.layer(), shape.c_str(),
+                v1::DType_Name(layer.tensor().dtype()).c_str(),
+                FormatFloats(tensor->values.data(), n).c_str(), tensor->size() > n ? " ..." : "");
+  }
+  if (r.has_sparse()) {
+    std::vector<std::string> entries;
+    for (int k = 0; k < r.sparse().indices_size(); ++k) {
+      entries.push_back(absl::StrFormat("%u:%.4f", r.sparse().indices(k), r.sparse().values(k)));
+    }
+    std::printf("    sparse (BM42) %d entries: %s\n", r.sparse().indices_size(),
+                absl::StrJoin(entries, " ").c_str());
+  }
+  return ok;
+}
 
 int RunEncode(const Command& command) {
   EncoderClient client(ServerAddress(), OptionsFromFlags());
@@ -94,49 +157,55 @@ int RunEncode(const Command& command) {
     request.add_hidden_layers(layer);
   }
 
-  auto response = client.Encode(request);
-  if (!response.ok()) return RpcError(response.status(), client.target());
-  if (absl::GetFlag(FLAGS_json)) return PrintJson(*response) ? kExitOk : kExitFailure;
+  const bool json = absl::GetFlag(FLAGS_json), jsonl = absl::GetFlag(FLAGS_jsonl);
+  if (json && jsonl) {
+    return UsageError("--json prints a line per response, --jsonl a line per input: pick one",
+                      &command);
+  }
 
-  int status = kExitOk;
-  for (int i = 0; i < response->results_size(); ++i) {
-    const v1::EncodeResult& r = response->results(i);
-    const std::string what = i < static_cast<int>(texts->size()) ? (*texts)[i].Describe() : "";
-    std::printf("[%d] %s (%d tokens%s)\n", i, what.c_str(), r.tokens_size(),
-                TruncationNote(r.truncated(), r.untruncated_length()).c_str());
-    if (r.embedding_size() > 0) {
-      double sq = 0;
-      for (float v : r.embedding()) sq += static_cast<double>(v) * v;
-      const int n = std::min(8, r.embedding_size());
-      std::printf("    embedding [%d] norm %.4f: %s%s\n", r.embedding_size(), std::sqrt(sq),
-                  FormatFloats(r.embedding().data(), n).c_str(),
-                  r.embedding_size() > n ? " ..." : "");
-    }
-    for (const v1::LayerTensor& layer : r.hidden_states()) {
-      auto tensor = DecodeTensor(layer.tensor());
-      if (!tensor.ok()) {
-        std::fprintf(stderr, "attnctl: input %d layer %d: bad tensor from server: %s\n", i,
-                     layer.layer(), std::string(tensor.status().message()).c_str());
-        status = kExitFailure;
-        continue;
-      }
-      const std::string shape = absl::StrJoin(tensor->shape, " x ");
-      const int n = static_cast<int>(
-          std::min<int64_t>(8, tensor->rank() == 2 ? tensor->dim(1) : tensor->size()));
-      std::printf("    layer %d [%s] %s, [CLS] row: %s%s\n", layer.layer(), shape.c_str(),
-                  v1::DType_Name(layer.tensor().dtype()).c_str(),
-                  FormatFloats(tensor->values.data(), n).c_str(), tensor->size() > n ? " ..." : "");
-    }
-    if (r.has_sparse()) {
-      std::vector<std::string> entries;
-      for (int k = 0; k < r.sparse().indices_size(); ++k) {
-        entries.push_back(absl::StrFormat("%u:%.4f", r.sparse().indices(k), r.sparse().values(k)));
-      }
-      std::printf("    sparse (BM42) %d entries: %s\n", r.sparse().indices_size(),
-                  absl::StrJoin(entries, " ").c_str());
+  // More inputs than the server takes in one request: several calls, in order, each as large
+  // as the server allows (GetModelInfo says how large).
+  const int total = request.inputs_size();
+  int per_call = std::max(total, 1);
+  if (total > 1) {
+    v1::GetModelInfoRequest info_request;
+    info_request.set_model_version(request.model_version());
+    auto info = client.GetModelInfo(info_request);
+    if (!info.ok()) return RpcError(info.status(), client.target());
+    if (info->max_inputs_per_request() > 0) {
+      per_call = std::min(per_call, info->max_inputs_per_request());
     }
   }
-  PrintMetadata(response->model_version(), response->metadata());
+  v1::EncodeRequest part = request;
+  int status = kExitOk;
+  int begin = 0;
+  do {  // once even without inputs: the server says what is missing
+    const int end = std::min(total, begin + per_call);
+    part.mutable_inputs()->Clear();
+    for (int i = begin; i < end; ++i) *part.add_inputs() = request.inputs(i);
+    auto response = client.Encode(part);
+    if (!response.ok()) {
+      if (begin > 0) {
+        std::fprintf(stderr, "attnctl: inputs 0 to %d were printed; input %d and later were not\n",
+                     begin - 1, begin);
+      }
+      return RpcError(response.status(), client.target());
+    }
+    if (json) {
+      if (!PrintJson(*response)) return kExitFailure;
+    } else if (jsonl) {
+      if (!PrintJsonLines(*response, begin)) return kExitFailure;
+    } else {
+      for (int i = 0; i < response->results_size(); ++i) {
+        const int index = begin + i;
+        const std::string what =
+            index < static_cast<int>(texts->size()) ? (*texts)[index].Describe() : "";
+        if (!PrintEncodeResult(index, what, response->results(i))) status = kExitFailure;
+      }
+      PrintMetadata(response->model_version(), response->metadata());
+    }
+    begin = end;
+  } while (begin < total);
   return status;
 }
 
@@ -276,21 +345,23 @@ CommandGroup InspectCommands() {
        "sentence embeddings (and hidden states of chosen layers) of texts",
        "attnctl encode [--text TEXT [--pair TEXT] | < lines] [flags]",
        R"(Prints per input its token count, the embedding's L2 norm and first 8 dimensions, and for each
---layers entry the hidden-state shape and the first 8 values of the [CLS] row.
+--layers entry the hidden-state shape and the first 8 values of the [CLS] row. More inputs than
+the server takes per request (its --max-inputs-per-request) are sent in several calls, in order.
 )",
        {{"Flags",
          {{"pooling", "P"},
           {"normalize", "B"},
           {"layers", "L,L,..."},
           {"dtype", "D"},
-          {"sparse", ""}}},
+          {"sparse", ""},
+          {"jsonl", ""}}},
         InputFlags(),
         CommonFlags()},
        R"(  attnctl encode --text "The cat sat on the mat."
   attnctl encode --text "A man is eating." --pair "Someone eats." --pooling cls
   attnctl encode --text "hello" --layers 0,-1 --dtype bfloat16
   attnctl encode --text "red kettle, 1.7 litres" --sparse
-  cat sentences.txt | attnctl encode --json > embeddings.jsonl
+  attnctl encode --jsonl < sentences.txt > embeddings.jsonl
 )",
        RunEncode});
   group.commands.push_back(AttentionCommand());

@@ -246,6 +246,7 @@ struct ModelInfo {
   std::string version;
   std::string version_origin;
   std::vector<std::string> available_versions;
+  int max_inputs_per_request = 0;
 };
 
 }  // namespace attn::server::core

@@ -248,6 +248,7 @@ absl::StatusOr<ModelInfo> ServingCore::GetModelInfo(const ModelInfoRequest& requ
   info.version = version->version;
   info.version_origin = version->origin;
   info.available_versions = registry_->Versions();
+  info.max_inputs_per_request = options_.limits.max_inputs_per_request;
   if (absl::Status dropped = UnlessDropped(control, absl::OkStatus(), "reply", metrics_);
       !dropped.ok()) {
     return dropped;
