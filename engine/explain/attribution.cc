@@ -286,8 +286,7 @@ absl::Status AddIntegratedJacobianColumns(const BertConfig& config, const BertWe
                                           const TextPath& path, int layer,
                                           const std::function<bool()>& checkpoint, Tensor* u) {
   const int64_t T = path.T, H = config.hidden_size, m = path.m;
-  constexpr int64_t kMaxRows = 4096;  // tangent rows per batch (~50 MB of working memory at H 384)
-  const int64_t per_batch = std::max<int64_t>(1, kMaxRows / T);
+  const int64_t per_batch = std::max<int64_t>(1, kJvpBatchRows / T);
   ExecContext ctx;
   const int64_t total = static_cast<int64_t>(path.alphas.size()) * T;  // tangents (point, token)
   for (int64_t begin = 0; begin < total; begin += per_batch) {

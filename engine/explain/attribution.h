@@ -84,6 +84,11 @@ struct AttributionOptions {
   std::function<bool()> checkpoint;
 };
 
+// Tangent rows per batch of Jacobian-vector products (pairwise): ~12 MB of working memory at
+// hidden size 384, and half an encoder layer of a batch (~2 GFLOP) is short enough that work
+// queued behind a checkpoint does not wait long.
+inline constexpr int64_t kJvpBatchRows = 1024;
+
 struct WordSpan {
   std::string text;                      // the word pieces joined, "##" removed
   int32_t char_start = 0, char_end = 0;  // in the text the tokens came from ((0,0) for specials)

@@ -165,7 +165,7 @@ RequestCost EstimateCost(const Model& model, const ExplainPlan& plan, int64_t ve
     const int64_t points =
         std::min<int64_t>(m + 2, std::max<int64_t>(1, (int64_t{256} << 20) / per_point));
     int64_t working = points * per_point + 2 * points * T * H * 4 + 6 * T * H * 4;
-    if (pairwise) working += int64_t{4096} * (3 * H + 2 * H + I) * 4 + heads * T * T * 4;
+    if (pairwise) working += kJvpBatchRows * (3 * H + 2 * H + I) * 4 + heads * T * T * 4;
     largest_working = std::max(largest_working, working);
   }
   // The documents run one after the other; the response is built, then serialised.
