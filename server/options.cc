@@ -64,7 +64,8 @@ ABSL_FLAG(std::string, trainer_token_file, "",
 ABSL_FLAG(std::string, model_store, "",
           "Directory of committed fine-tuned versions (created if missing). At start every "
           "version in it is loaded and the latest one is served by default; commits write new "
-          "versions here. Empty: fine-tuning runs but commits fail with FAILED_PRECONDITION.");
+          "versions here. Empty: FineTune answers FAILED_PRECONDITION (a job's result could not be "
+          "kept).");
 ABSL_FLAG(int, trainer_threads, kDefaults.trainer_threads,
           "OpenMP threads of the training thread (0 = all cores). Few threads keep Encode "
           "latency low while a job runs.");

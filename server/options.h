@@ -36,7 +36,7 @@ struct ServerOptions {
 
   // Fine-tuning. The Trainer service answers UNIMPLEMENTED unless a token is configured.
   std::string trainer_token_file;  // file holding the bearer token ("" = Trainer disabled)
-  std::string model_store;         // committed versions live here ("" = commits fail)
+  std::string model_store;         // committed versions live here ("" = no fine-tuning jobs)
   int trainer_threads = 1;         // OpenMP threads of the training thread
   int trainer_nice = 10;           // niceness added to the training thread (0 = as the server)
 

@@ -1,8 +1,14 @@
 #include "server/core/fine_tuning.h"
 
+#include <sys/statvfs.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
+#include <cstring>
 #include <ctime>
+#include <filesystem>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -35,6 +41,38 @@ absl::Status Cancelled(const CallControl& control) {
 
 }  // namespace
 
+absl::Status CheckStoreCanTakeCheckpoint(const std::string& store, int64_t checkpoint_bytes) {
+  if (store.empty()) {
+    return absl::FailedPreconditionError(
+        "this server keeps no model store, so a fine-tuned version could not be committed; "
+        "start it with --model-store DIR to run fine-tuning jobs");
+  }
+  std::error_code error;
+  if (!std::filesystem::is_directory(store, error)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the model store ", store, " is not a directory", error ? ": " + error.message() : "",
+        "; a fine-tuned version could not be committed"));
+  }
+  if (access(store.c_str(), W_OK | X_OK) != 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("the model store ", store, " is not writable by this server (",
+                     std::strerror(errno), "); a fine-tuned version could not be committed"));
+  }
+  struct statvfs fs {};
+  if (statvfs(store.c_str(), &fs) == 0) {
+    const auto free_bytes = static_cast<int64_t>(fs.f_bavail) * static_cast<int64_t>(fs.f_frsize);
+    // The weights, the tokenizer and config files (a few MB), and a margin for the file system.
+    const int64_t needed = checkpoint_bytes + checkpoint_bytes / 10 + (int64_t{16} << 20);
+    if (free_bytes < needed) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("the model store ", store, " has ", free_bytes >> 20,
+                       " MiB free; a checkpoint of this model needs about ", needed >> 20,
+                       " MiB: free space or point --model-store at a larger volume"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 // ---- FineTuning -----------------------------------------------------------------------------
 
 FineTuning::FineTuning(FineTuningOptions options, ModelRegistry* registry, TrainingMetrics* metrics)
@@ -63,6 +101,12 @@ absl::StatusOr<std::unique_ptr<FineTuneJob>> FineTuning::Begin(const FineTuneCon
   if (!base.ok()) return base.status();
   absl::StatusOr<JobSettings> settings = ResolveJobConfig(config, *base->model);
   if (!settings.ok()) return settings.status();
+  // Checkpoints are written in fp32 whatever precision the served copy runs at.
+  if (absl::Status room = CheckStoreCanTakeCheckpoint(
+          options_.model_store, base->model->weights().ParameterCount() * int64_t{4});
+      !room.ok()) {
+    return room;
+  }
 
   std::string id;
   {

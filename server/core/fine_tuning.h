@@ -33,6 +33,11 @@ struct FineTuningOptions {
 
 class FineTuneJob;
 
+// What a commit to `store` needs, checked before a job starts rather than after its training:
+// a store at all, a directory this process may write, and free space for a checkpoint of
+// `checkpoint_bytes` (with a margin). FAILED_PRECONDITION saying which and how to fix it.
+absl::Status CheckStoreCanTakeCheckpoint(const std::string& store, int64_t checkpoint_bytes);
+
 class FineTuning {
  public:
   // Starts the training thread; destroying this stops it after the tasks still queued, so
@@ -43,9 +48,10 @@ class FineTuning {
   void SetNextSequence(int64_t sequence);
 
   // A new job on `config`'s base version (empty = the served one): the config checked against
-  // that model (INVALID_ARGUMENT naming the field), the version looked up (NOT_FOUND), and the
-  // single job slot claimed (FAILED_PRECONDITION naming the running job). The job holds the
-  // slot until it ends or is destroyed.
+  // that model (INVALID_ARGUMENT naming the field), the version looked up (NOT_FOUND), the model
+  // store checked for a commit of it (CheckStoreCanTakeCheckpoint), and the single job slot
+  // claimed (FAILED_PRECONDITION naming the running job). The job holds the slot until it ends
+  // or is destroyed.
   absl::StatusOr<std::unique_ptr<FineTuneJob>> Begin(const FineTuneConfig& config);
 
   // The version served by default now.

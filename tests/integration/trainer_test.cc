@@ -978,6 +978,23 @@ TEST_F(TrainerTest, DisabledWithoutTokenAndFlagChecks) {
   EXPECT_EQ(status.error_code(), grpc::StatusCode::UNIMPLEMENTED) << StatusString(status);
   EXPECT_NE(status.error_message().find("--trainer-token-file"), std::string::npos);
   plain.process().Stop();
+
+  // With a token but no --model-store, a job is refused at its config, before any training:
+  // its result could not be committed.
+  ServerProcess no_store({"--trainer_token_file=" + *token_file_, "--trainer_threads=1"});
+  ASSERT_TRUE(no_store.StartAndWait(ScaledSeconds(90), &error)) << error;
+  auto no_store_trainer = pb::Trainer::NewStub(no_store.NewChannel());
+  grpc::ClientContext job_context;
+  Authorize(&job_context);
+  auto stream = no_store_trainer->FineTune(&job_context);
+  ASSERT_TRUE(stream->Write(ConfigRequest(pb::CONTRASTIVE, 1e-5)));
+  pb::FineTuneProgress progress;
+  EXPECT_FALSE(stream->Read(&progress));
+  const grpc::Status refused = stream->Finish();
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << StatusString(refused);
+  EXPECT_NE(refused.error_message().find("--model-store"), std::string::npos)
+      << StatusString(refused);
+  no_store.process().Stop();
 }
 
 TEST_F(TrainerTest, TlsServesEveryService) {

@@ -39,7 +39,8 @@ std::optional<std::vector<std::string>> SharedServerFlags() {
       "--max_message_bytes=" + std::to_string(kMaxMessageBytes),
       "--max_inputs_per_request=" + std::to_string(kMaxInputs),
       "--trainer_token_file=" + dir->WriteFile("token", std::string(kToken) + "\n"),
-      "--trainer_threads=1", "--max_request_memory_bytes=" + std::to_string(kMaxRequestMemory)};
+      "--trainer_threads=1", "--max_request_memory_bytes=" + std::to_string(kMaxRequestMemory),
+      "--model_store=" + dir->path() + "/store"};
 }
 
 namespace {

@@ -1,13 +1,15 @@
 // Fine-tuning jobs through the core (server/core/fine_tuning.h) with the real model and no
 // server: a job trains, commits to a model store and is served; the errors a client gets before
-// any work (one job at a time, nothing to commit, no store, a batch over the limit, a bad config,
-// an unknown base) and a cancelled call that does no work.
+// any work (no store, a store that is no directory or has no room, one job at a time, nothing to
+// commit, a batch over the limit, a bad config, an unknown base) and a cancelled call that does
+// no work.
 #include "server/core/fine_tuning.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <filesystem>
+#include <fstream>
 #include <future>
 #include <memory>
 #include <string>
@@ -143,7 +145,22 @@ TEST_F(FineTuningTest, AJobTrainsCommitsAndIsServed) {
 }
 
 TEST_F(FineTuningTest, ErrorsBeforeAnyWork) {
-  std::unique_ptr<FineTuning> fine_tuning = NewFineTuning(/*with_store=*/false);
+  // Whatever would fail the commit is found before the job starts.
+  absl::Status no_store = NewFineTuning(/*with_store=*/false)->Begin(Contrastive()).status();
+  EXPECT_EQ(no_store.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(absl::StrContains(no_store.message(), "--model-store DIR")) << no_store;
+  const std::string file = store_ + "/a-file";
+  { std::ofstream(file) << "not a directory"; }
+  absl::Status not_a_dir = CheckStoreCanTakeCheckpoint(file, 1 << 20);
+  EXPECT_EQ(not_a_dir.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(absl::StrContains(not_a_dir.message(), "is not a directory")) << not_a_dir;
+  absl::Status no_room = CheckStoreCanTakeCheckpoint(store_, int64_t{1} << 60);  // an exabyte
+  EXPECT_EQ(no_room.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(absl::StrContains(no_room.message(), "MiB free; a checkpoint of this model needs"))
+      << no_room;
+  EXPECT_TRUE(CheckStoreCanTakeCheckpoint(store_, 1 << 20).ok());
+
+  std::unique_ptr<FineTuning> fine_tuning = NewFineTuning(/*with_store=*/true);
   FineTuneConfig bad = Contrastive();
   bad.beta1 = 1;
   EXPECT_EQ(fine_tuning->Begin(bad).status(),
@@ -165,10 +182,6 @@ TEST_F(FineTuningTest, ErrorsBeforeAnyWork) {
   EXPECT_EQ(Step(**job, Pairs(9)).status(),
             absl::InvalidArgumentError(
                 "batch 1 has 9 examples; send 1 to 8 (--max-inputs-per-request) per batch"));
-  ASSERT_TRUE(Step(**job, Pairs(2)).ok());
-  absl::Status no_store = Commit(**job, {}).status();
-  EXPECT_EQ(no_store.code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_TRUE(absl::StrContains(no_store.message(), "--model-store")) << no_store;
   EXPECT_EQ(fine_tuning->ServedVersion(), "base");
   EXPECT_EQ(metrics_.published_, 0);
 }
