@@ -242,9 +242,9 @@ def make_tokenizer_corpus():
     write(os.path.join(d, "seed-ids"), bytes([0x08, 0]) + pack("<i", ids) + pack("<i", [0] * 9))
 
 
-# Request fuzz input: [split << 1 | kind] then a serialized message; kind 0 = EncodeRequest,
-# 1 = AttentionMapRequest; split = where the bytes are cut into two gRPC slices. Written in text
-# format and serialized by protoc.
+# Request fuzz input: [split << 2 | kind] then a serialized message; kind 0 = EncodeRequest,
+# 1 = AttentionMapRequest, 2 = ExplainRequest; split = where the bytes are cut into two gRPC
+# slices. Written in text format and serialized by protoc.
 ENCODE_REQUESTS = [
     'inputs { text: "The king spoke to the queen." }',
     'inputs { text: "a" } inputs { pair { first: "the king" second: "queen" } } '
@@ -267,6 +267,16 @@ ATTENTION_REQUESTS = [
     'inputs { tokens { ids: [2, 5, 3] } } layers: [1, 1] heads: [0, 0] top_k: -1',
 ]
 
+EXPLAIN_REQUESTS = [
+    'query: "the king spoke" documents: "the queen spoke" steps: 4',
+    'query: "kings" documents: ["un able", "中国"] method: ATTRIBUTION_INTEGRATED_GRADIENTS '
+    'steps: 3 layer: 1 baseline: BASELINE_MASK_TOKENS word_level: true',
+    'query: "a b c" documents: "a" method: ATTRIBUTION_GRADIENT_X_INPUT baseline: '
+    'BASELINE_ZERO',
+    'query: "the king spoke to the queen and the king spoke to the queen again" '
+    'documents: "" steps: 0',
+]
+
 
 def protoc_encode(message, text):
     proto_dir = os.path.join(ROOT, "proto")
@@ -280,10 +290,13 @@ def make_request_corpus():
     d = clear_seeds("request")
     for i, text in enumerate(ENCODE_REQUESTS):
         write(os.path.join(d, f"seed-encode-{i:02d}"),
-              bytes([(7 * i) << 1]) + protoc_encode("EncodeRequest", text))
+              bytes([(7 * i) << 2]) + protoc_encode("EncodeRequest", text))
     for i, text in enumerate(ATTENTION_REQUESTS):
         write(os.path.join(d, f"seed-attention-{i:02d}"),
-              bytes([(5 * i) << 1 | 1]) + protoc_encode("AttentionMapRequest", text))
+              bytes([(5 * i) << 2 | 1]) + protoc_encode("AttentionMapRequest", text))
+    for i, text in enumerate(EXPLAIN_REQUESTS):
+        write(os.path.join(d, f"seed-explain-{i:02d}"),
+              bytes([(3 * i) << 2 | 2]) + protoc_encode("ExplainRequest", text))
 
 
 def main():

@@ -1,17 +1,20 @@
-// Fuzz target: Encode and AttentionMap request conversion and validation (server/proto_convert.cc,
-// server/core/request_plan.cc) followed by
+// Fuzz target: Encode, AttentionMap and Explain request conversion and validation
+// (server/proto_convert.cc, server/core/request_plan.cc, server/core/explain.cc) followed by
 // the engine work the server would do for an accepted request, on the checked-in tiny model
 // (fuzz/tiny_model: 2 layers, 2 heads, 16 positions), so a request that validation lets through
 // but the engine cannot handle shows up as a crash here instead of in the server.
 //
-// Input: byte 0 picks the message (even: EncodeRequest, odd: AttentionMapRequest) and, in its
-// upper 7 bits, where to split the bytes into two gRPC slices; the rest is that message
-// serialized. fuzz/make_seeds.py writes the seeds from text format with protoc.
+// Input: byte 0 picks the message in its low 2 bits (0 and 3: EncodeRequest, 1:
+// AttentionMapRequest, 2: ExplainRequest) and, in its upper 6 bits, where to split the bytes into
+// two gRPC slices; the rest is that message serialized. fuzz/make_seeds.py writes the seeds from
+// text format with protoc.
 //
 // For an accepted request it checks what server/core/results.cc's builders index without
 // checking: the forward result holds every hidden state and attention layer the plan reads,
 // heads are inside the model, and then it runs the same engine calls they make (pooling,
-// normalisation, head selection, top-k, mean over heads, rollout, wire encoding).
+// normalisation, head selection, top-k, mean over heads, rollout, wire encoding). An accepted
+// Explain runs whole (the attributions of every document) and its results are checked against
+// the texts' token counts.
 #include <google/protobuf/io/zero_copy_stream_impl_lite.h>
 #include <grpcpp/support/byte_buffer.h>
 #include <grpcpp/support/slice.h>
@@ -31,6 +34,7 @@
 #include "engine/model.h"
 #include "engine/ops/pooling.h"
 #include "fuzz/fuzz_check.h"
+#include "server/core/explain.h"
 #include "server/core/request_plan.h"
 #include "server/proto_convert.h"
 #include "server/request_parse.h"
@@ -40,7 +44,8 @@ namespace {
 std::shared_ptr<const attn::Model> g_model;
 
 // Few inputs per request keep every forward small (at most 4 x 16 tokens).
-constexpr attn::server::core::RequestLimits kLimits{.max_inputs_per_request = 4};
+constexpr attn::server::core::RequestLimits kLimits{.max_inputs_per_request = 4,
+                                                    .max_explain_documents = 2};
 
 void Encode(const float* values, int64_t n, attn::WireDType dtype) {
   const std::string bytes = attn::EncodeFloats(values, n, dtype);
@@ -141,6 +146,31 @@ void RunAttention(const attnserve::v1::AttentionMapRequest& request) {
   }
 }
 
+void RunExplain(const attnserve::v1::ExplainRequest& request) {
+  auto plan =
+      attn::server::core::PrepareExplain(*g_model, attn::server::ToCore(request), kLimits, nullptr);
+  if (!plan.ok()) {
+    FUZZ_CHECK(plan.status().code() == absl::StatusCode::kInvalidArgument, "%s",
+               plan.status().ToString().c_str());
+    return;
+  }
+  const size_t documents = plan->inputs.encodings.size() - 1;
+  const absl::Status ran = attn::server::core::RunExplain(*g_model, &*plan, [] { return false; });
+  FUZZ_CHECK(ran.ok(), "validated Explain failed in the engine: %s", ran.ToString().c_str());
+  FUZZ_CHECK(plan->results.size() == documents, "%zu results for %zu documents",
+             plan->results.size(), documents);
+  const size_t Ta = plan->inputs.encodings[0].size();
+  for (size_t d = 0; d < documents; ++d) {
+    const attn::AttributionResult& r = plan->results[d].attribution;
+    const size_t Tb = plan->inputs.encodings[d + 1].size();
+    FUZZ_CHECK(r.a.gradient_x_input.size() == Ta && r.b.gradient_x_input.size() == Tb,
+               "per-token attributions of %zu / %zu values for %zu / %zu tokens",
+               r.a.gradient_x_input.size(), r.b.gradient_x_input.size(), Ta, Tb);
+    FUZZ_CHECK(r.pair_matrix.empty() || r.pair_matrix.size() == Ta * Tb,
+               "pair matrix of %zu cells for %zu x %zu tokens", r.pair_matrix.size(), Ta, Tb);
+  }
+}
+
 // The server's own decoding: bytes as gRPC hands them over (here in two slices, split where
 // byte 0 says, so reads across slice boundaries are exercised) -> ParseRequestBytes, which
 // explains a refusal with DescribeUnparsableMessage's own wire-format walk.
@@ -176,13 +206,22 @@ extern "C" int LLVMFuzzerInitialize(int* argc, char*** argv) {
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size < 1) return 0;
-  const size_t split = data[0] >> 1;
-  if (data[0] % 2 == 0) {
-    attnserve::v1::EncodeRequest request;
-    if (Parse(data + 1, size - 1, split, &request)) RunEncode(request);
-  } else {
-    attnserve::v1::AttentionMapRequest request;
-    if (Parse(data + 1, size - 1, split, &request)) RunAttention(request);
+  const size_t split = data[0] >> 2;
+  switch (data[0] & 3) {
+    case 1: {
+      attnserve::v1::AttentionMapRequest request;
+      if (Parse(data + 1, size - 1, split, &request)) RunAttention(request);
+      break;
+    }
+    case 2: {
+      attnserve::v1::ExplainRequest request;
+      if (Parse(data + 1, size - 1, split, &request)) RunExplain(request);
+      break;
+    }
+    default: {
+      attnserve::v1::EncodeRequest request;
+      if (Parse(data + 1, size - 1, split, &request)) RunEncode(request);
+    }
   }
   return 0;
 }
