@@ -141,6 +141,10 @@ class FakeEncoder final : public v1::Encoder::Service {
     std::lock_guard<std::mutex> lock(mu_);
     return last_encode_;
   }
+  v1::ExplainRequest last_explain() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return last_explain_;
+  }
   int encode_calls() {
     std::lock_guard<std::mutex> lock(mu_);
     return encode_calls_;
@@ -253,6 +257,56 @@ class FakeEncoder final : public v1::Encoder::Service {
     return grpc::Status::OK;
   }
 
+  // One result per document: integrated gradients 0.1 x (token index) per text (or gradient x
+  // input 0.05 x index for ATTRIBUTION_GRADIENT_X_INPUT), and for pairwise a matrix whose largest
+  // cell pairs the query's and the document's second tokens.
+  grpc::Status Explain(grpc::ServerContext*, const v1::ExplainRequest* request,
+                       v1::ExplainResponse* response) override {
+    if (grpc::Status s = Prologue(); !s.ok()) return s;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      last_explain_ = *request;
+    }
+    v1::Input query;
+    query.set_text(request->query());
+    for (const std::string& document : request->documents()) {
+      v1::ExplainResult* r = response->add_results();
+      v1::Input input;
+      input.set_text(document);
+      *r->mutable_query_tokens() = FakeTokenize(query);
+      *r->mutable_document_tokens() = FakeTokenize(input);
+      const int tq = r->query_tokens_size(), td = r->document_tokens_size();
+      const bool gxi = request->method() == v1::ATTRIBUTION_GRADIENT_X_INPUT;
+      for (int i = 0; i < tq; ++i) {
+        if (gxi) {
+          r->mutable_query()->add_gradient_x_input(0.05f * i);
+        } else {
+          r->mutable_query()->add_integrated_gradients(0.1f * i);
+        }
+      }
+      for (int j = 0; j < td; ++j) {
+        if (gxi) {
+          r->mutable_document()->add_gradient_x_input(0.05f * j);
+        } else {
+          r->mutable_document()->add_integrated_gradients(0.1f * j);
+        }
+      }
+      r->set_similarity(0.75f);
+      r->set_completeness_error(0.002f);
+      if (request->method() == v1::ATTRIBUTION_PAIRWISE ||
+          request->method() == v1::ATTRIBUTION_METHOD_UNSPECIFIED) {
+        std::vector<float> cells(tq * td, 0.01f);
+        cells[1 * td + 1] = 0.5f;
+        *r->mutable_pair_matrix() = EncodeTensor({tq, td}, cells, v1::FLOAT32);
+        r->set_attribution_sum(0.74f);
+        r->set_completeness_target(0.742f);
+      }
+    }
+    FillMetadata(request->model_version(), response->mutable_model_version(),
+                 response->mutable_metadata(), request->documents_size() + 1);
+    return grpc::Status::OK;
+  }
+
   grpc::Status GetModelInfo(grpc::ServerContext*, const v1::GetModelInfoRequest* request,
                             v1::ModelInfo* info) override {
     if (grpc::Status s = Prologue(); !s.ok()) return s;
@@ -310,6 +364,7 @@ class FakeEncoder final : public v1::Encoder::Service {
   std::chrono::milliseconds delay_{0};
   v1::EncodeRequest last_encode_;
   int encode_calls_ = 0;
+  v1::ExplainRequest last_explain_;
   v1::AttentionMapRequest last_attention_;
   v1::TokenizeRequest last_tokenize_;
 };
@@ -972,6 +1027,63 @@ TEST_F(ClientTest, CliEncodeSplitsInputsOverTheServersLimitAndPrintsJsonLines) {
   r = RunCli({"encode", "--server", Target(), "--json", "--jsonl", "--text", "a"});
   EXPECT_EXIT_CODE(r, 2);
   EXPECT_TRUE(absl::StrContains(r.err, "pick one")) << r.err;
+}
+
+TEST_F(ClientTest, CliExplain) {
+  const std::string svg = ::testing::TempDir() + "/attnctl_explain_test.svg";
+  std::remove(svg.c_str());
+  CliResult r =
+      RunCli({"explain", "--server", Target(), "--text", "king spoke", "--pair", "queen spoke",
+              "--steps", "8", "--at-layer", "2", "--baseline", "mask", "--svg", svg});
+  EXPECT_EXIT_CODE(r, 0);
+  const v1::ExplainRequest request = service_->last_explain();
+  EXPECT_EQ(request.query(), "king spoke");
+  ASSERT_EQ(request.documents_size(), 1);
+  EXPECT_EQ(request.documents(0), "queen spoke");
+  EXPECT_EQ(request.method(), v1::ATTRIBUTION_PAIRWISE);  // the default
+  EXPECT_EQ(request.steps(), 8);
+  EXPECT_EQ(request.layer(), 2);
+  EXPECT_EQ(request.baseline(), v1::BASELINE_MASK_TOKENS);
+  EXPECT_FALSE(request.word_level());
+  EXPECT_TRUE(absl::StartsWith(r.out,
+                               "similarity 0.7500, completeness error 0.002 (pairwise, 8 "
+                               "steps)\n"))
+      << r.out;
+  EXPECT_TRUE(absl::StrContains(r.out, "query (integrated gradients per token):")) << r.out;
+  EXPECT_TRUE(absl::StrContains(r.out,
+                                "largest pair contributions (sum 0.7400, target 0.7420):\n"
+                                "    king \u2194 queen  +0.5000\n"))
+      << r.out;
+  std::ifstream picture(svg);
+  std::stringstream content;
+  content << picture.rdbuf();
+  EXPECT_TRUE(absl::StrContains(content.str(), "<svg")) << "no SVG written to " << svg;
+  EXPECT_TRUE(absl::StrContains(content.str(), "token-pair attributions"));
+
+  // Per-token only: no matrix, gradient x input, words asked for.
+  r = RunCli({"explain", "--server", Target(), "--text", "a", "--pair", "b", "--method", "gxi",
+              "--words"});
+  EXPECT_EXIT_CODE(r, 0);
+  EXPECT_EQ(service_->last_explain().method(), v1::ATTRIBUTION_GRADIENT_X_INPUT);
+  EXPECT_TRUE(service_->last_explain().word_level());
+  EXPECT_FALSE(absl::StrContains(r.out, "largest pair")) << r.out;
+
+  r = RunCli({"explain", "--server", Target(), "--text", "a", "--pair", "b", "--json"});
+  EXPECT_EXIT_CODE(r, 0);
+  EXPECT_TRUE(absl::StartsWith(r.out, "{\"results\":[{\"similarity\":0.75")) << r.out;
+
+  // Usage errors before any call, server errors passed through.
+  r = RunCli({"explain", "--server", Target(), "--text", "a"});
+  EXPECT_EXIT_CODE(r, 2);
+  EXPECT_TRUE(absl::StrContains(r.err, "explain needs --text (the query) and --pair")) << r.err;
+  r = RunCli({"explain", "--server", Target(), "--text", "a", "--pair", "b", "--method", "shap"});
+  EXPECT_EXIT_CODE(r, 2);
+  EXPECT_TRUE(absl::StrContains(r.err, "--method must be pairwise, ig or gxi, not 'shap'"))
+      << r.err;
+  service_->FailWith(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "steps is 0; use 1 to 256"));
+  r = RunCli({"explain", "--server", Target(), "--text", "a", "--pair", "b", "--steps", "0"});
+  EXPECT_EXIT_CODE(r, 1);
+  EXPECT_EQ(r.err, "attnctl: INVALID_ARGUMENT: steps is 0; use 1 to 256\n");
 }
 
 TEST_F(ClientTest, CliTokenize) {
