@@ -27,7 +27,7 @@ RUN if [ -n "${EXTRA_CA_CERTS}" ]; then \
       mkdir -p /usr/local/share/ca-certificates \
       && printf '%s\n' "${EXTRA_CA_CERTS}" > /usr/local/share/ca-certificates/build-extra.crt; \
     fi \
- && ATTN_MODEL_DIR="${MODEL_DIR}" scripts/setup.sh --no-build \
+ && ATTN_MODEL_DIR="${MODEL_DIR}" scripts/setup.sh --no-build --no-test-venv \
  && rm -rf /var/lib/apt/lists/* /root/.cache
 COPY . .
 # Only the two shipped binaries; the tests need the real model at its checkout path and run on

@@ -203,6 +203,7 @@ bool ServerProcess::Start(std::string* error) {
                                    "--host=127.0.0.1",
                                    "--port=" + std::to_string(requested_port_),
                                    "--metrics_port=0",
+                                   "--http_port=0",
                                    "--ready_file=" + ready_file_};
   argv.insert(argv.end(), extra_flags_.begin(), extra_flags_.end());
   return process_->Start(argv, error);
@@ -233,6 +234,9 @@ bool ServerProcess::WaitReady(std::chrono::duration<double> timeout, std::string
       }
       grpc_port_ = ready["grpc_port"].get<int>();
       metrics_port_ = ready["metrics_port"].get<int>();
+      if (ready.contains("http_port") && ready["http_port"].is_number_integer()) {
+        http_port_ = ready["http_port"].get<int>();
+      }
       ready_pid_ = ready["pid"].get<int>();
       if (grpc_port_ <= 0 || (requested_port_ != 0 && grpc_port_ != requested_port_)) {
         *error = "ready file grpc_port " + std::to_string(grpc_port_) + " but requested port " +
@@ -342,6 +346,13 @@ bool FindOnPath(const std::string& name, std::string* path) {
 
 bool HttpGet(int port, const std::string& path, HttpResponse* response, std::string* error,
              std::chrono::duration<double> timeout) {
+  return HttpRequest(port, "GET", path, {}, "", response, error, timeout);
+}
+
+bool HttpRequest(int port, const std::string& method, const std::string& path,
+                 const std::vector<std::string>& headers, const std::string& body,
+                 HttpResponse* response, std::string* error,
+                 std::chrono::duration<double> timeout) {
   const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) {
     *error = Errno("socket");
@@ -361,8 +372,13 @@ bool HttpGet(int port, const std::string& path, HttpResponse* response, std::str
     close(fd);
     return false;
   }
-  const std::string request =
-      "GET " + path + " HTTP/1.0\r\nHost: 127.0.0.1:" + std::to_string(port) + "\r\n\r\n";
+  std::string request =
+      method + " " + path + " HTTP/1.0\r\nHost: 127.0.0.1:" + std::to_string(port) + "\r\n";
+  for (const std::string& header : headers) request += header + "\r\n";
+  if (!body.empty() || method == "POST") {
+    request += "Content-Length: " + std::to_string(body.size()) + "\r\n";
+  }
+  request += "\r\n" + body;
   size_t sent = 0;
   while (sent < request.size()) {
     const ssize_t n = send(fd, request.data() + sent, request.size() - sent, MSG_NOSIGNAL);
@@ -394,6 +410,7 @@ bool HttpGet(int port, const std::string& path, HttpResponse* response, std::str
   }
   const size_t space = raw.find(' ');
   response->status = std::atoi(raw.c_str() + space + 1);
+  response->headers = raw.substr(0, header_end);
   response->body = raw.substr(header_end + 4);
   return true;
 }

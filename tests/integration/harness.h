@@ -95,6 +95,7 @@ class ServerProcess {
   const std::string& ready_file() const { return ready_file_; }
   int grpc_port() const { return grpc_port_; }
   int metrics_port() const { return metrics_port_; }
+  int http_port() const { return http_port_; }  // -1 when the server has no HTTP port
   pid_t ready_pid() const { return ready_pid_; }
   std::string address() const;
   // False when Start() failed before spawning (e.g. no attnserve binary): process() is invalid.
@@ -115,6 +116,7 @@ class ServerProcess {
   std::string ready_file_;
   int grpc_port_ = 0;
   int metrics_port_ = 0;
+  int http_port_ = -1;
   pid_t ready_pid_ = 0;
 };
 
@@ -138,11 +140,18 @@ bool FindOnPath(const std::string& name, std::string* path);
 
 struct HttpResponse {
   int status = 0;
+  std::string headers;  // the status line and header lines, as received
   std::string body;
 };
 // A minimal HTTP/1.0 GET over a POSIX socket (the server closes the connection at the end).
 bool HttpGet(int port, const std::string& path, HttpResponse* response, std::string* error,
              std::chrono::duration<double> timeout = std::chrono::seconds(10));
+// Any HTTP/1.0 request: `method` `path` with `headers` ("Name: value" lines) and `body`
+// (Content-Length is added when the body is not empty or the method is POST).
+bool HttpRequest(int port, const std::string& method, const std::string& path,
+                 const std::vector<std::string>& headers, const std::string& body,
+                 HttpResponse* response, std::string* error,
+                 std::chrono::duration<double> timeout = std::chrono::seconds(60));
 
 struct MetricSample {
   std::string name;
