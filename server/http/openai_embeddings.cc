@@ -42,14 +42,19 @@ absl::Status ParseTokenIds(const json& array, const std::string& where, std::vec
   ids->reserve(array.size());
   for (size_t k = 0; k < array.size(); ++k) {
     const json& id = array[k];
-    if (!id.is_number_integer() || id.get<int64_t>() < std::numeric_limits<int32_t>::min() ||
-        id.get<int64_t>() > std::numeric_limits<int32_t>::max() ||
-        (id.is_number_unsigned() &&
-         id.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int32_t>::max()))) {
+    if (!id.is_number_integer()) {
+      return absl::InvalidArgumentError(absl::StrCat(where, "[", k, "] is ", TypeName(id),
+                                                     "; token ids are integers of the vocabulary"));
+    }
+    const bool too_large =
+        id.is_number_unsigned()
+            ? id.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int32_t>::max())
+            : id.get<int64_t>() < std::numeric_limits<int32_t>::min() ||
+                  id.get<int64_t>() > std::numeric_limits<int32_t>::max();
+    if (too_large) {
       return absl::InvalidArgumentError(
-          absl::StrCat(where, "[", k, "] is ", TypeName(id),
-                       " out of range or not an integer; token ids are "
-                       "integers of the model's vocabulary"));
+          absl::StrCat(where, "[", k,
+                       "] is outside the 32-bit range; token ids are integers of the vocabulary"));
     }
     ids->push_back(static_cast<int32_t>(id.get<int64_t>()));
   }
@@ -64,8 +69,14 @@ absl::Status ParseEmbeddingsRequest(std::string_view body, EmbeddingsRequest* re
   try {
     root = json::parse(body.begin(), body.end());
   } catch (const json::parse_error& e) {
+    // nlohmann's reason sits between " - " and "; last read:" (which would quote the input).
+    std::string_view reason = e.what();
+    const size_t begin = reason.find(" - ");
+    reason = begin == std::string_view::npos ? "" : reason.substr(begin + 3);
+    reason = reason.substr(0, std::min<size_t>(reason.find("; last read"), 120));
     return absl::InvalidArgumentError(absl::StrCat(
-        "the request body is not valid JSON (syntax error at byte ", e.byte,
+        "the request body is not valid JSON (at byte ", e.byte, ": ",
+        std::string(reason.empty() ? "syntax error" : reason),
         "); send a JSON object such as {\"input\": \"some text\", \"model\": \"...\"}"));
   }
   if (!root.is_object()) {
