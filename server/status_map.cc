@@ -2,6 +2,8 @@
 
 #include <string>
 
+#include "server/core/cost_model.h"
+
 namespace attn::server {
 
 grpc::Status ToGrpcStatus(const absl::Status& status) {
@@ -28,9 +30,10 @@ HttpStatus ToHttpStatus(const absl::Status& status) {
     case absl::StatusCode::kAlreadyExists:
     case absl::StatusCode::kAborted:
       return {409, "conflict_error"};
-    // Overload (queue full, memory budget): retry later. A request too large for any server
-    // state is answered 413 by the HTTP front end before it gets here.
+    // A call over a per-call limit (IsTooLarge) cannot succeed by retrying: 413. Overload
+    // (queue full, memory budget in use): retry later, 429.
     case absl::StatusCode::kResourceExhausted:
+      if (IsTooLarge(status)) return {413, "invalid_request_error"};
       return {429, "rate_limit_error"};
     case absl::StatusCode::kCancelled:
       return {499, "cancelled"};  // nginx's "client closed request": nobody reads it

@@ -44,7 +44,8 @@ struct HttpServer::State {
 
   asio::io_context io;
   std::optional<asio::ssl::context> tls;
-  tcp::acceptor acceptor{io};
+  // The acceptor's handlers and Stop's close run on one strand (the I/O threads are two).
+  tcp::acceptor acceptor{asio::make_strand(io)};
   asio::thread_pool workers;
   std::vector<std::thread> io_threads;
   std::atomic<int> connections{0};
@@ -103,9 +104,11 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
     // the timer fires it ends the read by shutting the socket's receiving side.
     Tcp().expires_never();
     head_timed_out_ = false;
+    reading_head_ = true;
     head_timer_.expires_after(Millis(state_->options.header_timeout_s));
     head_timer_.async_wait([self = this->shared_from_this()](beast::error_code error) {
-      if (error) return;  // cancelled: the head arrived
+      // Cancelled, or expired just as the head arrived (its handler was queued already).
+      if (error || !self->reading_head_) return;
       self->head_timed_out_ = true;
       beast::error_code ignored;
       self->Tcp().socket().shutdown(tcp::socket::shutdown_receive, ignored);
@@ -243,6 +246,7 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
   std::optional<bhttp::request_parser<bhttp::string_body>> parser_;
   asio::steady_timer head_timer_;
   bool head_timed_out_ = false;
+  bool reading_head_ = false;
   unsigned version_ = 11;
   bool keep_alive_ = true;
   char drain_[16 * 1024];
@@ -324,7 +328,7 @@ absl::StatusOr<int> HttpServer::Start() {
 
 void HttpServer::Stop() {
   if (state_->io_threads.empty()) return;
-  asio::post(state_->io, [state = state_] {
+  asio::post(state_->acceptor.get_executor(), [state = state_] {
     beast::error_code ignored;
     state->acceptor.close(ignored);
   });
