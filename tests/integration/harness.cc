@@ -353,6 +353,20 @@ bool HttpRequest(int port, const std::string& method, const std::string& path,
                  const std::vector<std::string>& headers, const std::string& body,
                  HttpResponse* response, std::string* error,
                  std::chrono::duration<double> timeout) {
+  std::string request =
+      method + " " + path + " HTTP/1.0\r\nHost: 127.0.0.1:" + std::to_string(port) + "\r\n";
+  for (const std::string& header : headers) request += header + "\r\n";
+  if (!body.empty() || method == "POST") {
+    request += "Content-Length: " + std::to_string(body.size()) + "\r\n";
+  }
+  request += "\r\n" + body;
+  return HttpExchange(port, {request}, std::chrono::milliseconds(0), response, error, timeout);
+}
+
+bool HttpExchange(int port, const std::vector<std::string>& parts, std::chrono::milliseconds pause,
+                  HttpResponse* response, std::string* error, std::chrono::duration<double> timeout,
+                  double* seconds) {
+  const auto start = Clock::now();
   const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) {
     *error = Errno("socket");
@@ -372,22 +386,17 @@ bool HttpRequest(int port, const std::string& method, const std::string& path,
     close(fd);
     return false;
   }
-  std::string request =
-      method + " " + path + " HTTP/1.0\r\nHost: 127.0.0.1:" + std::to_string(port) + "\r\n";
-  for (const std::string& header : headers) request += header + "\r\n";
-  if (!body.empty() || method == "POST") {
-    request += "Content-Length: " + std::to_string(body.size()) + "\r\n";
-  }
-  request += "\r\n" + body;
-  size_t sent = 0;
-  while (sent < request.size()) {
-    const ssize_t n = send(fd, request.data() + sent, request.size() - sent, MSG_NOSIGNAL);
-    if (n <= 0) {
-      *error = Errno("send");
-      close(fd);
-      return false;
+  bool closed_early = false;
+  for (const std::string& part : parts) {
+    size_t sent = 0;
+    while (sent < part.size() && !closed_early) {
+      const ssize_t n = send(fd, part.data() + sent, part.size() - sent, MSG_NOSIGNAL);
+      // The server may answer and close before everything is sent (a refused body): read then.
+      if (n <= 0) closed_early = true;
+      if (n > 0) sent += static_cast<size_t>(n);
     }
-    sent += static_cast<size_t>(n);
+    if (closed_early) break;
+    if (pause.count() > 0) std::this_thread::sleep_for(pause);
   }
   std::string raw;
   char buffer[65536];
@@ -396,13 +405,15 @@ bool HttpRequest(int port, const std::string& method, const std::string& path,
     if (n == 0) break;
     if (n < 0) {
       if (errno == EINTR) continue;
-      *error = Errno("recv from 127.0.0.1:" + std::to_string(port) + path);
+      if (!raw.empty() || closed_early) break;  // a reset after the answer
+      *error = Errno("recv from 127.0.0.1:" + std::to_string(port));
       close(fd);
       return false;
     }
     raw.append(buffer, static_cast<size_t>(n));
   }
   close(fd);
+  if (seconds != nullptr) *seconds = std::chrono::duration<double>(Clock::now() - start).count();
   const size_t header_end = raw.find("\r\n\r\n");
   if (raw.compare(0, 5, "HTTP/") != 0 || header_end == std::string::npos) {
     *error = "malformed HTTP response: '" + raw.substr(0, 200) + "'";

@@ -146,6 +146,14 @@ struct HttpResponse {
 // A minimal HTTP/1.0 GET over a POSIX socket (the server closes the connection at the end).
 bool HttpGet(int port, const std::string& path, HttpResponse* response, std::string* error,
              std::chrono::duration<double> timeout = std::chrono::seconds(10));
+// Sends `parts` (raw bytes: a request, or pieces of one) to 127.0.0.1:port, `pause` apart,
+// stopping early if the server closes; then reads until the server closes the connection.
+// False (with *error) only when the connection fails or the answer is not HTTP; *seconds is the
+// whole exchange's time. For requests no client library would send (tests/reliability).
+bool HttpExchange(int port, const std::vector<std::string>& parts, std::chrono::milliseconds pause,
+                  HttpResponse* response, std::string* error,
+                  std::chrono::duration<double> timeout = std::chrono::seconds(60),
+                  double* seconds = nullptr);
 // Any HTTP/1.0 request: `method` `path` with `headers` ("Name: value" lines) and `body`
 // (Content-Length is added when the body is not empty or the method is POST).
 bool HttpRequest(int port, const std::string& method, const std::string& path,

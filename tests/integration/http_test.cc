@@ -101,16 +101,12 @@ class HttpTest : public ::testing::Test {
     return out;
   }
 
+  // The largest MaxAbsDiff over the inputs (infinite when the counts or sizes differ).
   static double MaxAbsDifference(const std::vector<std::vector<float>>& a,
                                  const std::vector<std::vector<float>>& b) {
-    EXPECT_EQ(a.size(), b.size());
+    if (a.size() != b.size()) return INFINITY;
     double worst = 0;
-    for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) {
-      EXPECT_EQ(a[i].size(), b[i].size()) << "input " << i;
-      for (size_t k = 0; k < std::min(a[i].size(), b[i].size()); ++k) {
-        worst = std::max(worst, std::abs(static_cast<double>(a[i][k]) - b[i][k]));
-      }
-    }
+    for (size_t i = 0; i < a.size(); ++i) worst = std::max(worst, MaxAbsDiff(a[i], b[i]));
     return worst;
   }
 

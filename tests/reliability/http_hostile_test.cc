@@ -10,16 +10,14 @@
 // so the gRPC health probes of the shared helpers work unchanged).
 //
 // Run one case: reliability_http_hostile_test --gtest_filter='*slow_loris*'
-#include <arpa/inet.h>
 #include <gtest/gtest.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cctype>
 #include <functional>
 #include <map>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -51,44 +49,20 @@ struct Answer {
   double seconds = 0;
 };
 
-// A raw exchange over a socket: sends `parts` one by one, `pause` apart, then reads the answer
-// until the server closes or `timeout` passes. What no well-behaved client library would send.
+// A raw exchange (integration::HttpExchange): what no well-behaved client library would send.
 Answer Raw(int port, const std::vector<std::string>& parts,
-           std::chrono::milliseconds pause = std::chrono::milliseconds(0),
-           std::chrono::seconds timeout = std::chrono::seconds(60)) {
+           std::chrono::milliseconds pause = std::chrono::milliseconds(0)) {
   Answer answer;
-  const auto start = std::chrono::steady_clock::now();
-  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  timeval tv{static_cast<time_t>(timeout.count()), 0};
-  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-    close(fd);
-    return answer;
+  HttpResponse response;
+  std::string error;
+  if (HttpExchange(port, parts, pause, &response, &error, std::chrono::seconds(60),
+                   &answer.seconds)) {
+    answer.status = response.status;
+    answer.headers = std::move(response.headers);
+    answer.body = std::move(response.body);
+  } else {
+    answer.body = error;  // shown by the failing expectation
   }
-  for (const std::string& part : parts) {
-    // The server may answer and close before everything is sent (a refused body): stop then.
-    if (send(fd, part.data(), part.size(), MSG_NOSIGNAL) < 0) break;
-    if (pause.count() > 0) std::this_thread::sleep_for(pause);
-  }
-  std::string raw;
-  char buffer[65536];
-  while (true) {
-    const ssize_t n = recv(fd, buffer, sizeof(buffer), 0);
-    if (n <= 0) break;
-    raw.append(buffer, static_cast<size_t>(n));
-  }
-  close(fd);
-  answer.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  const size_t header_end = raw.find("\r\n\r\n");
-  if (raw.compare(0, 5, "HTTP/") != 0 || header_end == std::string::npos) return answer;
-  answer.status = std::atoi(raw.c_str() + raw.find(' ') + 1);
-  answer.headers = raw.substr(0, header_end);
-  answer.body = raw.substr(header_end + 4);
   return answer;
 }
 
@@ -105,6 +79,20 @@ std::string Request(const std::string& method, const std::string& path, const st
 }
 
 struct HttpCase {
+  HttpCase(std::string name, std::string what, std::function<Answer(int port)> send, int status,
+           std::string type, std::vector<std::string> message_parts, std::string counted_as,
+           std::string code, bool keyed = false, std::string header_part = "")
+      : name(std::move(name)),
+        what(std::move(what)),
+        send(std::move(send)),
+        status(status),
+        type(std::move(type)),
+        message_parts(std::move(message_parts)),
+        counted_as(std::move(counted_as)),
+        code(std::move(code)),
+        keyed(keyed),
+        header_part(std::move(header_part)) {}
+
   std::string name;  // [A-Za-z0-9_], the gtest parameter name
   std::string what;  // one line: what is sent
   std::function<Answer(int port)> send;
@@ -113,7 +101,7 @@ struct HttpCase {
   std::vector<std::string> message_parts;  // words the message must contain
   std::string counted_as;                  // the method label; "unknown" for refused heads
   std::string code;                        // the canonical code counted
-  bool keyed = false;                      // sent to the server with --api-key-file
+  bool keyed;                              // sent to the server with --api-key-file
   std::string header_part;                 // a header the answer must carry ("" = none)
 };
 
@@ -657,6 +645,75 @@ INSTANTIATE_TEST_SUITE_P(Catalogue, HttpHostileTest, ::testing::ValuesIn(AllCase
                          [](const ::testing::TestParamInfo<HttpCase>& info) {
                            return info.param.name;
                          });
+
+// HTTP and gRPC at once: 16 clients of each for ATTN_SOAK_SECONDS (60 unless set), every call
+// answered OK with the right shape (issue 18's acceptance: zero errors).
+TEST(HttpAndGrpcLoad, SixteenPlusSixteenClientsWithZeroErrors) {
+  const char* env = std::getenv("ATTN_SOAK_SECONDS");
+  const double seconds = env != nullptr ? std::atof(env) : 60;
+  ServerProcess& server = SharedServer();
+  const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  std::atomic<int> http_ok{0}, grpc_ok{0}, errors{0};
+  std::mutex mutex;
+  std::string first_error;
+  auto fail = [&](const std::string& what) {
+    ++errors;
+    std::lock_guard<std::mutex> lock(mutex);
+    if (first_error.empty()) first_error = what;
+  };
+  std::vector<std::thread> clients;
+  for (int c = 0; c < 16; ++c) {
+    clients.emplace_back([&, c] {
+      for (int i = 0; std::chrono::steady_clock::now() < end; ++i) {
+        const int n = 1 + (c + i) % 8;
+        HttpResponse response;
+        std::string error;
+        if (!HttpRequest(
+                server.http_port(), "POST", "/v1/embeddings", {},
+                Texts(n, "http client " + std::to_string(c) + " call " + std::to_string(i)),
+                &response, &error)) {
+          fail("HTTP: " + error);
+          continue;
+        }
+        const json answer = json::parse(response.body, nullptr, false);
+        if (response.status != 200 || answer.is_discarded() ||
+            answer.value("data", json::array()).size() != static_cast<size_t>(n)) {
+          fail("HTTP " + std::to_string(response.status) + ": " + response.body.substr(0, 200));
+          continue;
+        }
+        ++http_ok;
+      }
+    });
+    clients.emplace_back([&, c] {
+      auto stub = pb::Encoder::NewStub(server.NewChannel());
+      for (int i = 0; std::chrono::steady_clock::now() < end; ++i) {
+        const int n = 1 + (c + i) % 8;
+        pb::EncodeRequest request;
+        for (int k = 0; k < n; ++k) {
+          request.add_inputs()->set_text("grpc client " + std::to_string(c) + " call " +
+                                         std::to_string(i));
+        }
+        pb::EncodeResponse response;
+        grpc::ClientContext context;
+        context.set_deadline(std::chrono::system_clock::now() + ScaledSeconds(60));
+        const grpc::Status status = stub->Encode(&context, request, &response);
+        if (!status.ok() || response.results_size() != n) {
+          fail("gRPC " + std::string(CodeName(status.error_code())) + ": " +
+               status.error_message());
+          continue;
+        }
+        ++grpc_ok;
+      }
+    });
+  }
+  for (std::thread& client : clients) client.join();
+  std::printf("[load] %.0f s: %d HTTP and %d gRPC calls OK, %d errors\n", seconds, http_ok.load(),
+              grpc_ok.load(), errors.load());
+  EXPECT_EQ(errors.load(), 0) << "first error: " << first_error;
+  EXPECT_GT(http_ok.load(), 16);
+  EXPECT_GT(grpc_ok.load(), 16);
+  reliability::ExpectHealthy(server, "the HTTP + gRPC load");
+}
 
 TEST(HttpHostileCatalogue, HasUniquelyNamedCases) {
   std::map<std::string, int> names;
