@@ -47,6 +47,9 @@ struct HttpServer::State {
   // The acceptor's handlers and Stop's close run on one strand (the I/O threads are two).
   tcp::acceptor acceptor{asio::make_strand(io)};
   asio::thread_pool workers;
+  // Keeps io.run() going while a call is with the workers and nothing waits on a socket (after
+  // the acceptor closes, that is every connection): the reply is posted back to io.
+  std::optional<asio::executor_work_guard<asio::io_context::executor_type>> work;
   std::vector<std::thread> io_threads;
   std::atomic<int> connections{0};
 
@@ -320,6 +323,7 @@ absl::StatusOr<int> HttpServer::Start() {
   }
   const int port = state_->acceptor.local_endpoint().port();
   Accept(state_);
+  state_->work.emplace(state_->io.get_executor());
   for (int i = 0; i < kIoThreads; ++i) {
     state_->io_threads.emplace_back([state = state_] { state->io.run(); });
   }
@@ -338,6 +342,7 @@ void HttpServer::Stop() {
     std::unique_lock<std::mutex> lock(state_->mutex);
     state_->idle.wait(lock, [this] { return state_->in_flight == 0; });
   }
+  state_->work.reset();
   state_->io.stop();
   for (std::thread& thread : state_->io_threads) thread.join();
   state_->io_threads.clear();

@@ -5,11 +5,13 @@
 // Python package (installed by scripts/setup.sh in the test venv) calling the server; HTTPS
 // from the same --tls-cert/--tls-key as gRPC; the protocol label of the request metrics.
 #include <gtest/gtest.h>
+#include <sys/wait.h>
 
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
 #include <iterator>
+#include <thread>
 
 #include "absl/strings/escaping.h"
 #include "nlohmann/json.hpp"
@@ -378,6 +380,49 @@ TEST_F(HttpTest, TlsAndApiKeyCoverHttpAndGrpc) {
   EXPECT_EQ(encode(""), grpc::StatusCode::UNAUTHENTICATED);
   EXPECT_EQ(encode("Bearer wrong"), grpc::StatusCode::PERMISSION_DENIED);
   server.process().Stop();
+}
+
+// SIGTERM with HTTP calls in flight: each is answered 200, the HTTP port stops accepting, and
+// the process exits 0 (the HTTP front end drains beside gRPC).
+TEST_F(HttpTest, SigtermDrainsHttpCallsInFlight) {
+  constexpr int kRequests = 8;
+  ServerProcess server({"--drain_timeout_s=" + std::to_string(ScaledSeconds(30).count())});
+  std::string error;
+  ASSERT_TRUE(server.StartAndWait(ScaledSeconds(90), &error)) << error;
+  std::vector<HttpResponse> responses(kRequests);
+  std::vector<std::string> errors(kRequests);
+  std::vector<std::thread> clients;
+  for (int i = 0; i < kRequests; ++i) {
+    clients.emplace_back([&, i] {
+      const json body = {{"input", {TextOfTokens(256, 2 * i), TextOfTokens(256, 2 * i + 1)}}};
+      HttpRequest(server.http_port(), "POST", "/v1/embeddings", {}, body.dump(), &responses[i],
+                  &errors[i], ScaledSeconds(120));
+    });
+  }
+  // Every call reached the server: admitted (queue depth) or answered.
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        return ScrapeSum(server, "attnserve_queue_depth") +
+                   ScrapeSum(server, "attnserve_requests_total",
+                             {{"protocol", "http"}, {"method", "Embeddings"}}) >=
+               kRequests;
+      },
+      ScaledSeconds(30)));
+  server.process().Signal(SIGTERM);
+  EXPECT_TRUE(WaitFor([&] { return !AcceptsConnections(server.http_port()); }, ScaledSeconds(10)))
+      << "the HTTP port still accepts connections after SIGTERM";
+  for (std::thread& client : clients) client.join();
+  for (int i = 0; i < kRequests; ++i) {
+    EXPECT_EQ(responses[i].status, 200)
+        << i << ": " << errors[i] << responses[i].body.substr(0, 200);
+    const json answer = json::parse(responses[i].body, nullptr, false);
+    EXPECT_TRUE(!answer.is_discarded() && answer.value("data", json::array()).size() == 2) << i;
+  }
+  int wait_status = 0;
+  ASSERT_TRUE(server.process().WaitExit(ScaledSeconds(40), &wait_status))
+      << "attnserve still running after SIGTERM";
+  EXPECT_TRUE(WIFEXITED(wait_status) && WEXITSTATUS(wait_status) == 0)
+      << server.process().ExitDescription();
 }
 
 }  // namespace
