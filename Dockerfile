@@ -27,7 +27,7 @@ RUN if [ -n "${EXTRA_CA_CERTS}" ]; then \
       mkdir -p /usr/local/share/ca-certificates \
       && printf '%s\n' "${EXTRA_CA_CERTS}" > /usr/local/share/ca-certificates/build-extra.crt; \
     fi \
- && ATTN_MODEL_DIR="${MODEL_DIR}" scripts/setup.sh --no-build \
+ && ATTN_MODEL_DIR="${MODEL_DIR}" scripts/setup.sh --no-build --no-test-venv \
  && rm -rf /var/lib/apt/lists/* /root/.cache
 COPY . .
 # Only the two shipped binaries; the tests need the real model at its checkout path and run on
@@ -60,6 +60,7 @@ RUN if ldd /usr/local/bin/attnserve /usr/local/bin/attnctl | grep 'not found'; t
 ENV ATTNSERVE_HOST=0.0.0.0 \
     ATTNSERVE_PORT=50051 \
     ATTNSERVE_METRICS_PORT=9464 \
+    ATTNSERVE_HTTP_PORT=8080 \
     ATTNSERVE_MODEL_DIR=${MODEL_DIR} \
     ATTNSERVE_THREADS=0 \
     ATTNSERVE_TOKEN_FILE= \
@@ -68,7 +69,7 @@ ENV ATTNSERVE_HOST=0.0.0.0 \
     ATTNSERVE_DRAIN_TIMEOUT_S=30
 USER 10001:10001
 WORKDIR /var/lib/attnserve
-EXPOSE 50051 9464
+EXPOSE 50051 9464 8080
 # attnctl exits 0 only for SERVING (NOT_SERVING while the model loads and while draining).
 HEALTHCHECK --interval=10s --timeout=5s --start-period=60s --retries=3 \
   CMD attnctl health --server "127.0.0.1:${ATTNSERVE_PORT}" --timeout-ms 3000 > /dev/null

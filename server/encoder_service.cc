@@ -5,6 +5,7 @@
 #include <optional>
 #include <type_traits>
 
+#include "server/auth.h"
 #include "server/proto_convert.h"
 #include "server/raw_method.h"
 
@@ -40,7 +41,7 @@ void EncoderService::ServeEngineCall(int index, const char* method,
   MarkMethodRawCallback(
       index,
       RawMethods::Unary<Request>(
-          method, metrics_, max_bytes, nullptr,
+          method, metrics_, max_bytes, authorize_,
           [core = core_, call, max_bytes](std::shared_ptr<UnaryCall> unary,
                                           grpc::CallbackServerContext* context, Request request) {
             const core::CallControl control = unary->Control();
@@ -52,8 +53,14 @@ void EncoderService::ServeEngineCall(int index, const char* method,
           /*answer_dropped=*/true));
 }
 
-EncoderService::EncoderService(core::ServingCore* core, int64_t max_message_bytes, Metrics* metrics)
+EncoderService::EncoderService(core::ServingCore* core, int64_t max_message_bytes, Metrics* metrics,
+                               std::optional<std::string> api_key)
     : core_(core), max_message_bytes_(max_message_bytes), metrics_(metrics) {
+  if (api_key.has_value()) {
+    authorize_ = [key = std::move(*api_key)](const grpc::CallbackServerContext& context) {
+      return BearerTokenStatus(context, key, "the Encoder service (--api-key-file)");
+    };
+  }
   const google::protobuf::FileDescriptor& file = *v1::EncodeRequest::descriptor()->file();
   auto index = [&file](const char* method) { return MethodIndex(file, "Encoder", method); };
   const int64_t max_bytes = max_message_bytes_;
@@ -67,7 +74,7 @@ EncoderService::EncoderService(core::ServingCore* core, int64_t max_message_byte
   MarkMethodRawCallback(
       index("Tokenize"),
       RawMethods::Unary<v1::TokenizeRequest>(
-          "Tokenize", metrics_, max_bytes, nullptr,
+          "Tokenize", metrics_, max_bytes, authorize_,
           [this, max_bytes](std::shared_ptr<UnaryCall> call, grpc::CallbackServerContext* context,
                             v1::TokenizeRequest request) {
             Reply<v1::TokenizeResponse>(*call, core_->Tokenize(ToCore(request), call->Control()),
@@ -77,7 +84,7 @@ EncoderService::EncoderService(core::ServingCore* core, int64_t max_message_byte
   MarkMethodRawCallback(
       index("GetModelInfo"),
       RawMethods::Unary<v1::GetModelInfoRequest>(
-          "GetModelInfo", metrics_, max_bytes, nullptr,
+          "GetModelInfo", metrics_, max_bytes, authorize_,
           [this, max_bytes](std::shared_ptr<UnaryCall> call, grpc::CallbackServerContext*,
                             v1::GetModelInfoRequest request) {
             Reply<v1::ModelInfo>(*call, core_->GetModelInfo(ToCore(request), call->Control()),

@@ -3,16 +3,22 @@
 // converts the response back. Methods are served from raw bytes (raw_method.h).
 #pragma once
 
+#include <optional>
+#include <string>
+
 #include "attnserve/v1/encoder.grpc.pb.h"
 #include "server/core/serving_core.h"
 #include "server/metrics.h"
+#include "server/raw_method.h"
 
 namespace attn::server {
 
 class EncoderService final : public attnserve::v1::Encoder::CallbackService {
  public:
-  // `max_message_bytes`: the largest request and response (--max-message-bytes).
-  EncoderService(core::ServingCore* core, int64_t max_message_bytes, Metrics* metrics);
+  // `max_message_bytes`: the largest request and response (--max-message-bytes). `api_key`: the
+  // bearer token every call needs (--api-key-file; nullopt = none).
+  EncoderService(core::ServingCore* core, int64_t max_message_bytes, Metrics* metrics,
+                 std::optional<std::string> api_key = std::nullopt);
 
  private:
   // Encode and AttentionMap: the core answers on the batcher thread.
@@ -25,6 +31,7 @@ class EncoderService final : public attnserve::v1::Encoder::CallbackService {
   core::ServingCore* const core_;
   const int64_t max_message_bytes_;
   Metrics* const metrics_;
+  RawMethods::Precheck authorize_;  // empty without an API key
 };
 
 }  // namespace attn::server

@@ -1,5 +1,6 @@
-// attnserve: serves a BERT-family encoder over gRPC (attnserve.v1.Encoder) and, when a token is
-// configured, fine-tunes it (attnserve.v1.Trainer), with the standard health service, server
+// attnserve: serves a BERT-family encoder over gRPC (attnserve.v1.Encoder) and HTTP/JSON (with
+// the OpenAI-compatible /v1/embeddings) and, when a token is configured, fine-tunes it
+// (attnserve.v1.Trainer), with the standard health service, server
 // reflection and Prometheus metrics. Run with --help for the flags (server/options.cc).
 #include <malloc.h>
 
@@ -23,10 +24,11 @@ int main(int argc, char** argv) {
   mallopt(M_MMAP_THRESHOLD, 1 << 20);
   attn::StartProgram(
       argc, argv, "attnserve",
-      "serves a BERT-family encoder over gRPC (attnserve.v1.Encoder: Encode, "
+      "serves a BERT-family encoder over gRPC and HTTP/JSON (attnserve.v1.Encoder: Encode, "
       "AttentionMap, Tokenize, GetModelInfo; attnserve.v1.Trainer: FineTune, ListVersions, "
       "Rollback, SetServingVersion, enabled by --trainer-token-file) with grpc.health.v1 "
-      "health checks, server reflection and Prometheus metrics.\n"
+      "health checks, server reflection and Prometheus metrics; over HTTP the same calls "
+      "as JSON and the OpenAI-compatible POST /v1/embeddings (--http-port).\n"
       "Flags take dashes or underscores (--model-dir or --model_dir).\n"
       "Example: attnserve --port 50051 --metrics-port 9464");
 
@@ -46,5 +48,11 @@ int main(int argc, char** argv) {
     if (!token.ok()) return usage_error(token.status());
     trainer_token = std::move(*token);
   }
-  return attn::server::RunServer(*options, std::move(trainer_token));
+  std::optional<std::string> api_key;
+  if (!options->api_key_file.empty()) {
+    absl::StatusOr<std::string> key = attn::server::ReadTokenFile(options->api_key_file, "API key");
+    if (!key.ok()) return usage_error(key.status());
+    api_key = std::move(*key);
+  }
+  return attn::server::RunServer(*options, std::move(trainer_token), std::move(api_key));
 }

@@ -23,11 +23,13 @@ Metrics::Metrics()
     : registry_(std::make_shared<prometheus::Registry>()),
       requests_(prometheus::BuildCounter()
                     .Name("attnserve_requests_total")
-                    .Help("Finished RPCs by method and gRPC status code.")
+                    .Help("Finished calls by protocol (grpc, http), method and status code "
+                          "(the gRPC code name; HTTP statuses map to it in server/status_map.cc).")
                     .Register(*registry_)),
       request_duration_(prometheus::BuildHistogram()
                             .Name("attnserve_request_duration_seconds")
-                            .Help("Server-side RPC latency, receipt to response, by method.")
+                            .Help("Server-side call latency, receipt to response, by protocol and "
+                                  "method.")
                             .Register(*registry_)),
       queue_duration_(prometheus::BuildHistogram()
                           .Name("attnserve_queue_duration_seconds")
@@ -128,10 +130,18 @@ Metrics::Metrics()
   }
 }
 
+void Metrics::RecordRequest(std::string_view protocol, std::string_view method,
+                            std::string_view code, double seconds) {
+  const std::string protocol_label(protocol), method_label(method);
+  requests_
+      .Add({{"protocol", protocol_label}, {"method", method_label}, {"code", std::string(code)}})
+      .Increment();
+  request_duration_.Add({{"protocol", protocol_label}, {"method", method_label}}, LatencyBuckets())
+      .Observe(seconds);
+}
+
 void Metrics::RecordRequest(std::string_view method, grpc::StatusCode code, double seconds) {
-  const std::string method_label(method);
-  requests_.Add({{"method", method_label}, {"code", std::string(GrpcCodeName(code))}}).Increment();
-  request_duration_.Add({{"method", method_label}}, LatencyBuckets()).Observe(seconds);
+  RecordRequest("grpc", method, GrpcCodeName(code), seconds);
 }
 
 void Metrics::RecordQueueTime(double seconds) { queue_duration_.Observe(seconds); }

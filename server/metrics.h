@@ -24,8 +24,12 @@ class Metrics final : public ServingMetrics, public TrainingMetrics {
 
   const std::shared_ptr<prometheus::Registry>& registry() const { return registry_; }
 
-  // One finished RPC: attnserve_requests_total{method,code} and
-  // attnserve_request_duration_seconds{method}.
+  // One finished call: attnserve_requests_total{protocol,method,code} and
+  // attnserve_request_duration_seconds{protocol,method}. `protocol` is "grpc" or "http"; `code`
+  // the canonical status name ("OK", "INVALID_ARGUMENT", ...) whatever the transport.
+  void RecordRequest(std::string_view protocol, std::string_view method, std::string_view code,
+                     double seconds);
+  // A gRPC call (protocol "grpc").
   void RecordRequest(std::string_view method, grpc::StatusCode code, double seconds);
   void RecordQueueTime(double seconds) override;
   void RecordTokenizationTime(double seconds) override;

@@ -18,9 +18,32 @@ ABSL_FLAG(std::string, host, kDefaults.host, "Address to listen on for gRPC.");
 ABSL_FLAG(int, port, kDefaults.port, "gRPC port; 0 picks a free port (see --ready-file).");
 ABSL_FLAG(int, metrics_port, kDefaults.metrics_port,
           "Prometheus /metrics port on the same host; 0 picks a free port, -1 disables.");
+ABSL_FLAG(int, http_port, kDefaults.http_port,
+          "HTTP/JSON port on the same host: the OpenAI-compatible POST /v1/embeddings, REST "
+          "routes of the Encoder calls (/v1/encode, /v1/attention, /v1/tokenize, /v1/models) "
+          "and GET /health; 0 picks a free port, -1 disables.");
+ABSL_FLAG(int, http_threads, kDefaults.http_threads,
+          "HTTP worker threads: requests served at once (each waits for its engine call).");
+ABSL_FLAG(int, http_max_connections, kDefaults.http_max_connections,
+          "Open HTTP connections at most (idle keep-alive ones included); beyond it a new "
+          "connection is closed at once.");
+ABSL_FLAG(double, http_header_timeout_s, kDefaults.http_header_timeout_s,
+          "Seconds a client has to send a whole HTTP request head, and to send the next one on a "
+          "kept-alive connection (slow-loris protection: a client trickling its headers gets "
+          "408 and the connection closes).");
+ABSL_FLAG(double, http_request_timeout_s, kDefaults.http_request_timeout_s,
+          "Deadline of one HTTP call, from receipt to answer (HTTP has no client deadline); "
+          "beyond it the call is dropped and answered 504.");
+ABSL_FLAG(std::string, model_name, "",
+          "The model's name in the OpenAI API (`model` in /v1/embeddings, /v1/models); a name "
+          "ending in /<model-name> is accepted too. Empty: the basename of --model-dir.");
+ABSL_FLAG(std::string, api_key_file, "",
+          "Requires 'authorization: Bearer <key>' on Encoder calls (gRPC) and every HTTP route "
+          "but /health: a file holding the key (surrounding whitespace ignored). Empty: open.");
 ABSL_FLAG(std::string, ready_file, "",
           "If set, once the model is loaded and health is SERVING, write "
-          "{\"grpc_port\":N,\"metrics_port\":M,\"pid\":P} here (atomically).");
+          "{\"grpc_port\":N,\"metrics_port\":M,\"http_port\":H,\"pid\":P} here "
+          "(atomically; -1 for an endpoint that is off).");
 ABSL_FLAG(int64_t, max_batch_tokens, kDefaults.max_batch_tokens,
           "Token budget of one packed engine batch; concurrent requests are merged up to it "
           "(at least 512).");
@@ -83,7 +106,8 @@ ABSL_FLAG(int, max_loaded_versions, kDefaults.max_loaded_versions,
           "version and the most recently used ones stay; others are unloaded and loaded again "
           "from the model store when a request pins them.");
 ABSL_FLAG(std::string, tls_cert, "",
-          "PEM certificate chain: serve every service over TLS (give --tls-key too).");
+          "PEM certificate chain: serve every service over TLS, the HTTP port included (give "
+          "--tls-key too).");
 ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls-cert.");
 
 namespace attn::server {
@@ -94,6 +118,19 @@ absl::StatusOr<ServerOptions> OptionsFromFlags() {
   options.host = absl::GetFlag(FLAGS_host);
   options.port = absl::GetFlag(FLAGS_port);
   options.metrics_port = absl::GetFlag(FLAGS_metrics_port);
+  options.http_port = absl::GetFlag(FLAGS_http_port);
+  options.http_threads = absl::GetFlag(FLAGS_http_threads);
+  options.http_max_connections = absl::GetFlag(FLAGS_http_max_connections);
+  options.http_header_timeout_s = absl::GetFlag(FLAGS_http_header_timeout_s);
+  options.http_request_timeout_s = absl::GetFlag(FLAGS_http_request_timeout_s);
+  options.model_name = absl::GetFlag(FLAGS_model_name);
+  options.api_key_file = absl::GetFlag(FLAGS_api_key_file);
+  if (options.model_name.empty()) {
+    std::string_view dir = options.model_dir;
+    while (dir.size() > 1 && dir.back() == '/') dir.remove_suffix(1);
+    const size_t slash = dir.rfind('/');
+    options.model_name = std::string(slash == std::string_view::npos ? dir : dir.substr(slash + 1));
+  }
   options.ready_file = absl::GetFlag(FLAGS_ready_file);
   options.max_batch_tokens = absl::GetFlag(FLAGS_max_batch_tokens);
   options.max_concurrent_requests = absl::GetFlag(FLAGS_max_concurrent_requests);
@@ -122,6 +159,15 @@ absl::StatusOr<ServerOptions> OptionsFromFlags() {
   if (options.port < 0 || options.port > 65535) return invalid("--port must be in [0, 65535]");
   if (options.metrics_port < -1 || options.metrics_port > 65535) {
     return invalid("--metrics-port must be -1 (off) or in [0, 65535]");
+  }
+  if (options.http_port < -1 || options.http_port > 65535) {
+    return invalid("--http-port must be -1 (off) or in [0, 65535]");
+  }
+  if (options.http_threads < 1) return invalid("--http-threads must be >= 1");
+  if (options.http_max_connections < 1) return invalid("--http-max-connections must be >= 1");
+  if (!(options.http_header_timeout_s > 0)) return invalid("--http-header-timeout-s must be > 0");
+  if (!(options.http_request_timeout_s > 0)) {
+    return invalid("--http-request-timeout-s must be > 0");
   }
   if (options.max_batch_tokens < 512) return invalid("--max-batch-tokens must be >= 512");
   if (options.max_concurrent_requests < 1) {

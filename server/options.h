@@ -15,6 +15,7 @@ struct ServerOptions {
   std::string host = "0.0.0.0";
   int port = 50051;                 // 0 = pick a free port
   int metrics_port = 9464;          // 0 = pick a free port, -1 = no metrics endpoint
+  int http_port = 8080;             // HTTP/JSON + OpenAI front end; 0 = pick, -1 = off
   std::string ready_file;           // written (JSON ports + pid) once SERVING
   int64_t max_batch_tokens = 8192;  // token budget of one packed engine batch
   int max_concurrent_requests =
@@ -45,7 +46,18 @@ struct ServerOptions {
   int max_loaded_versions =
       4;  // versions kept in memory (~175 MB each in fp32); others load on demand
 
-  // TLS for every service (both or neither; PEM files).
+  // HTTP front end (server/http/).
+  int http_threads = 16;               // worker threads: HTTP requests served at once
+  int http_max_connections = 1024;     // open HTTP connections; more are closed at once
+  double http_header_timeout_s = 10;   // a whole request head (line + headers) must arrive in it
+  double http_request_timeout_s = 60;  // deadline of one HTTP call (gRPC clients set their own)
+  std::string model_name;              // name clients give as `model`; "" = model_dir's basename
+
+  // Inference authentication: a bearer token for the Encoder service and every HTTP route but
+  // /health ("" = open).
+  std::string api_key_file;
+
+  // TLS for every service, HTTP included (both or neither; PEM files).
   std::string tls_cert;
   std::string tls_key;
 };

@@ -140,6 +140,7 @@ core::EncodeRequest ToCore(const v1::EncodeRequest& request) {
   out.static_embeddings = request.return_static_embeddings();
   out.output_dtype = static_cast<core::OutputDType>(request.output_dtype());
   out.sparse = request.sparse();
+  if (request.has_dimensions()) out.dimensions = request.dimensions();
   return out;
 }
 

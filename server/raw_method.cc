@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "engine/log.h"
+#include "server/core/cost_model.h"
 #include "server/core/serving_core.h"
 #include "server/request_parse.h"
 #include "server/status_map.h"
@@ -114,7 +115,7 @@ grpc::internal::MethodHandler* RawMethods::Bidi(
 
 absl::Status CheckRequestSize(int64_t bytes, int64_t limit) {
   if (bytes <= limit) return absl::OkStatus();
-  return absl::ResourceExhaustedError(
+  return TooLargeError(
       absl::StrCat("the request is ", bytes, " bytes, more than the ", limit,
                    "-byte limit (--max-message-bytes); split it into several calls or raise "
                    "--max-message-bytes on the server"));
@@ -123,7 +124,7 @@ absl::Status CheckRequestSize(int64_t bytes, int64_t limit) {
 absl::Status CheckResponseSize(const google::protobuf::Message& response, int64_t limit) {
   const size_t bytes = response.ByteSizeLong();
   if (static_cast<int64_t>(bytes) <= limit) return absl::OkStatus();
-  return absl::ResourceExhaustedError(
+  return TooLargeError(
       absl::StrCat("the response would be ", bytes, " bytes, more than the ", limit,
                    "-byte limit (--max-message-bytes); ask for fewer inputs, layers or heads, use "
                    "top_k or float16, or raise --max-message-bytes on the server and the "

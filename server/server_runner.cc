@@ -14,6 +14,7 @@
 #include <fstream>
 #include <memory>
 #include <sstream>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "engine/log.h"
@@ -24,6 +25,8 @@
 #include "server/core/serving_core.h"
 #include "server/core/store_versions.h"
 #include "server/encoder_service.h"
+#include "server/http/http_routes.h"
+#include "server/http/http_server.h"
 #include "server/metrics.h"
 #include "server/store_watcher.h"
 #include "server/trainer_service.h"
@@ -38,12 +41,13 @@ int Fail(const std::string& message) {
   return 1;
 }
 
-absl::Status WriteReadyFile(const std::string& path, int grpc_port, int metrics_port) {
+absl::Status WriteReadyFile(const std::string& path, int grpc_port, int metrics_port,
+                            int http_port) {
   const std::string temp = path + ".tmp";
   {
     std::ofstream out(temp, std::ios::trunc);
     out << "{\"grpc_port\": " << grpc_port << ", \"metrics_port\": " << metrics_port
-        << ", \"pid\": " << getpid() << "}\n";
+        << ", \"http_port\": " << http_port << ", \"pid\": " << getpid() << "}\n";
     if (!out.good()) return absl::InternalError(absl::StrCat("cannot write ", temp));
   }
   std::error_code error;
@@ -78,7 +82,8 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeCredentials(
 
 }  // namespace
 
-int RunServer(const ServerOptions& options, std::optional<std::string> trainer_token) {
+int RunServer(const ServerOptions& options, std::optional<std::string> trainer_token,
+              std::optional<std::string> api_key) {
   // Signals are taken by a dedicated thread with sigwait, so block them before any thread starts.
   sigset_t signals;
   sigemptyset(&signals);
@@ -130,7 +135,11 @@ int RunServer(const ServerOptions& options, std::optional<std::string> trainer_t
                                   options.max_message_bytes,
                                   options.max_request_memory_bytes},
                                  &registry, &batcher, &memory_budget, &metrics);
-  EncoderService encoder(&serving_core, options.max_message_bytes, &metrics);
+  EncoderService encoder(&serving_core, options.max_message_bytes, &metrics, api_key);
+  // The HTTP/JSON front end: the same core calls, its own worker pool (server/http/).
+  http::HttpRoutes http_routes(
+      {options.model_name, options.http_request_timeout_s, options.max_message_bytes},
+      &serving_core, api_key, &metrics);
   TrainerService trainer(options, std::move(trainer_token), &registry, &metrics);
 
   grpc::EnableDefaultHealthCheckService(true);
@@ -151,13 +160,33 @@ int RunServer(const ServerOptions& options, std::optional<std::string> trainer_t
     return Fail(absl::StrCat("cannot listen for gRPC on ", options.host, ":", options.port,
                              " (port in use or address not available)"));
   }
+  std::unique_ptr<http::HttpServer> http_server;
+  int http_port = -1;
+  if (options.http_port >= 0) {
+    http_server = std::make_unique<http::HttpServer>(
+        http::HttpServerOptions{options.host, options.http_port, options.http_threads,
+                                options.http_max_connections, options.http_header_timeout_s,
+                                options.http_request_timeout_s, options.max_message_bytes,
+                                options.tls_cert, options.tls_key},
+        [&http_routes](const http::HttpRequest& request) { return http_routes.Handle(request); },
+        [&http_routes](int64_t bytes) { return http_routes.TooLarge(bytes); },
+        [&http_routes](int status, const std::string& why) {
+          return http_routes.Refused(status, why);
+        });
+    absl::StatusOr<int> listening = http_server->Start();
+    if (!listening.ok()) {
+      server->Shutdown();
+      return Fail(std::string(listening.status().message()));
+    }
+    http_port = *listening;
+  }
   grpc::HealthCheckServiceInterface* health = server->GetHealthCheckService();
   // Register both names as NOT_SERVING now: a name set only later would answer NOT_FOUND while
   // the model loads.
   health->SetServingStatus(false);
   health->SetServingStatus(kEncoderServiceName, false);
-  Log(LogLevel::kInfo, "listening on %s:%d (gRPC), metrics on port %d; loading %s", options.host,
-      grpc_port, metrics_port, options.model_dir);
+  Log(LogLevel::kInfo, "listening on %s:%d (gRPC), %d (HTTP), metrics on port %d; loading %s",
+      options.host, grpc_port, http_port, metrics_port, options.model_dir);
 
   ModelOptions model_options;
   model_options.precision = options.precision;
@@ -197,13 +226,15 @@ int RunServer(const ServerOptions& options, std::optional<std::string> trainer_t
   absl::StatusOr<ModelVersion> served = registry.Get("");
   health->SetServingStatus(true);
   health->SetServingStatus(kEncoderServiceName, true);
+  http_routes.SetServing(true);
   Log(LogLevel::kInfo, "SERVING model version %s (%d layers, hidden %d, %d heads)%s%s",
       served.ok() ? served->version : "?", config.num_hidden_layers, config.hidden_size,
       config.num_attention_heads, options.tls_cert.empty() ? "" : " over TLS",
       options.trainer_token_file.empty() ? "; fine-tuning disabled (no --trainer-token-file)"
                                          : "; fine-tuning enabled");
   if (!options.ready_file.empty()) {
-    if (absl::Status written = WriteReadyFile(options.ready_file, grpc_port, metrics_port);
+    if (absl::Status written =
+            WriteReadyFile(options.ready_file, grpc_port, metrics_port, http_port);
         !written.ok()) {
       Log(LogLevel::kWarning, "%s", written.ToString());
     }
@@ -214,10 +245,17 @@ int RunServer(const ServerOptions& options, std::optional<std::string> trainer_t
   Log(LogLevel::kInfo, "received %s: draining in-flight requests (up to %.0f s)",
       signal_number == SIGTERM ? "SIGTERM" : "SIGINT", options.drain_timeout_s);
   health->SetServingStatus(false);
+  http_routes.SetServing(false);
+  // HTTP drains beside gRPC: its listener closes and each worker finishes the call it serves
+  // (bounded by --http-request-timeout-s, the calls' deadline).
+  std::thread http_drain([&http_server] {
+    if (http_server != nullptr) http_server->Stop();
+  });
   // Shutdown stops accepting calls and waits for the running ones (they finish through the
   // batcher, which keeps working) until the deadline, then cancels the rest.
   server->Shutdown(std::chrono::system_clock::now() +
                    std::chrono::milliseconds(static_cast<int64_t>(options.drain_timeout_s * 1e3)));
+  http_drain.join();
   batcher.Stop();
   if (watcher != nullptr) watcher->Stop();
   Log(LogLevel::kInfo, "drained; exiting");

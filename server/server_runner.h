@@ -1,5 +1,6 @@
 // Runs attnserve with validated options: metrics endpoint, model registry, batcher, serving core,
-// the gRPC services, health and reflection; waits for SIGTERM/SIGINT and drains.
+// the gRPC services, the HTTP front end, health and reflection; waits for SIGTERM/SIGINT and
+// drains.
 #pragma once
 
 #include <optional>
@@ -10,6 +11,8 @@
 namespace attn::server {
 
 // Returns the process exit code: 0 after a drain, 1 if the server could not start.
-int RunServer(const ServerOptions& options, std::optional<std::string> trainer_token);
+// `api_key`: the bearer token inference calls need (gRPC Encoder and HTTP), nullopt = none.
+int RunServer(const ServerOptions& options, std::optional<std::string> trainer_token,
+              std::optional<std::string> api_key = std::nullopt);
 
 }  // namespace attn::server

@@ -2,12 +2,50 @@
 
 #include <string>
 
+#include "server/core/cost_model.h"
+
 namespace attn::server {
 
 grpc::Status ToGrpcStatus(const absl::Status& status) {
   if (status.ok()) return grpc::Status::OK;
   // absl and gRPC share the canonical code numbering (google.rpc.Code).
   return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message()));
+}
+
+HttpStatus ToHttpStatus(const absl::Status& status) {
+  switch (status.code()) {
+    case absl::StatusCode::kOk:
+      return {200, ""};
+    case absl::StatusCode::kInvalidArgument:
+    case absl::StatusCode::kOutOfRange:
+    case absl::StatusCode::kFailedPrecondition:
+      return {400, "invalid_request_error"};
+    // RFC 6750 and OpenAI answer a missing and a wrong bearer token alike with 401; the only
+    // PERMISSION_DENIED this server gives is a wrong token.
+    case absl::StatusCode::kUnauthenticated:
+    case absl::StatusCode::kPermissionDenied:
+      return {401, "authentication_error"};
+    case absl::StatusCode::kNotFound:
+      return {404, "not_found_error"};
+    case absl::StatusCode::kAlreadyExists:
+    case absl::StatusCode::kAborted:
+      return {409, "conflict_error"};
+    // A call over a per-call limit (IsTooLarge) cannot succeed by retrying: 413. Overload
+    // (queue full, memory budget in use): retry later, 429.
+    case absl::StatusCode::kResourceExhausted:
+      if (IsTooLarge(status)) return {413, "invalid_request_error"};
+      return {429, "rate_limit_error"};
+    case absl::StatusCode::kCancelled:
+      return {499, "cancelled"};  // nginx's "client closed request": nobody reads it
+    case absl::StatusCode::kUnimplemented:
+      return {501, "not_implemented_error"};
+    case absl::StatusCode::kUnavailable:
+      return {503, "service_unavailable_error"};
+    case absl::StatusCode::kDeadlineExceeded:
+      return {504, "timeout_error"};
+    default:  // kInternal, kUnknown, kDataLoss
+      return {500, "server_error"};
+  }
 }
 
 std::string_view GrpcCodeName(grpc::StatusCode code) {

@@ -1,4 +1,5 @@
-// The one place where engine/internal statuses become gRPC statuses.
+// The one place where engine/internal statuses become transport statuses: gRPC codes, and HTTP
+// statuses with OpenAI's error type for the HTTP front end (server/http/).
 #pragma once
 
 #include <grpcpp/support/status.h>
@@ -12,5 +13,13 @@ namespace attn::server {
 grpc::Status ToGrpcStatus(const absl::Status& status);
 // "OK", "INVALID_ARGUMENT", ...: the label used in metrics.
 std::string_view GrpcCodeName(grpc::StatusCode code);
+
+// How a status travels over HTTP: the status code and the OpenAI error `type`
+// ({"error": {"message", "type", "param", "code"}}).
+struct HttpStatus {
+  int code = 200;
+  std::string_view type;  // "invalid_request_error", "authentication_error", ...
+};
+HttpStatus ToHttpStatus(const absl::Status& status);
 
 }  // namespace attn::server

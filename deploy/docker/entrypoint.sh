@@ -29,6 +29,7 @@ exec /usr/local/bin/attnserve \
   --host="${ATTNSERVE_HOST:-0.0.0.0}" \
   --port="${ATTNSERVE_PORT:-50051}" \
   --metrics-port="${ATTNSERVE_METRICS_PORT:-9464}" \
+  --http-port="${ATTNSERVE_HTTP_PORT:-8080}" \
   --model-dir="${ATTNSERVE_MODEL_DIR:?must name the model directory}" \
   --threads="${ATTNSERVE_THREADS:-0}" \
   --drain-timeout-s="${ATTNSERVE_DRAIN_TIMEOUT_S:-30}" \

@@ -106,6 +106,9 @@ struct EncodeRequest {
   bool static_embeddings = false;
   OutputDType output_dtype = OutputDType::kUnspecified;
   bool sparse = false;  // BM42 sparse vector per input (engine/explain/sparse_bm42.h)
+  // Matryoshka: the pooled embedding's first `dimensions` values, normalised again when
+  // `normalize` is on; 1 .. hidden size, unset = all.
+  std::optional<int32_t> dimensions;
 };
 
 struct EncodeResult {

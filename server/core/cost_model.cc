@@ -6,6 +6,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "absl/strings/cord.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -252,6 +253,21 @@ int64_t MemoryLimitBytes() {
 
 int64_t DefaultMemoryBudgetBytes() { return MemoryLimitBytes() / 2; }
 
+namespace {
+constexpr char kTooLargeUrl[] = "type.attnserve.dev/too-large";
+}  // namespace
+
+absl::Status TooLargeError(const std::string& message) {
+  absl::Status status = absl::ResourceExhaustedError(message);
+  status.SetPayload(kTooLargeUrl, absl::Cord("1"));
+  return status;
+}
+
+bool IsTooLarge(const absl::Status& status) {
+  return status.code() == absl::StatusCode::kResourceExhausted &&
+         status.GetPayload(kTooLargeUrl).has_value();
+}
+
 absl::Status CheckRequestCost(const RequestCost& cost, int64_t max_message_bytes,
                               int64_t max_request_memory_bytes, std::string* limit_name,
                               bool lower_bound) {
@@ -261,14 +277,14 @@ absl::Status CheckRequestCost(const RequestCost& cost, int64_t max_message_bytes
   const char* about = lower_bound ? "at least" : "about";
   if (cost.response_bytes > max_message_bytes) {
     *limit_name = "message";
-    return absl::ResourceExhaustedError(absl::StrCat(
+    return TooLargeError(absl::StrCat(
         "the response would be ", about, " ", cost.response_bytes, " bytes, more than the ",
         max_message_bytes, "-byte limit (--max-message-bytes); ", kWhatToChange,
         ", or raise --max-message-bytes on the server and the client's maximum receive size"));
   }
   if (cost.working_bytes > max_request_memory_bytes) {
     *limit_name = "request";
-    return absl::ResourceExhaustedError(
+    return TooLargeError(
         absl::StrCat("serving this request would take ", about, " ", cost.working_bytes,
                      " bytes of memory, more than the ", max_request_memory_bytes,
                      "-byte limit per request (--max-request-memory-bytes); ", kWhatToChange,
@@ -297,7 +313,7 @@ absl::Status MemoryBudget::Refusal(int64_t bytes, bool lower_bound) const {
   const int64_t available = light ? budget_ : budget_ - budget_ / 4;
   const char* about = lower_bound ? "at least" : "about";
   if (bytes > available) {
-    return absl::ResourceExhaustedError(absl::StrCat(
+    return TooLargeError(absl::StrCat(
         "serving this request would take ", about, " ", bytes, " bytes of memory, more than the ",
         available, " bytes one call may use of the server's ", budget_,
         "-byte budget (--memory-budget-bytes); ask for fewer inputs, layers or heads, use top_k "

@@ -80,6 +80,12 @@ int64_t DefaultMemoryBudgetBytes();
 // `cost` exceeds the response limit (--max-message-bytes) or the working-memory limit
 // (--max-request-memory-bytes). `limit_name` receives "message" or "request" on refusal.
 // `lower_bound`: `cost` is a lower bound (the message says "at least" rather than "about").
+// RESOURCE_EXHAUSTED for a call too large for this server whatever its load (over a per-call
+// limit), marked so that a front end can tell it from overload: retrying it cannot succeed
+// (HTTP answers it 413, overload 429; server/status_map.cc).
+absl::Status TooLargeError(const std::string& message);
+bool IsTooLarge(const absl::Status& status);
+
 absl::Status CheckRequestCost(const RequestCost& cost, int64_t max_message_bytes,
                               int64_t max_request_memory_bytes, std::string* limit_name,
                               bool lower_bound = false);

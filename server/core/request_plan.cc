@@ -307,6 +307,22 @@ absl::StatusOr<EncodePlan> PrepareEncode(const Model& model, const EncodeRequest
                        "POOLING_MAX, POOLING_NONE or POOLING_CLS_ATTENTION"));
   }
   plan.normalize = request.normalize.value_or(model.sentence_config().normalize);
+  if (request.dimensions.has_value()) {
+    const int hidden = model.config().hidden_size;
+    if (*request.dimensions < 1 || *request.dimensions > hidden) {
+      return absl::InvalidArgumentError(absl::StrCat("dimensions: ", *request.dimensions,
+                                                     " is out of range; this model's "
+                                                     "embeddings have ",
+                                                     hidden, " dimensions, so give 1 .. ", hidden,
+                                                     " (or leave it unset for all of them)"));
+    }
+    if (request.pooling == Pooling::kNone) {
+      return absl::InvalidArgumentError(
+          "dimensions truncates the pooled embedding, but pooling is POOLING_NONE; choose a "
+          "pooling or leave dimensions unset");
+    }
+    plan.dimensions = *request.dimensions;
+  }
   plan.token_embeddings = request.token_embeddings;
   plan.static_embeddings = request.static_embeddings;
   absl::StatusOr<WireDType> dtype = ResolveDType(request.output_dtype, "output_dtype");

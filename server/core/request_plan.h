@@ -65,6 +65,7 @@ struct EncodePlan {
   bool sparse = false;                      // BM42 sparse vectors
   std::shared_ptr<const Bm42Encoder> bm42;  // set when sparse
   bool normalize = false;
+  int dimensions = 0;  // pooled embedding truncated to this many values (Matryoshka); 0 = all
   bool token_embeddings = false;
   std::vector<int> hidden_layers;  // resolved (0..L), request order
   bool static_embeddings = false;

@@ -47,7 +47,12 @@ void BuildEncodeResults(const Model& model, EncodePlan& plan, const JobOutput& o
       } else {
         PoolForward(last_hidden, H, {0, T}, *plan.pooling, result.embedding.data());
       }
-      if (plan.normalize) L2NormalizeRows(result.embedding.data(), 1, H);
+      // Matryoshka: truncate first, then normalise what is kept (a unit vector's prefix is not
+      // unit length).
+      if (plan.dimensions > 0) result.embedding.resize(plan.dimensions);
+      if (plan.normalize) {
+        L2NormalizeRows(result.embedding.data(), 1, static_cast<int64_t>(result.embedding.size()));
+      }
     }
     if (plan.sparse) {
       absl::StatusOr<SparseVector> sparse = plan.bm42->Encode(result.encoding, cls_attention);

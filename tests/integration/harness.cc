@@ -203,6 +203,7 @@ bool ServerProcess::Start(std::string* error) {
                                    "--host=127.0.0.1",
                                    "--port=" + std::to_string(requested_port_),
                                    "--metrics_port=0",
+                                   "--http_port=0",
                                    "--ready_file=" + ready_file_};
   argv.insert(argv.end(), extra_flags_.begin(), extra_flags_.end());
   return process_->Start(argv, error);
@@ -233,6 +234,9 @@ bool ServerProcess::WaitReady(std::chrono::duration<double> timeout, std::string
       }
       grpc_port_ = ready["grpc_port"].get<int>();
       metrics_port_ = ready["metrics_port"].get<int>();
+      if (ready.contains("http_port") && ready["http_port"].is_number_integer()) {
+        http_port_ = ready["http_port"].get<int>();
+      }
       ready_pid_ = ready["pid"].get<int>();
       if (grpc_port_ <= 0 || (requested_port_ != 0 && grpc_port_ != requested_port_)) {
         *error = "ready file grpc_port " + std::to_string(grpc_port_) + " but requested port " +
@@ -342,6 +346,27 @@ bool FindOnPath(const std::string& name, std::string* path) {
 
 bool HttpGet(int port, const std::string& path, HttpResponse* response, std::string* error,
              std::chrono::duration<double> timeout) {
+  return HttpRequest(port, "GET", path, {}, "", response, error, timeout);
+}
+
+bool HttpRequest(int port, const std::string& method, const std::string& path,
+                 const std::vector<std::string>& headers, const std::string& body,
+                 HttpResponse* response, std::string* error,
+                 std::chrono::duration<double> timeout) {
+  std::string request =
+      method + " " + path + " HTTP/1.0\r\nHost: 127.0.0.1:" + std::to_string(port) + "\r\n";
+  for (const std::string& header : headers) request += header + "\r\n";
+  if (!body.empty() || method == "POST") {
+    request += "Content-Length: " + std::to_string(body.size()) + "\r\n";
+  }
+  request += "\r\n" + body;
+  return HttpExchange(port, {request}, std::chrono::milliseconds(0), response, error, timeout);
+}
+
+bool HttpExchange(int port, const std::vector<std::string>& parts, std::chrono::milliseconds pause,
+                  HttpResponse* response, std::string* error, std::chrono::duration<double> timeout,
+                  double* seconds) {
+  const auto start = Clock::now();
   const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) {
     *error = Errno("socket");
@@ -361,17 +386,17 @@ bool HttpGet(int port, const std::string& path, HttpResponse* response, std::str
     close(fd);
     return false;
   }
-  const std::string request =
-      "GET " + path + " HTTP/1.0\r\nHost: 127.0.0.1:" + std::to_string(port) + "\r\n\r\n";
-  size_t sent = 0;
-  while (sent < request.size()) {
-    const ssize_t n = send(fd, request.data() + sent, request.size() - sent, MSG_NOSIGNAL);
-    if (n <= 0) {
-      *error = Errno("send");
-      close(fd);
-      return false;
+  bool closed_early = false;
+  for (const std::string& part : parts) {
+    size_t sent = 0;
+    while (sent < part.size() && !closed_early) {
+      const ssize_t n = send(fd, part.data() + sent, part.size() - sent, MSG_NOSIGNAL);
+      // The server may answer and close before everything is sent (a refused body): read then.
+      if (n <= 0) closed_early = true;
+      if (n > 0) sent += static_cast<size_t>(n);
     }
-    sent += static_cast<size_t>(n);
+    if (closed_early) break;
+    if (pause.count() > 0) std::this_thread::sleep_for(pause);
   }
   std::string raw;
   char buffer[65536];
@@ -380,13 +405,15 @@ bool HttpGet(int port, const std::string& path, HttpResponse* response, std::str
     if (n == 0) break;
     if (n < 0) {
       if (errno == EINTR) continue;
-      *error = Errno("recv from 127.0.0.1:" + std::to_string(port) + path);
+      if (!raw.empty() || closed_early) break;  // a reset after the answer
+      *error = Errno("recv from 127.0.0.1:" + std::to_string(port));
       close(fd);
       return false;
     }
     raw.append(buffer, static_cast<size_t>(n));
   }
   close(fd);
+  if (seconds != nullptr) *seconds = std::chrono::duration<double>(Clock::now() - start).count();
   const size_t header_end = raw.find("\r\n\r\n");
   if (raw.compare(0, 5, "HTTP/") != 0 || header_end == std::string::npos) {
     *error = "malformed HTTP response: '" + raw.substr(0, 200) + "'";
@@ -394,6 +421,7 @@ bool HttpGet(int port, const std::string& path, HttpResponse* response, std::str
   }
   const size_t space = raw.find(' ');
   response->status = std::atoi(raw.c_str() + space + 1);
+  response->headers = raw.substr(0, header_end);
   response->body = raw.substr(header_end + 4);
   return true;
 }

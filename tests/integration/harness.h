@@ -95,6 +95,7 @@ class ServerProcess {
   const std::string& ready_file() const { return ready_file_; }
   int grpc_port() const { return grpc_port_; }
   int metrics_port() const { return metrics_port_; }
+  int http_port() const { return http_port_; }  // -1 when the server has no HTTP port
   pid_t ready_pid() const { return ready_pid_; }
   std::string address() const;
   // False when Start() failed before spawning (e.g. no attnserve binary): process() is invalid.
@@ -115,6 +116,7 @@ class ServerProcess {
   std::string ready_file_;
   int grpc_port_ = 0;
   int metrics_port_ = 0;
+  int http_port_ = -1;
   pid_t ready_pid_ = 0;
 };
 
@@ -138,11 +140,26 @@ bool FindOnPath(const std::string& name, std::string* path);
 
 struct HttpResponse {
   int status = 0;
+  std::string headers;  // the status line and header lines, as received
   std::string body;
 };
 // A minimal HTTP/1.0 GET over a POSIX socket (the server closes the connection at the end).
 bool HttpGet(int port, const std::string& path, HttpResponse* response, std::string* error,
              std::chrono::duration<double> timeout = std::chrono::seconds(10));
+// Sends `parts` (raw bytes: a request, or pieces of one) to 127.0.0.1:port, `pause` apart,
+// stopping early if the server closes; then reads until the server closes the connection.
+// False (with *error) only when the connection fails or the answer is not HTTP; *seconds is the
+// whole exchange's time. For requests no client library would send (tests/reliability).
+bool HttpExchange(int port, const std::vector<std::string>& parts, std::chrono::milliseconds pause,
+                  HttpResponse* response, std::string* error,
+                  std::chrono::duration<double> timeout = std::chrono::seconds(60),
+                  double* seconds = nullptr);
+// Any HTTP/1.0 request: `method` `path` with `headers` ("Name: value" lines) and `body`
+// (Content-Length is added when the body is not empty or the method is POST).
+bool HttpRequest(int port, const std::string& method, const std::string& path,
+                 const std::vector<std::string>& headers, const std::string& body,
+                 HttpResponse* response, std::string* error,
+                 std::chrono::duration<double> timeout = std::chrono::seconds(60));
 
 struct MetricSample {
   std::string name;

@@ -1,0 +1,309 @@
+#include "server/http/http_routes.h"
+
+#include <google/protobuf/util/json_util.h>
+
+#include <utility>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
+#include "attnserve/v1/encoder.pb.h"
+#include "nlohmann/json.hpp"
+#include "server/auth.h"
+#include "server/http/openai_embeddings.h"
+#include "server/proto_convert.h"
+#include "server/raw_method.h"
+#include "server/status_map.h"
+
+namespace attn::server::http {
+
+namespace v1 = attnserve::v1;
+using nlohmann::json;
+
+namespace {
+
+// At most `max` characters of `text` for an error message (what a client sent can be long).
+std::string Quote(std::string_view text, size_t max = 64) {
+  if (text.size() <= max) return std::string(text);
+  return std::string(text.substr(0, max)) + "...";
+}
+
+HttpReply JsonReply(std::string body) {
+  HttpReply reply;
+  reply.body = std::move(body);
+  return reply;
+}
+
+}  // namespace
+
+HttpReply ErrorReply(const absl::Status& status, std::string_view param, std::string_view code,
+                     int http_status) {
+  const HttpStatus mapped = ToHttpStatus(status);
+  // An overriding status (405, 413) is about the request's form: OpenAI calls that invalid.
+  json error = {{"message", std::string(status.message())},
+                {"type", http_status != 0 ? "invalid_request_error" : std::string(mapped.type)},
+                {"param", param.empty() ? json(nullptr) : json(std::string(param))},
+                {"code", code.empty() ? json(nullptr) : json(std::string(code))}};
+  HttpReply reply;
+  reply.status = http_status != 0 ? http_status : mapped.code;
+  reply.code_name = GrpcCodeName(static_cast<grpc::StatusCode>(status.code()));
+  // json's dump refuses invalid UTF-8 by throwing; `replace` keeps a message quoting bad input
+  // printable.
+  reply.body =
+      json{{"error", std::move(error)}}.dump(-1, ' ', false, json::error_handler_t::replace);
+  if (reply.status == 401) reply.headers.push_back({"WWW-Authenticate", "Bearer"});
+  return reply;
+}
+
+HttpRoutes::HttpRoutes(HttpRoutesOptions options, core::ServingCore* core,
+                       std::optional<std::string> api_key, Metrics* metrics)
+    : options_(std::move(options)), core_(core), api_key_(std::move(api_key)), metrics_(metrics) {}
+
+HttpReply HttpRoutes::TooLarge(int64_t bytes) {
+  HttpReply reply =
+      ErrorReply(CheckRequestSize(bytes, options_.max_message_bytes), "", "request_too_large", 413);
+  metrics_->RecordRequest("http", "unknown", "RESOURCE_EXHAUSTED", 0);
+  return reply;
+}
+
+HttpReply HttpRoutes::Refused(int http_status, const std::string& why) {
+  HttpReply reply =
+      ErrorReply(http_status == 408 ? absl::DeadlineExceededError(why)
+                                    : absl::InvalidArgumentError(absl::StrCat(
+                                          "the HTTP request was refused: ", Quote(why, 120))),
+                 "", http_status == 408 ? "request_timeout" : "bad_http_request", http_status);
+  metrics_->RecordRequest("http", "unknown", reply.code_name, 0);
+  return reply;
+}
+
+HttpReply HttpRoutes::Handle(const HttpRequest& request) {
+  const auto received = Clock::now();
+  const char* method_label = "unknown";
+  HttpReply reply = Dispatch(request, &method_label);
+  metrics_->RecordRequest("http", method_label, reply.code_name,
+                          std::chrono::duration<double>(Clock::now() - received).count());
+  return reply;
+}
+
+HttpReply HttpRoutes::Dispatch(const HttpRequest& request, const char** method_label) {
+  // The routes: path, HTTP method, metrics label.
+  struct RouteEntry {
+    const char* path;
+    const char* method;
+    const char* label;
+  };
+  static constexpr RouteEntry kRoutes[] = {
+      {"/v1/embeddings", "POST", "Embeddings"},
+      {"/v1/encode", "POST", "Encode"},
+      {"/v1/attention", "POST", "AttentionMap"},
+      {"/v1/tokenize", "POST", "Tokenize"},
+      {"/v1/explain", "POST", "Explain"},
+      {"/v1/models", "GET", "GetModelInfo"},
+      {"/health", "GET", "Health"},
+  };
+  const RouteEntry* route = nullptr;
+  for (const RouteEntry& entry : kRoutes) {
+    if (request.path == entry.path || (std::string_view(entry.path) == "/v1/models" &&
+                                       absl::StartsWith(request.path, "/v1/models/"))) {
+      route = &entry;
+      break;
+    }
+  }
+  if (route == nullptr) {
+    return ErrorReply(absl::NotFoundError(absl::StrCat(
+                          "no route ", Quote(request.path),
+                          "; this server answers POST /v1/embeddings, /v1/encode, /v1/attention, "
+                          "/v1/tokenize, /v1/explain, GET /v1/models and GET /health")),
+                      "", "unknown_route");
+  }
+  *method_label = route->label;
+  if (request.method != route->method) {
+    HttpReply reply =
+        ErrorReply(absl::UnimplementedError(absl::StrCat(route->path, " takes ", route->method,
+                                                         ", not ", Quote(request.method, 16))),
+                   "", "method_not_allowed", 405);
+    reply.headers.push_back({"Allow", route->method});
+    return reply;
+  }
+  const bool serving = serving_.load();
+  if (std::string_view(route->label) == "Health") {
+    if (serving) return JsonReply("{\"status\":\"SERVING\"}");
+    return ErrorReply(absl::UnavailableError("NOT_SERVING: the model is loading or the server is "
+                                             "shutting down"),
+                      "", "not_serving");
+  }
+  if (api_key_.has_value()) {
+    std::string_view header;
+    if (request.authorization.has_value()) header = *request.authorization;
+    absl::Status authorized =
+        AuthorizationHeaderStatus(request.authorization.has_value() ? &header : nullptr, *api_key_,
+                                  "this server (--api-key-file)");
+    if (!authorized.ok()) return ErrorReply(authorized, "", "invalid_api_key");
+  }
+  if (!serving) {
+    return ErrorReply(absl::UnavailableError("the server is not serving: the model is loading or "
+                                             "the server is shutting down; retry shortly"),
+                      "", "not_serving");
+  }
+  core::CallControl control;
+  control.deadline =
+      std::chrono::system_clock::now() +
+      std::chrono::milliseconds(static_cast<int64_t>(options_.request_timeout_s * 1e3));
+  const std::string_view label = route->label;
+  if (label == "Embeddings") return Embeddings(request, control);
+  if (label == "Encode") {
+    return EngineRoute<v1::EncodeRequest, v1::EncodeResponse>(request, control,
+                                                              &core::ServingCore::Encode);
+  }
+  if (label == "AttentionMap") {
+    return EngineRoute<v1::AttentionMapRequest, v1::AttentionMapResponse>(
+        request, control, &core::ServingCore::AttentionMap);
+  }
+  if (label == "Explain") {
+    return EngineRoute<v1::ExplainRequest, v1::ExplainResponse>(request, control,
+                                                                &core::ServingCore::Explain);
+  }
+  if (label == "Tokenize") {
+    return DirectRoute<v1::TokenizeRequest, v1::TokenizeResponse>(request, control,
+                                                                  &core::ServingCore::Tokenize);
+  }
+  return Models(request, control);
+}
+
+template <typename CoreRequest, typename CoreResponse>
+absl::StatusOr<CoreResponse> HttpRoutes::Wait(
+    void (core::ServingCore::*call)(const CoreRequest&, const core::CallControl&,
+                                    core::ServingCore::Done<CoreResponse>),
+    const CoreRequest& request, const core::CallControl& control) {
+  absl::Notification done;
+  absl::StatusOr<CoreResponse> result = absl::InternalError("no answer");
+  (core_->*call)(request, control, [&](absl::StatusOr<CoreResponse> answer) {
+    result = std::move(answer);
+    done.Notify();
+  });
+  done.WaitForNotification();
+  return result;
+}
+
+namespace {
+
+// Request JSON -> message by protobuf's JSON mapping (both the lowerCamelCase and the proto
+// field names are accepted; an unknown field is an error, so a typo does not pass silently).
+absl::Status ParseJsonMessage(const std::string& body, google::protobuf::Message* message) {
+  google::protobuf::util::JsonParseOptions options;
+  options.ignore_unknown_fields = false;
+  const auto status = google::protobuf::util::JsonStringToMessage(
+      body.empty() ? std::string("{}") : body, message, options);
+  if (status.ok()) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat("the request body is not a valid ", message->GetDescriptor()->full_name(),
+                   " in JSON: ", Quote(status.message().as_string(), 200)));
+}
+
+// A response message as JSON, after the same size check as gRPC's.
+HttpReply MessageReply(const google::protobuf::Message& message, int64_t max_message_bytes) {
+  if (absl::Status size = CheckResponseSize(message, max_message_bytes); !size.ok()) {
+    return ErrorReply(size, "", "response_too_large");
+  }
+  std::string body;
+  const auto status = google::protobuf::util::MessageToJsonString(message, &body);
+  if (!status.ok()) {
+    return ErrorReply(absl::InternalError(absl::StrCat("cannot write the response as JSON: ",
+                                                       Quote(status.message().as_string(), 200))));
+  }
+  return JsonReply(std::move(body));
+}
+
+}  // namespace
+
+template <typename Request, typename Response, typename CoreRequest, typename CoreResponse>
+HttpReply HttpRoutes::EngineRoute(
+    const HttpRequest& http_request, const core::CallControl& control,
+    void (core::ServingCore::*call)(const CoreRequest&, const core::CallControl&,
+                                    core::ServingCore::Done<CoreResponse>)) {
+  Request request;
+  if (absl::Status parsed = ParseJsonMessage(http_request.body, &request); !parsed.ok()) {
+    return ErrorReply(parsed);
+  }
+  const absl::StatusOr<CoreResponse> result = Wait(call, ToCore(request), control);
+  if (!result.ok()) return ErrorReply(result.status());
+  Response response;
+  ToProto(*result, &response);
+  return MessageReply(response, options_.max_message_bytes);
+}
+
+template <typename Request, typename Response, typename CoreRequest, typename CoreResponse>
+HttpReply HttpRoutes::DirectRoute(const HttpRequest& http_request, const core::CallControl& control,
+                                  absl::StatusOr<CoreResponse> (core::ServingCore::*call)(
+                                      const CoreRequest&, const core::CallControl&)) {
+  Request request;
+  if (absl::Status parsed = ParseJsonMessage(http_request.body, &request); !parsed.ok()) {
+    return ErrorReply(parsed);
+  }
+  const absl::StatusOr<CoreResponse> result = (core_->*call)(ToCore(request), control);
+  if (!result.ok()) return ErrorReply(result.status());
+  Response response;
+  ToProto(*result, &response);
+  return MessageReply(response, options_.max_message_bytes);
+}
+
+HttpReply HttpRoutes::Embeddings(const HttpRequest& http_request,
+                                 const core::CallControl& control) {
+  EmbeddingsRequest request;
+  std::string param;
+  if (absl::Status parsed = ParseEmbeddingsRequest(http_request.body, &request, &param);
+      !parsed.ok()) {
+    return ErrorReply(parsed, param);
+  }
+  // The model by its name ("all-MiniLM-L6-v2", or "sentence-transformers/all-MiniLM-L6-v2").
+  if (request.model.has_value() && *request.model != options_.model_name &&
+      !absl::EndsWith(*request.model, absl::StrCat("/", options_.model_name))) {
+    return ErrorReply(absl::NotFoundError(absl::StrCat("the model '", Quote(*request.model),
+                                                       "' does not exist here; this server "
+                                                       "serves '",
+                                                       options_.model_name, "'")),
+                      "model", "model_not_found");
+  }
+  const absl::StatusOr<core::EncodeResponse> result =
+      Wait(&core::ServingCore::Encode, request.encode, control);
+  if (!result.ok()) {
+    // The core names the field first ("dimensions: ...", "inputs[3] ...").
+    const bool bad_input = result.status().code() == absl::StatusCode::kInvalidArgument;
+    const char* field =
+        absl::StartsWith(result.status().message(), "dimensions") ? "dimensions" : "input";
+    return ErrorReply(result.status(), bad_input ? field : "");
+  }
+  return JsonReply(EmbeddingsResponseJson(*result, options_.model_name, request.base64));
+}
+
+HttpReply HttpRoutes::Models(const HttpRequest& request, const core::CallControl& control) {
+  const absl::StatusOr<core::ModelInfo> info = core_->GetModelInfo({}, control);
+  if (!info.ok()) return ErrorReply(info.status());
+  v1::ModelInfo proto;
+  ToProto(*info, &proto);
+  std::string info_json;
+  if (!google::protobuf::util::MessageToJsonString(proto, &info_json).ok()) {
+    return ErrorReply(absl::InternalError("cannot write the model info as JSON"));
+  }
+  // OpenAI's model object; "info" is GetModelInfo's answer in protobuf's JSON mapping.
+  const json model = {{"id", options_.model_name},
+                      {"object", "model"},
+                      {"created", 0},
+                      {"owned_by", "attnserve"},
+                      {"info", json::parse(info_json)}};
+  const std::string prefix = "/v1/models/";
+  if (absl::StartsWith(request.path, prefix)) {
+    const std::string name = request.path.substr(prefix.size());
+    if (name != options_.model_name && !absl::EndsWith(name, "/" + options_.model_name)) {
+      return ErrorReply(absl::NotFoundError(absl::StrCat("the model '", Quote(name),
+                                                         "' does not exist here; this server "
+                                                         "serves '",
+                                                         options_.model_name, "'")),
+                        "model", "model_not_found");
+    }
+    return JsonReply(model.dump());
+  }
+  return JsonReply(json{{"object", "list"}, {"data", json::array({model})}}.dump());
+}
+
+}  // namespace attn::server::http

@@ -1,0 +1,87 @@
+// The HTTP/JSON front end's routes: a second thin adapter over the serving core, beside the gRPC
+// services. Each route turns its JSON into the core's request struct (OpenAI's shape for
+// /v1/embeddings, protobuf's JSON mapping of attnserve.v1 messages for the others), calls the
+// same core call as gRPC and writes the answer back as JSON. Validation, batching, limits and
+// deadlines are the core's; statuses map to HTTP in server/status_map.cc; every error is
+// OpenAI-shaped: {"error": {"message", "type", "param", "code"}}.
+//
+//   POST /v1/embeddings   OpenAI-compatible embeddings (openai_embeddings.h)
+//   POST /v1/encode       EncodeRequest -> EncodeResponse
+//   POST /v1/attention    AttentionMapRequest -> AttentionMapResponse
+//   POST /v1/tokenize     TokenizeRequest -> TokenizeResponse
+//   POST /v1/explain      ExplainRequest -> ExplainResponse
+//   GET  /v1/models       OpenAI's model list; each entry carries GetModelInfo's ModelInfo
+//   GET  /v1/models/NAME  one entry of that list
+//   GET  /health          200 while SERVING, 503 otherwise (no authentication)
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <optional>
+#include <string>
+
+#include "absl/status/status.h"
+#include "server/core/serving_core.h"
+#include "server/http/http_server.h"
+#include "server/metrics.h"
+
+namespace attn::server::http {
+
+struct HttpRoutesOptions {
+  std::string model_name;         // the `model` clients name (--model-name)
+  double request_timeout_s = 60;  // deadline of each call (--http-request-timeout-s)
+  int64_t max_message_bytes = 0;  // request body and response limit (--max-message-bytes)
+};
+
+class HttpRoutes {
+ public:
+  // `api_key`: the bearer token every route but /health needs (nullopt = none).
+  HttpRoutes(HttpRoutesOptions options, core::ServingCore* core, std::optional<std::string> api_key,
+             Metrics* metrics);
+
+  // Health: false until the model is loaded and again once draining starts.
+  void SetServing(bool serving) { serving_.store(serving); }
+
+  HttpReply Handle(const HttpRequest& request);
+  // 413 for a body of `bytes` bytes over the limit (the listener refuses it unread).
+  HttpReply TooLarge(int64_t bytes);
+  // A request the listener refused itself (civetweb's status and reason).
+  HttpReply Refused(int http_status, const std::string& why);
+
+ private:
+  using Clock = std::chrono::steady_clock;
+
+  HttpReply Dispatch(const HttpRequest& request, const char** method_label);
+  HttpReply Embeddings(const HttpRequest& request, const core::CallControl& control);
+  HttpReply Models(const HttpRequest& request, const core::CallControl& control);
+  template <typename Request, typename Response, typename CoreRequest, typename CoreResponse>
+  HttpReply EngineRoute(const HttpRequest& request, const core::CallControl& control,
+                        void (core::ServingCore::*call)(const CoreRequest&,
+                                                        const core::CallControl&,
+                                                        core::ServingCore::Done<CoreResponse>));
+  template <typename Request, typename Response, typename CoreRequest, typename CoreResponse>
+  HttpReply DirectRoute(const HttpRequest& request, const core::CallControl& control,
+                        absl::StatusOr<CoreResponse> (core::ServingCore::*call)(
+                            const CoreRequest&, const core::CallControl&));
+  // Runs an engine call of the core and waits for its answer (the worker thread blocks; the
+  // core answers on the batcher thread).
+  template <typename CoreRequest, typename CoreResponse>
+  absl::StatusOr<CoreResponse> Wait(
+      void (core::ServingCore::*call)(const CoreRequest&, const core::CallControl&,
+                                      core::ServingCore::Done<CoreResponse>),
+      const CoreRequest& request, const core::CallControl& control);
+
+  const HttpRoutesOptions options_;
+  core::ServingCore* const core_;
+  const std::optional<std::string> api_key_;
+  Metrics* const metrics_;
+  std::atomic<bool> serving_{false};
+};
+
+// An OpenAI-shaped error reply for `status` (server/status_map.cc picks the HTTP status and the
+// type); `http_status` overrides the status (405, 413), `param` and `code` fill those fields
+// (empty = null).
+HttpReply ErrorReply(const absl::Status& status, std::string_view param = {},
+                     std::string_view code = {}, int http_status = 0);
+
+}  // namespace attn::server::http

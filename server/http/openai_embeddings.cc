@@ -1,0 +1,216 @@
+#include "server/http/openai_embeddings.h"
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "nlohmann/json.hpp"
+
+namespace attn::server::http {
+
+namespace {
+
+using nlohmann::json;
+
+constexpr const char* kInputShapes =
+    "a string, an array of strings, an array of token ids or an array of token-id arrays";
+
+// The JSON type's name for an error message (never the value: it may be large or secret).
+const char* TypeName(const json& value) {
+  switch (value.type()) {
+    case json::value_t::null:
+      return "null";
+    case json::value_t::boolean:
+      return "a boolean";
+    case json::value_t::string:
+      return "a string";
+    case json::value_t::array:
+      return "an array";
+    case json::value_t::object:
+      return "an object";
+    case json::value_t::number_float:
+      return "a fractional number";
+    default:
+      return "an integer";
+  }
+}
+
+absl::Status ParseTokenIds(const json& array, const std::string& where, std::vector<int32_t>* ids) {
+  ids->reserve(array.size());
+  for (size_t k = 0; k < array.size(); ++k) {
+    const json& id = array[k];
+    if (!id.is_number_integer()) {
+      return absl::InvalidArgumentError(absl::StrCat(where, "[", k, "] is ", TypeName(id),
+                                                     "; token ids are integers of the vocabulary"));
+    }
+    const bool too_large =
+        id.is_number_unsigned()
+            ? id.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int32_t>::max())
+            : id.get<int64_t>() < std::numeric_limits<int32_t>::min() ||
+                  id.get<int64_t>() > std::numeric_limits<int32_t>::max();
+    if (too_large) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, "[", k,
+                       "] is outside the 32-bit range; token ids are integers of the vocabulary"));
+    }
+    ids->push_back(static_cast<int32_t>(id.get<int64_t>()));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status ParseEmbeddingsRequest(std::string_view body, EmbeddingsRequest* request,
+                                    std::string* param) {
+  json root;
+  try {
+    root = json::parse(body.begin(), body.end());
+  } catch (const json::parse_error& e) {
+    // nlohmann's reason sits between " - " and "; last read:" (which would quote the input).
+    std::string_view reason = e.what();
+    const size_t begin = reason.find(" - ");
+    reason = begin == std::string_view::npos ? "" : reason.substr(begin + 3);
+    reason = reason.substr(0, std::min<size_t>(reason.find("; last read"), 120));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the request body is not valid JSON (at byte ", e.byte, ": ",
+        std::string(reason.empty() ? "syntax error" : reason),
+        "); send a JSON object such as {\"input\": \"some text\", \"model\": \"...\"}"));
+  }
+  if (!root.is_object()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the request body is ", TypeName(root), "; send a JSON object"));
+  }
+  auto field = [&root](const char* name) -> const json* {
+    auto it = root.find(name);
+    return it == root.end() || it->is_null() ? nullptr : &*it;
+  };
+
+  if (const json* model = field("model")) {
+    if (!model->is_string()) {
+      *param = "model";
+      return absl::InvalidArgumentError(
+          absl::StrCat("model is ", TypeName(*model), "; give the model's name as a string"));
+    }
+    request->model = model->get<std::string>();
+  }
+  if (const json* format = field("encoding_format")) {
+    const bool is_float = format->is_string() && format->get<std::string>() == "float";
+    request->base64 = format->is_string() && format->get<std::string>() == "base64";
+    if (!is_float && !request->base64) {
+      *param = "encoding_format";
+      return absl::InvalidArgumentError("encoding_format must be \"float\" or \"base64\"");
+    }
+  }
+  if (const json* dimensions = field("dimensions")) {
+    if (!dimensions->is_number_integer()) {
+      *param = "dimensions";
+      return absl::InvalidArgumentError(
+          absl::StrCat("dimensions is ", TypeName(*dimensions), "; give a positive integer"));
+    }
+    // Out-of-range values reach the core as a value it refuses, naming the model's size.
+    const int64_t value =
+        dimensions->is_number_unsigned()
+            ? static_cast<int64_t>(std::min<uint64_t>(dimensions->get<uint64_t>(), INT32_MAX))
+            : dimensions->get<int64_t>();
+    request->encode.dimensions = static_cast<int32_t>(
+        std::clamp<int64_t>(value, std::numeric_limits<int32_t>::min(), INT32_MAX));
+  }
+  // `user` (an end-user id for OpenAI's abuse monitoring) is accepted and ignored, like any
+  // field this server does not know.
+
+  const json* input = field("input");
+  *param = "input";
+  if (input == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat("input is required: ", kInputShapes));
+  }
+  // What each input is, in order: a text (index into texts) or token ids (into token_ids). The
+  // storage is filled first and viewed afterwards, so that no view sees a moved string.
+  std::vector<std::pair<bool, size_t>> order;
+  if (input->is_string()) {
+    request->texts.push_back(input->get<std::string>());
+    order.push_back({true, 0});
+  } else if (input->is_array() && !input->empty() && input->front().is_number()) {
+    // One input given as token ids.
+    request->token_ids.emplace_back();
+    if (absl::Status ids = ParseTokenIds(*input, "input", &request->token_ids.back()); !ids.ok()) {
+      return ids;
+    }
+    order.push_back({false, 0});
+  } else if (input->is_array()) {
+    for (size_t i = 0; i < input->size(); ++i) {
+      const json& item = (*input)[i];
+      if (item.is_string()) {
+        order.push_back({true, request->texts.size()});
+        request->texts.push_back(item.get<std::string>());
+      } else if (item.is_array()) {
+        order.push_back({false, request->token_ids.size()});
+        request->token_ids.emplace_back();
+        if (absl::Status ids =
+                ParseTokenIds(item, absl::StrCat("input[", i, "]"), &request->token_ids.back());
+            !ids.ok()) {
+          return ids;
+        }
+      } else {
+        return absl::InvalidArgumentError(
+            absl::StrCat("input[", i, "] is ", TypeName(item), "; input must be ", kInputShapes));
+      }
+    }
+  } else {
+    return absl::InvalidArgumentError(
+        absl::StrCat("input is ", TypeName(*input), "; it must be ", kInputShapes));
+  }
+  param->clear();
+  request->encode.inputs.reserve(order.size());
+  for (const auto& [is_text, index] : order) {
+    core::Input item;
+    if (is_text) {
+      item.kind = core::Input::Kind::kText;
+      item.text = request->texts[index];
+    } else {
+      item.kind = core::Input::Kind::kTokens;
+      item.ids = request->token_ids[index];
+    }
+    request->encode.inputs.push_back(item);
+  }
+  return absl::OkStatus();
+}
+
+std::string EmbeddingsResponseJson(const core::EncodeResponse& response, std::string_view model,
+                                   bool base64) {
+  static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
+                "base64 embeddings are little-endian float32: swap bytes on this host");
+  std::string out = "{\"object\":\"list\",\"data\":[";
+  for (size_t i = 0; i < response.results.size(); ++i) {
+    const std::vector<float>& embedding = response.results[i].embedding;
+    absl::StrAppend(&out, i == 0 ? "" : ",", "{\"object\":\"embedding\",\"index\":", i,
+                    ",\"embedding\":");
+    if (base64) {
+      absl::StrAppend(
+          &out, "\"",
+          absl::Base64Escape(absl::string_view(reinterpret_cast<const char*>(embedding.data()),
+                                               embedding.size() * sizeof(float))),
+          "\"}");
+      continue;
+    }
+    out += '[';
+    for (size_t k = 0; k < embedding.size(); ++k) {
+      if (k > 0) out += ',';
+      // 9 significant digits give back the same float32; JSON has no NaN or infinity.
+      if (std::isfinite(embedding[k])) {
+        absl::StrAppendFormat(&out, "%.9g", embedding[k]);
+      } else {
+        out += "null";
+      }
+    }
+    out += "]}";
+  }
+  const int64_t tokens = response.metadata.token_count;
+  absl::StrAppend(&out, "],\"model\":", json(std::string(model)).dump(),
+                  ",\"usage\":{\"prompt_tokens\":", tokens, ",\"total_tokens\":", tokens, "}}");
+  return out;
+}
+
+}  // namespace attn::server::http
