@@ -30,6 +30,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <memory>
 #include <random>
@@ -294,14 +295,19 @@ pb::FineTuneRequest Commit(const std::string& description) {
 }
 
 // Trains one step and commits; the committed version (empty on failure, with the status).
+// `before_commit` runs after the training step, before the commit is sent (a test fills the
+// disk there: the job's start checks that the store has room, so a disk that is full before the
+// job refuses it at its config instead).
 std::string TrainAndCommit(Server& server, int variant, const std::string& description,
-                           grpc::Status* status, double* commit_seconds = nullptr) {
+                           grpc::Status* status, double* commit_seconds = nullptr,
+                           const std::function<void()>& before_commit = nullptr) {
   std::string error;
   std::unique_ptr<Job> job = TrainOneStep(server, variant, &error);
   if (job == nullptr) {
     *status = grpc::Status(grpc::StatusCode::UNKNOWN, error);
     return "";
   }
+  if (before_commit) before_commit();
   const auto start = Clock::now();
   job->stream->Write(Commit(description));
   job->stream->WritesDone();
@@ -716,14 +722,29 @@ TEST(FaultsTest, DiskFullDuringCommitFailsCleanlyAndTheServerKeepsServing) {
   // 8 MiB, inside model.safetensors.
   std::vector<std::pair<std::string, int64_t>> fill_levels = {{"8 MiB free", kSmallLimit}};
   if (use_tmpfs) fill_levels.push_back({"weights + 64 KiB free", weights_bytes + (64 << 10)});
+  if (use_tmpfs) {
+    // Full before the job: refused at its config, before any training, saying why.
+    ASSERT_TRUE(FillUntilFree(filler, kSmallLimit, &error)) << error;
+    const std::string version = TrainAndCommit(*server, 1, "does not fit", &status);
+    EXPECT_EQ(version, "");
+    EXPECT_TRUE(Contains(status.error_message(), "FAILED_PRECONDITION")) << StatusString(status);
+    EXPECT_TRUE(Contains(status.error_message(), "MiB free; a checkpoint of this model needs"))
+        << StatusString(status);
+    std::printf("[faults] disk full before the job: %s\n", StatusString(status).c_str());
+    ExpectUnchanged(*server, store, before);
+    fs::remove(filler);
+  }
   for (const auto& [what, leave] : fill_levels) {
     SCOPED_TRACE(what);
-    if (use_tmpfs) {
-      ASSERT_TRUE(FillUntilFree(filler, leave, &error)) << error;
-    }
-    const int64_t free_before = FreeBytes(store);
+    int64_t free_before = 0;
     const auto start = Clock::now();
-    const std::string version = TrainAndCommit(*server, 1, "does not fit", &status);
+    // Full during the job, after its start was checked: the commit fails.
+    const std::string version = TrainAndCommit(*server, 1, "does not fit", &status, nullptr, [&] {
+      if (use_tmpfs) {
+        ASSERT_TRUE(FillUntilFree(filler, leave, &error)) << error;
+      }
+      free_before = FreeBytes(store);
+    });
     EXPECT_EQ(version, "");
     if (use_tmpfs) {
       EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << StatusString(status);
