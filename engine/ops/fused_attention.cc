@@ -46,6 +46,7 @@ void HeadPortable(const Geometry& g, const HeadTask& t, FloatBuffer* row_buffer)
       for (int64_t c = 0; c < d; ++c) dot += qi[c] * kj[c];
       s[j] = dot * g.scale;
     }
+    AddScoreBias(t, i, s);
     if (t.scores != nullptr) std::copy(s, s + T, t.scores + i * T);
     SoftmaxRowInPlace(s, T);
     if (t.probs != nullptr) std::copy(s, s + T, t.probs + i * T);
@@ -189,12 +190,25 @@ ATTN_AVX512 void RoundRowToBf16Avx512(float* row, int64_t T) {
   }
 }
 
+// row[0, T) += bias[0, T)
+ATTN_AVX512 void AddBiasRowAvx512(const float* bias, int64_t T, float* row) {
+  for (int64_t j = 0; j < T; j += 16) {
+    const __mmask16 k = avx512::TailMask(T - j);
+    _mm512_mask_storeu_ps(
+        row + j, k,
+        _mm512_add_ps(_mm512_maskz_loadu_ps(k, row + j), _mm512_maskz_loadu_ps(k, bias + j)));
+  }
+}
+
 template <int R>
 ATTN_AVX512 void BlockAvx512(const Geometry& g, const HeadTask& t, Scratch* scratch, int64_t tp,
                              int64_t dp, int64_t i0) {
   const int64_t T = t.tokens, d = g.head_dim;
   float* s = scratch->scores.data();
   ScoresRows<R>(t.q + i0 * g.ld_qkv, g.ld_qkv, scratch->kt.data(), tp, d, g.scale, s);
+  if (t.bias != nullptr) {
+    for (int r = 0; r < R; ++r) AddBiasRowAvx512(t.bias - (i0 + r), T, s + r * tp);
+  }
   if (t.scores != nullptr) {
     for (int r = 0; r < R; ++r) std::memcpy(t.scores + (i0 + r) * T, s + r * tp, sizeof(float) * T);
   }
@@ -326,6 +340,7 @@ void PackedAttentionForward(const PackedAttentionShape& shape, const float* qkv,
       HeadTask task{
           rows + h * d, rows + H + h * d, rows + 2 * H + h * d, T, context + begin * H + h * d,
           nullptr,      nullptr};
+      if (shape.relative_bias != nullptr) task.bias = shape.relative_bias->center(h);
       if (outputs != nullptr) {
         if (!outputs->probs.empty() && outputs->probs[b] != nullptr) {
           task.probs = outputs->probs[b] + h * T * T;

@@ -20,6 +20,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "engine/ops/relative_position_bias.h"
+
 namespace attn {
 
 struct PackedAttentionShape {
@@ -29,6 +31,9 @@ struct PackedAttentionShape {
   // caller rounds Q, K and V), so P V takes bfloat16 inputs with fp32 accumulation like the
   // linear layers. The returned probs/scores are the fp32 values before rounding.
   bool bf16_products = false;
+  // MPNet: added to the scaled scores before the softmax (every sequence of the batch must be
+  // at most relative_bias->max_tokens long); the returned scores include it. Null for BERT.
+  const RelativePositionBias* relative_bias = nullptr;
   int64_t hidden() const { return heads * head_dim; }
 };
 
@@ -36,7 +41,7 @@ struct PackedAttentionShape {
 // to a (heads, T, T) row-major buffer.
 struct PackedAttentionOutputs {
   std::vector<float*> probs;   // post-softmax weights
-  std::vector<float*> scores;  // pre-softmax scaled scores Q K^T / sqrt(d)
+  std::vector<float*> scores;  // pre-softmax scores Q K^T / sqrt(d) (+ relative position bias)
 };
 
 // qkv: (M, 3H) rows [Q | K | V]; seq_offsets: B+1 row offsets; context: (M, H) output.
@@ -57,7 +62,8 @@ struct PackedAttentionSaved {
   std::vector<uint8_t*> masks;
 };
 
-// Training forward over the packed batch:
+// Training forward over the packed batch (no relative position bias yet: the caller refuses
+// MPNet before getting here):
 //   probs_b         (heads, T, T) = softmax(Q_h · K_h^T / sqrt(d))
 //   probs_dropped_b (heads, T, T) = DropoutForward(probs_b, heads*T*T, p, seed, offset_b)
 //   context         (M, H)        : context_h rows of b = probs_dropped_b,h · V_h

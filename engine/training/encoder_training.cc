@@ -190,7 +190,7 @@ void RunTrainingForward(const BertConfig& config, const BertWeights& weights,
     } else {
       f.type_ids.insert(f.type_ids.end(), seq.type_ids.begin(), seq.type_ids.end());
     }
-    for (int32_t p = 0; p < length; ++p) f.positions.push_back(p);
+    AppendPositionIds(config, seq.token_ids, &f.positions);
   }
   const int64_t M = f.total_tokens();
   f.layers.resize(L);
@@ -230,10 +230,20 @@ absl::StatusOr<TrainingForward> EncoderForwardTraining(const BertConfig& config,
   return forward;
 }
 
+// The training forward and backward have no relative position bias yet: refuse MPNet rather
+// than train a different model.
+absl::Status CheckTrainable(const BertConfig& config) {
+  if (!config.spec().relative_attention_bias) return absl::OkStatus();
+  return absl::UnimplementedError(absl::StrCat(
+      "training a '", config.model_type,
+      "' model is not supported yet (no backward through its relative position bias)"));
+}
+
 absl::Status EncoderForwardTraining(const BertConfig& config, const BertWeights& weights,
                                     const std::vector<SequenceInput>& batch,
                                     const TrainingForwardOptions& options,
                                     TrainingForward* forward) {
+  if (absl::Status status = CheckTrainable(config); !status.ok()) return status;
   if (absl::Status status = ValidateEncoderInput(config, batch, ForwardOptions{}); !status.ok()) {
     return status;
   }
@@ -257,6 +267,7 @@ absl::Status EncoderForwardTrainingFromHidden(const BertConfig& config, const Be
                                               int first_layer, const float* hidden,
                                               const TrainingForwardOptions& options,
                                               TrainingForward* forward) {
+  if (absl::Status status = CheckTrainable(config); !status.ok()) return status;
   const int L = config.num_hidden_layers;
   if (first_layer < 0 || first_layer > L) {
     return absl::InvalidArgumentError(
