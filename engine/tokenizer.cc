@@ -653,7 +653,10 @@ absl::Status ApplyTokenizerJsonUnchecked(const Json& tj, const std::string& path
   const auto model = tj.find("model");
   if (model != tj.end() && !model->is_null()) {
     if (!model->is_object() || model->value("type", "WordPiece") != "WordPiece") {
-      return Invalid(path, "model type is not supported (only WordPiece)");
+      return Invalid(path, absl::StrFormat("field 'model.type' is %s, which is not supported "
+                                           "(only WordPiece)",
+                                           model->is_object() ? model->value("type", "")
+                                                              : std::string("not an object")));
     }
     TOK_RETURN_IF_ERROR(ReadTokenString(*model, "unk_token", path, &options->unk_token));
     TOK_RETURN_IF_ERROR(ReadTokenString(*model, "continuing_subword_prefix", path,
