@@ -259,5 +259,45 @@ TEST_F(MpnetParityTest, BatchedForwardMatchesHf) {
   }
 }
 
+// The reduced precisions on MPNet (the bias goes through the same attention kernels): pooled
+// cosine to Hugging Face's fp32 embeddings >= 0.999 (bf16) and >= 0.995 (int8), as for MiniLM.
+TEST_F(MpnetParityTest, ReducedPrecisionPooledStaysCloseToHf) {
+  std::vector<SequenceInput> batch;
+  std::vector<Tensor> expected;
+  for (const nlohmann::json& c : (*cases_)["cases"]) {
+    if (!c["forward"].get<bool>()) continue;
+    SequenceInput input;
+    input.token_ids = c["input_ids"].get<std::vector<int32_t>>();
+    batch.push_back(std::move(input));
+    expected.push_back(Golden(c["name"].get<std::string>() + ".pooled"));
+  }
+  const int64_t H = model().config().hidden_size;
+  for (const auto& [precision, bound] :
+       {std::pair{Precision::kBf16, 0.999}, std::pair{Precision::kInt8, 0.995}}) {
+    ModelOptions options;
+    options.precision = precision;
+    options.warm_up = false;
+    auto reduced = Model::Load(MpnetModelDir(), options);
+    ASSERT_TRUE(reduced.ok()) << reduced.status();
+    auto result = (*reduced)->Forward(batch, model().DefaultForwardOptions());
+    ASSERT_TRUE(result.ok()) << result.status();
+    double worst = 1;
+    for (size_t b = 0; b < batch.size(); ++b) {
+      double dot = 0, norm_a = 0, norm_b = 0;
+      for (int64_t j = 0; j < H; ++j) {
+        const double a = result->pooled.data()[b * H + j], g = expected[b].data()[j];
+        dot += a * g;
+        norm_a += a * a;
+        norm_b += g * g;
+      }
+      const double cosine = dot / std::sqrt(norm_a * norm_b);
+      EXPECT_GE(cosine, bound) << PrecisionName(precision) << " input " << b;
+      worst = std::min(worst, cosine);
+    }
+    std::printf("MPNet %s vs HF fp32 pooled cosine over %zu inputs: min %.6f\n",
+                PrecisionName(precision), batch.size(), worst);
+  }
+}
+
 }  // namespace
 }  // namespace attn
