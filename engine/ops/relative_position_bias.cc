@@ -39,4 +39,13 @@ RelativePositionBias RelativePositionBiasForward(const Tensor& table, int64_t ma
   return bias;
 }
 
+void RelativePositionBiasBackward(const float* d_bias, int64_t heads, int64_t max_tokens,
+                                  Tensor* d_table) {
+  const int64_t span = 2 * max_tokens - 1;
+  for (int64_t r = -(max_tokens - 1); r <= max_tokens - 1; ++r) {
+    float* row = d_table->data() + int64_t{RelativePositionBucket(r)} * heads;  // (heads)
+    for (int64_t h = 0; h < heads; ++h) row[h] += d_bias[h * span + r + max_tokens - 1];
+  }
+}
+
 }  // namespace attn

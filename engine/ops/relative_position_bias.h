@@ -36,4 +36,10 @@ struct RelativePositionBias {
 // table: (buckets, heads); max_tokens: L >= 1.
 RelativePositionBias RelativePositionBiasForward(const Tensor& table, int64_t max_tokens);
 
+// Backward of the forward's gather: d_table[bucket(r)][h] += d_bias[h][r + L-1] for every
+// relative position r (several r share a bucket beyond distance 8).
+// d_bias: (heads, 2L-1); d_table: (buckets, heads), accumulated into.
+void RelativePositionBiasBackward(const float* d_bias, int64_t heads, int64_t max_tokens,
+                                  Tensor* d_table);
+
 }  // namespace attn

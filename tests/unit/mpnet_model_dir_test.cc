@@ -2,7 +2,7 @@
 // HF's MPNet tensor names, an MPNet tokenizer), loaded, then broken in each way Model::Load
 // must refuse naming the file and the field: a missing or wrong-shaped relative_attention_bias,
 // a truncated model.safetensors, a tokenizer.json of another family, an unknown model_type.
-// Training on MPNet is refused too (no backward through the relative position bias yet).
+// Training: the backward through the relative position bias against finite differences.
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -204,17 +204,66 @@ TEST_F(MpnetModelDirTest, BucketCountOtherThan32IsRefused) {
   ExpectRefused({"config.json", "relative_attention_num_buckets"});
 }
 
-TEST_F(MpnetModelDirTest, TrainingIsRefusedNotWrong) {
+// Backward through the relative position bias: the table's gradient (and a layer's query
+// weights, upstream of the biased scores) against central finite differences of
+// loss = sum(output * R) in double, on two packed sequences of different lengths (18 tokens
+// reach distance 17: buckets shared by several relative positions).
+TEST_F(MpnetModelDirTest, RelativeBiasGradientMatchesFiniteDifferences) {
   absl::StatusOr<std::shared_ptr<const Model>> model = Load();
   ASSERT_TRUE(model.ok()) << model.status();
-  SequenceInput input;
-  input.token_ids = {0, 6, 7, 2};
-  absl::StatusOr<TrainingForward> forward =
-      EncoderForwardTraining((*model)->config(), (*model)->weights(), {input}, {});
-  ASSERT_FALSE(forward.ok());
-  EXPECT_EQ(forward.status().code(), absl::StatusCode::kUnimplemented);
-  EXPECT_TRUE(absl::StrContains(forward.status().message(), "relative position bias"))
-      << forward.status();
+  const BertConfig& config = (*model)->config();
+  BertWeights weights = (*model)->weights();
+  std::vector<SequenceInput> batch(2);
+  batch[0].token_ids = {0, 6, 7, 9, 10, 6, 8, 11, 2};
+  batch[1].token_ids = {0, 6, 7, 8, 9, 10, 11, 6, 7, 8, 9, 10, 11, 6, 7, 8, 11, 2};
+  const int64_t M = 27, H = config.hidden_size;
+  std::mt19937 rng(11);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> r(M * H);
+  for (float& v : r) v = normal(rng);
+  auto loss = [&](const BertWeights& w) {
+    absl::StatusOr<TrainingForward> f = EncoderForwardTraining(config, w, batch, {});
+    EXPECT_TRUE(f.ok()) << f.status();
+    double total = 0;
+    for (int64_t i = 0; i < M * H; ++i) total += double{f->output.data()[i]} * r[i];
+    return total;
+  };
+  absl::StatusOr<TrainingForward> forward = EncoderForwardTraining(config, weights, batch, {});
+  ASSERT_TRUE(forward.ok()) << forward.status();
+  BertWeights grads = ZerosLike(weights);
+  ASSERT_TRUE(EncoderBackward(config, weights, *forward, r.data(), &grads, true).ok());
+
+  const float step = 1e-2f;
+  auto check = [&](Tensor* param, const Tensor& grad, const std::vector<int64_t>& indices,
+                   const char* what) {
+    for (int64_t i : indices) {
+      const float saved = param->data()[i];
+      param->data()[i] = saved + step;
+      const double up = loss(weights);
+      param->data()[i] = saved - step;
+      const double down = loss(weights);
+      param->data()[i] = saved;
+      const double numeric = (up - down) / (2.0 * step);
+      EXPECT_NEAR(grad.data()[i], numeric, 2e-3 + 2e-2 * std::abs(numeric))
+          << what << " element " << i;
+    }
+  };
+  // Buckets 0..8 (keys before the query, exact and logarithmic) and 16..25 (after), both heads;
+  // buckets beyond distance 17 get no gradient.
+  std::vector<int64_t> bias_elements;
+  for (int bucket : {0, 1, 5, 8, 16, 17, 20, 24, 25, 15, 31}) {
+    for (int h = 0; h < 2; ++h) bias_elements.push_back(bucket * 2 + h);
+  }
+  check(&weights.relative_attention_bias, grads.relative_attention_bias, bias_elements,
+        "relative_attention_bias");
+  double used = 0;
+  for (float g : grads.relative_attention_bias.values()) used += std::abs(g);
+  EXPECT_GT(used, 1e-3) << "no gradient reached the bias table";
+  EXPECT_EQ(grads.relative_attention_bias.data()[31 * 2], 0.0f) << "bucket 31 is never used";
+  check(&weights.layers[0].qkv_weight, grads.layers[0].qkv_weight, {0, 9, 37, 64 + 5, 128 + 3},
+        "layers.0.qkv_weight");
+  check(&weights.position_embeddings, grads.position_embeddings, {2 * 8 + 1, 10 * 8 + 3, 19 * 8},
+        "position_embeddings");
 }
 
 }  // namespace
