@@ -307,7 +307,9 @@ absl::Status EncoderForwardTrainingFromHidden(const BertConfig& config, const Be
 
 BertWeights ZerosLike(const BertWeights& weights) {
   BertWeights zeros;
-  auto like = [](const Tensor& t) { return Tensor(t.shape()); };
+  // An absent tensor (MPNet's token types, BERT's relative bias) stays absent: Tensor({}) would
+  // be one element, and EngineTensors() would then pair gradients with the wrong parameters.
+  auto like = [](const Tensor& t) { return t.numel() == 0 ? Tensor() : Tensor(t.shape()); };
   zeros.word_embeddings = like(weights.word_embeddings);
   zeros.position_embeddings = like(weights.position_embeddings);
   zeros.token_type_embeddings = like(weights.token_type_embeddings);

@@ -48,7 +48,8 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
-from golden_common import library_versions, sha256_file, write_fixture  # noqa: E402
+from golden_common import (library_versions, pick_rows, sha256_file,  # noqa: E402
+                           write_fixture)
 from sentence_transformers import SentenceTransformer  # noqa: E402
 from transformers import AutoModel, AutoTokenizer  # noqa: E402
 
@@ -93,16 +94,6 @@ def build_cases():
           "left side, keeping the end.", max_length=12, truncation_side="left", forward=False),
         c("only_spaces", "     ", forward=False),
     ]
-
-
-def pick_rows(seq_len):
-    if seq_len <= ALL_ROWS_LIMIT:
-        return list(range(seq_len))
-    mid = seq_len // 2 - EDGE_ROWS // 2
-    rows = (list(range(EDGE_ROWS)) + list(range(mid, mid + EDGE_ROWS)) +
-            list(range(seq_len - EDGE_ROWS, seq_len)))
-    assert rows == sorted(set(rows)), rows
-    return rows
 
 
 def main():
@@ -175,7 +166,7 @@ def main():
             captured.clear()
             out = model(input_ids=input_ids, attention_mask=torch.ones_like(input_ids),
                         output_hidden_states=True, output_attentions=True, return_dict=True)
-            rows = pick_rows(seq_len)
+            rows = pick_rows(seq_len, ALL_ROWS_LIMIT, EDGE_ROWS)
             idx = torch.tensor(rows, dtype=torch.long)
             hs = torch.stack([out.hidden_states[i][0] for i in HIDDEN_LAYERS])
             at = torch.stack([out.attentions[i][0] for i in ATTENTION_LAYERS])

@@ -38,6 +38,18 @@ std::string MpnetModelDir() {
   return env != nullptr && *env != '\0' ? env : ATTN_TEST_MPNET_MODEL_DIR;
 }
 
+// Cosine of a pooled row (golden.numel() floats) to a golden embedding.
+double Cosine(const float* ours, const Tensor& golden) {
+  double dot = 0, norm_a = 0, norm_b = 0;
+  for (int64_t j = 0; j < golden.numel(); ++j) {
+    const double a = ours[j], g = golden.data()[j];
+    dot += a * g;
+    norm_a += a * a;
+    norm_b += g * g;
+  }
+  return dot / std::sqrt(norm_a * norm_b);
+}
+
 class MpnetParityTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() { setup_error_ = new std::string(Load()); }
@@ -88,6 +100,17 @@ class MpnetParityTest : public ::testing::Test {
     absl::StatusOr<Tensor> t = tensors_->ReadFloat32(name);
     EXPECT_TRUE(t.ok()) << t.status();
     return t.ok() ? *t : Tensor();
+  }
+
+  // The cases with a forward: their token ids, and HF's pooled embeddings.
+  static void ForwardCases(std::vector<SequenceInput>* batch, std::vector<Tensor>* pooled) {
+    for (const nlohmann::json& c : (*cases_)["cases"]) {
+      if (!c["forward"].get<bool>()) continue;
+      SequenceInput input;
+      input.token_ids = c["input_ids"].get<std::vector<int32_t>>();
+      batch->push_back(std::move(input));
+      pooled->push_back(Golden(c["name"].get<std::string>() + ".pooled"));
+    }
   }
 
   static std::shared_ptr<const Model>* model_;
@@ -210,15 +233,12 @@ TEST_F(MpnetParityTest, ForwardMatchesHf) {
 
     const Tensor pooled = Golden(name + ".pooled");
     ASSERT_EQ(pooled.numel(), H);
-    double dot = 0, norm_a = 0, norm_b = 0, case_pooled = 0;
+    double case_pooled = 0;
     for (int64_t j = 0; j < H; ++j) {
-      const double a = result->pooled.data()[j], g = pooled.data()[j];
-      dot += a * g;
-      norm_a += a * a;
-      norm_b += g * g;
-      case_pooled = std::max(case_pooled, std::abs(a - g));
+      case_pooled =
+          std::max<double>(case_pooled, std::abs(result->pooled.data()[j] - pooled.data()[j]));
     }
-    const double cosine = dot / std::sqrt(norm_a * norm_b);
+    const double cosine = Cosine(result->pooled.data(), pooled);
     EXPECT_LE(case_pooled, kPooledMaxAbs);
     EXPECT_GE(cosine, kPooledMinCosine);
     worst_pooled = std::max(worst_pooled, case_pooled);
@@ -239,13 +259,7 @@ TEST_F(MpnetParityTest, ForwardMatchesHf) {
 TEST_F(MpnetParityTest, BatchedForwardMatchesHf) {
   std::vector<SequenceInput> batch;
   std::vector<Tensor> expected;
-  for (const nlohmann::json& c : (*cases_)["cases"]) {
-    if (!c["forward"].get<bool>()) continue;
-    SequenceInput input;
-    input.token_ids = c["input_ids"].get<std::vector<int32_t>>();
-    batch.push_back(std::move(input));
-    expected.push_back(Golden(c["name"].get<std::string>() + ".pooled"));
-  }
+  ForwardCases(&batch, &expected);
   absl::StatusOr<ForwardResult> result = model().Forward(batch, model().DefaultForwardOptions());
   ASSERT_TRUE(result.ok()) << result.status();
   const int64_t H = model().config().hidden_size;
@@ -264,13 +278,7 @@ TEST_F(MpnetParityTest, BatchedForwardMatchesHf) {
 TEST_F(MpnetParityTest, ReducedPrecisionPooledStaysCloseToHf) {
   std::vector<SequenceInput> batch;
   std::vector<Tensor> expected;
-  for (const nlohmann::json& c : (*cases_)["cases"]) {
-    if (!c["forward"].get<bool>()) continue;
-    SequenceInput input;
-    input.token_ids = c["input_ids"].get<std::vector<int32_t>>();
-    batch.push_back(std::move(input));
-    expected.push_back(Golden(c["name"].get<std::string>() + ".pooled"));
-  }
+  ForwardCases(&batch, &expected);
   const int64_t H = model().config().hidden_size;
   for (const auto& [precision, bound] :
        {std::pair{Precision::kBf16, 0.999}, std::pair{Precision::kInt8, 0.995}}) {
@@ -283,14 +291,7 @@ TEST_F(MpnetParityTest, ReducedPrecisionPooledStaysCloseToHf) {
     ASSERT_TRUE(result.ok()) << result.status();
     double worst = 1;
     for (size_t b = 0; b < batch.size(); ++b) {
-      double dot = 0, norm_a = 0, norm_b = 0;
-      for (int64_t j = 0; j < H; ++j) {
-        const double a = result->pooled.data()[b * H + j], g = expected[b].data()[j];
-        dot += a * g;
-        norm_a += a * a;
-        norm_b += g * g;
-      }
-      const double cosine = dot / std::sqrt(norm_a * norm_b);
+      const double cosine = Cosine(result->pooled.data() + b * H, expected[b]);
       EXPECT_GE(cosine, bound) << PrecisionName(precision) << " input " << b;
       worst = std::min(worst, cosine);
     }

@@ -232,6 +232,14 @@ TEST_F(MpnetModelDirTest, RelativeBiasGradientMatchesFiniteDifferences) {
   ASSERT_TRUE(forward.ok()) << forward.status();
   BertWeights grads = ZerosLike(weights);
   ASSERT_TRUE(EncoderBackward(config, weights, *forward, r.data(), &grads, true).ok());
+  // Parameters and gradients pair up by position (no token-type table on either side).
+  const auto params = EngineTensors(&weights);
+  const auto grad_tensors = EngineTensors(&grads);
+  ASSERT_EQ(params.size(), grad_tensors.size());
+  for (size_t i = 0; i < params.size(); ++i) {
+    EXPECT_EQ(params[i].first, grad_tensors[i].first);
+    EXPECT_EQ(params[i].second->shape(), grad_tensors[i].second->shape()) << params[i].first;
+  }
 
   const float step = 1e-2f;
   auto check = [&](Tensor* param, const Tensor& grad, const std::vector<int64_t>& indices,
