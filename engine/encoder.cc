@@ -39,10 +39,10 @@ absl::Status ValidateEncoderInput(const BertConfig& config, const std::vector<Se
     if (length == 0) {
       return absl::InvalidArgumentError(absl::StrCat("input ", i, ": no tokens"));
     }
-    if (length > static_cast<size_t>(config.max_position_embeddings)) {
+    if (length > static_cast<size_t>(config.max_sequence_length())) {
       return absl::InvalidArgumentError(absl::StrCat("input ", i, ": ", length,
                                                      " tokens, more than the model's ",
-                                                     config.max_position_embeddings, " positions"));
+                                                     config.max_sequence_length(), " positions"));
     }
     if (!seq.type_ids.empty() && seq.type_ids.size() != length) {
       return absl::InvalidArgumentError(absl::StrCat("input ", i, ": ", seq.type_ids.size(),
@@ -212,7 +212,7 @@ absl::StatusOr<ForwardResult> RunForward(const BertConfig& config, const Inferen
     } else {
       type_ids.insert(type_ids.end(), seq.type_ids.begin(), seq.type_ids.end());
     }
-    for (int32_t p = 0; p < length; ++p) positions.push_back(p);
+    AppendPositionIds(config, seq.token_ids, &positions);
   }
 
   float* hidden = Grow(ws.hidden, Mp * H);              // (Mp, H) residual stream
@@ -237,7 +237,18 @@ absl::StatusOr<ForwardResult> RunForward(const BertConfig& config, const Inferen
   // Under bf16 the attention products take bfloat16 inputs too: Q, K, V are rounded here, the
   // probabilities inside the attention kernel.
   const bool bf16_attention = prepared.precision() == Precision::kBf16;
-  const PackedAttentionShape attention_shape{heads, d, bf16_attention};
+  PackedAttentionShape attention_shape{heads, d, bf16_attention};
+  // MPNet: the relative position bias, built once for the longest sequence and read by every
+  // layer and sequence.
+  std::optional<RelativePositionBias> relative_bias;
+  if (config.spec().relative_attention_bias) {
+    int64_t longest = 0;
+    for (int64_t b = 0; b < batch_size; ++b) {
+      longest = std::max(longest, result.seq_offsets[b + 1] - result.seq_offsets[b]);
+    }
+    relative_bias = RelativePositionBiasForward(weights.relative_attention_bias, longest);
+    attention_shape.relative_bias = &*relative_bias;
+  }
   for (int layer_index = 0; layer_index < config.num_hidden_layers; ++layer_index) {
     if (options.stop_requested && options.stop_requested()) {
       return absl::CancelledError(absl::StrCat("forward stopped before layer ", layer_index, " of ",
@@ -250,7 +261,7 @@ absl::StatusOr<ForwardResult> RunForward(const BertConfig& config, const Inferen
     layer.qkv.Apply(ctx, hidden, M, LinearOutput::Plain(), qkv);
     if (bf16_attention) RoundFloatsToBFloat16(qkv, M * 3 * H, qkv);
 
-    // context (M, H): per sequence and head, softmax(Q K^T / sqrt(d)) V
+    // context (M, H): per sequence and head, softmax(Q K^T / sqrt(d) (+ bias)) V
     const std::optional<PackedAttentionOutputs> maps =
         CollectAttention(config, options, layer_index, qkv, &result);
     PackedAttentionForward(attention_shape, qkv, result.seq_offsets, context,

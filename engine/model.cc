@@ -31,7 +31,8 @@ absl::StatusOr<std::shared_ptr<const Model>> Model::Load(const std::string& mode
   if (!sentence.ok()) return sentence.status();
   model->sentence_config_ = *sentence;
 
-  absl::StatusOr<WordPieceTokenizer> tokenizer = WordPieceTokenizer::FromModelDir(model_dir);
+  absl::StatusOr<WordPieceTokenizer> tokenizer =
+      WordPieceTokenizer::FromModelDir(model_dir, &model->config_.spec());
   if (!tokenizer.ok()) return tokenizer.status();
   if (tokenizer->vocab_size() > model->config_.vocab_size) {
     return absl::InvalidArgumentError(
@@ -48,10 +49,10 @@ absl::StatusOr<std::shared_ptr<const Model>> Model::Load(const std::string& mode
   model->weights_ = std::move(*weights);
   model->Prepare();
 
-  Log(LogLevel::kInfo, "loaded %s: %d layers, hidden %d, %d heads, %d parameters, %s", model_dir,
-      model->config_.num_hidden_layers, model->config_.hidden_size,
-      model->config_.num_attention_heads, model->weights_.ParameterCount(),
-      PrecisionName(model->options_.precision));
+  Log(LogLevel::kInfo, "loaded %s: %s, %d layers, hidden %d, %d heads, %d parameters, %s",
+      model_dir, model->config_.model_type, model->config_.num_hidden_layers,
+      model->config_.hidden_size, model->config_.num_attention_heads,
+      model->weights_.ParameterCount(), PrecisionName(model->options_.precision));
   return std::shared_ptr<const Model>(std::move(model));
 }
 
@@ -92,8 +93,8 @@ std::shared_ptr<const Model> Model::WithWeights(const Model& base, BertWeights w
 int Model::default_max_length() const {
   int length = sentence_config_.max_seq_length > 0 ? sentence_config_.max_seq_length
                                                    : tokenizer_->options().model_max_length;
-  if (length <= 0) length = config_.max_position_embeddings;
-  return std::min(length, config_.max_position_embeddings);
+  if (length <= 0) length = config_.max_sequence_length();
+  return std::min(length, config_.max_sequence_length());
 }
 
 ForwardOptions Model::DefaultForwardOptions() const {

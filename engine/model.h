@@ -61,8 +61,9 @@ class Model {
   // max_seq_length if the model has one (what it was trained with), else the tokenizer's
   // model_max_length; never above the position table.
   int default_max_length() const;
-  // The longest sequence the position table allows.
-  int max_positions() const { return config_.max_position_embeddings; }
+  // The longest sequence the position table allows (special tokens included; MPNet's positions
+  // start at pad_token_id + 1, so 512 of its 514).
+  int max_positions() const { return config_.max_sequence_length(); }
 
   // ForwardOptions with the model's default pooling and normalisation.
   ForwardOptions DefaultForwardOptions() const;

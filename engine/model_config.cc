@@ -99,6 +99,24 @@ absl::Status ReadBool(const Json& obj, const char* key, std::string_view source,
   return absl::OkStatus();
 }
 
+// The architecture table: one row per encoder family.
+constexpr ArchitectureSpec kArchitectures[] = {
+    {Architecture::kBert, "bert", "bert.", /*token_type_embeddings=*/true,
+     /*relative_attention_bias=*/false, /*positions_after_padding=*/false,
+     /*default_layer_norm_eps=*/1e-12f, "TemplateProcessing|BertProcessing",
+     /*pair_separators=*/1},
+    {Architecture::kMpnet, "mpnet", "mpnet.", /*token_type_embeddings=*/false,
+     /*relative_attention_bias=*/true, /*positions_after_padding=*/true,
+     /*default_layer_norm_eps=*/1e-5f, "RobertaProcessing", /*pair_separators=*/2},
+};
+
+std::string KnownModelTypes() {
+  std::vector<std::string> names;
+  for (const ArchitectureSpec& spec : kArchitectures)
+    names.push_back(absl::StrCat("'", spec.model_type, "'"));
+  return absl::StrJoin(names, ", ");
+}
+
 absl::StatusOr<BertConfig> ParseBertConfigFrom(std::string_view json_text,
                                                std::string_view source) {
   absl::StatusOr<Json> parsed = ParseJsonObject(json_text, source);
@@ -108,10 +126,17 @@ absl::StatusOr<BertConfig> ParseBertConfigFrom(std::string_view json_text,
 
   std::optional<std::string> model_type;
   CONFIG_RETURN_IF_ERROR(ReadString(json, "model_type", source, &model_type));
-  if (model_type.has_value() && *model_type != "bert") {
-    return Invalid(source,
-                   absl::StrFormat("model_type '%s' is not supported (only 'bert')", *model_type));
+  if (model_type.has_value()) {
+    const ArchitectureSpec* spec = FindArchitecture(*model_type);
+    if (spec == nullptr) {
+      return Invalid(source, absl::StrFormat("model_type '%s' is not supported (only %s)",
+                                             *model_type, KnownModelTypes()));
+    }
+    config.architecture = spec->architecture;
+    config.model_type = spec->model_type;
   }
+  const ArchitectureSpec& spec = config.spec();
+  config.layer_norm_eps = spec.default_layer_norm_eps;
   std::optional<std::string> position_type;
   CONFIG_RETURN_IF_ERROR(ReadString(json, "position_embedding_type", source, &position_type));
   if (position_type.has_value() && *position_type != "absolute") {
@@ -158,7 +183,22 @@ absl::StatusOr<BertConfig> ParseBertConfigFrom(std::string_view json_text,
       return Invalid(source, absl::StrFormat("field '%s' must be > 0, found %d", f.key, *f.out));
     }
   }
+  // No token-type table: the only type id is 0 (HF's MPNet ignores a type_vocab_size).
+  if (!spec.token_type_embeddings) config.type_vocab_size = 1;
   CONFIG_RETURN_IF_ERROR(ReadInt(json, "pad_token_id", false, source, &config.pad_token_id));
+  if (spec.relative_attention_bias) {
+    // HF's MPNet buckets with its default of 32 whatever the config says; a table of another
+    // size would be read out of range or partly.
+    config.relative_attention_num_buckets = kRelativeBuckets;
+    CONFIG_RETURN_IF_ERROR(ReadInt(json, "relative_attention_num_buckets", false, source,
+                                   &config.relative_attention_num_buckets));
+    if (config.relative_attention_num_buckets != kRelativeBuckets) {
+      return Invalid(source, absl::StrFormat("field 'relative_attention_num_buckets' must be %d "
+                                             "for model_type '%s', found %d",
+                                             kRelativeBuckets, spec.model_type,
+                                             config.relative_attention_num_buckets));
+    }
+  }
   CONFIG_RETURN_IF_ERROR(ReadFloat(json, "layer_norm_eps", source, &config.layer_norm_eps));
   CONFIG_RETURN_IF_ERROR(
       ReadFloat(json, "hidden_dropout_prob", source, &config.hidden_dropout_prob));
@@ -173,6 +213,12 @@ absl::StatusOr<BertConfig> ParseBertConfigFrom(std::string_view json_text,
   if (config.pad_token_id < 0 || config.pad_token_id >= config.vocab_size) {
     return Invalid(source, absl::StrFormat("pad_token_id %d is outside the vocabulary [0, %d)",
                                            config.pad_token_id, config.vocab_size));
+  }
+  if (config.max_sequence_length() < 2) {
+    return Invalid(source,
+                   absl::StrFormat("max_position_embeddings %d leaves no room for a "
+                                   "sequence (positions start at %d)",
+                                   config.max_position_embeddings, config.position_offset()));
   }
   if (!(config.layer_norm_eps > 0.0f) || !std::isfinite(config.layer_norm_eps)) {
     return Invalid(source, absl::StrFormat("layer_norm_eps must be a positive finite number, "
@@ -248,6 +294,20 @@ bool IsSafeRelativePath(std::string_view path) {
 }
 
 }  // namespace
+
+const ArchitectureSpec& SpecOf(Architecture architecture) {
+  for (const ArchitectureSpec& spec : kArchitectures) {
+    if (spec.architecture == architecture) return spec;
+  }
+  return kArchitectures[0];  // unreachable: every enumerator has a row
+}
+
+const ArchitectureSpec* FindArchitecture(std::string_view model_type) {
+  for (const ArchitectureSpec& spec : kArchitectures) {
+    if (model_type == spec.model_type) return &spec;
+  }
+  return nullptr;
+}
 
 absl::StatusOr<BertConfig> ParseBertConfig(std::string_view json_text) {
   return ParseBertConfigFrom(json_text, "config.json");

@@ -605,9 +605,16 @@ std::string_view StripLineBreak(std::string_view s) {
 
 // Settings from tokenizer.json: the normalizer, the WordPiece model's options, and the added
 // tokens; anything this tokenizer cannot run is an error naming it.
-absl::Status ApplyTokenizerJsonUnchecked(
-    const Json& tj, const std::string& path, TokenizerOptions* options,
-    std::optional<bool>* strip_accents, std::vector<std::pair<std::string, int32_t>>* extra_added) {
+struct AddedToken {
+  std::string content;
+  int32_t id;
+  bool normalized;  // matched in the normalized text
+};
+
+absl::Status ApplyTokenizerJsonUnchecked(const Json& tj, const std::string& path,
+                                         TokenizerOptions* options,
+                                         std::optional<bool>* strip_accents,
+                                         std::vector<AddedToken>* extra_added) {
   const auto normalizer = tj.find("normalizer");
   if (normalizer != tj.end() && !normalizer->is_null()) {
     const std::string type = normalizer->value("type", "");
@@ -635,16 +642,21 @@ absl::Status ApplyTokenizerJsonUnchecked(
   const auto post = tj.find("post_processor");
   if (post != tj.end() && !post->is_null()) {
     const std::string type = post->value("type", "");
-    if (type != "TemplateProcessing" && type != "BertProcessing") {
+    if (type != "TemplateProcessing" && type != "BertProcessing" && type != "RobertaProcessing") {
       return Invalid(path, absl::StrFormat("post_processor type '%s' is not supported "
-                                           "(only TemplateProcessing/BertProcessing)",
+                                           "(only TemplateProcessing/BertProcessing/"
+                                           "RobertaProcessing)",
                                            type));
     }
+    options->post_processor = type;
   }
   const auto model = tj.find("model");
   if (model != tj.end() && !model->is_null()) {
     if (!model->is_object() || model->value("type", "WordPiece") != "WordPiece") {
-      return Invalid(path, "model type is not supported (only WordPiece)");
+      return Invalid(path, absl::StrFormat("field 'model.type' is %s, which is not supported "
+                                           "(only WordPiece)",
+                                           model->is_object() ? model->value("type", "")
+                                                              : std::string("not an object")));
     }
     TOK_RETURN_IF_ERROR(ReadTokenString(*model, "unk_token", path, &options->unk_token));
     TOK_RETURN_IF_ERROR(ReadTokenString(*model, "continuing_subword_prefix", path,
@@ -661,16 +673,15 @@ absl::Status ApplyTokenizerJsonUnchecked(
         return Invalid(path, "added_tokens entries need a string 'content' and an 'id'");
       }
       const std::string content = t["content"].get<std::string>();
-      // Only verbatim matching on the raw text is implemented; the other modes change what
-      // matches and would silently tokenize differently.
-      for (const char* flag : {"normalized", "lstrip", "rstrip", "single_word"}) {
-        if (t.value(flag, false)) {
-          return Invalid(path, absl::StrFormat("added token '%s' sets %s=true, which is "
-                                               "not supported",
-                                               content, flag));
-        }
+      // single_word changes what matches and would silently tokenize differently. lstrip /
+      // rstrip make the token swallow the whitespace beside it, which BertPreTokenizer drops
+      // anyway (and the offsets exclude it: MPNet's "<mask>", tests/golden/mpnet_cases.json).
+      if (t.value("single_word", false)) {
+        return Invalid(path, absl::StrFormat("added token '%s' sets single_word=true, which is "
+                                             "not supported",
+                                             content));
       }
-      extra_added->emplace_back(content, t["id"].get<int32_t>());
+      extra_added->push_back({content, t["id"].get<int32_t>(), t.value("normalized", false)});
     }
   }
   return absl::OkStatus();
@@ -678,7 +689,7 @@ absl::Status ApplyTokenizerJsonUnchecked(
 
 absl::Status ApplyTokenizerJson(const Json& tj, const std::string& path, TokenizerOptions* options,
                                 std::optional<bool>* strip_accents,
-                                std::vector<std::pair<std::string, int32_t>>* extra_added) {
+                                std::vector<AddedToken>* extra_added) {
   // nlohmann throws on a field of an unexpected type (e.g. a string where an object belongs).
   try {
     return ApplyTokenizerJsonUnchecked(tj, path, options, strip_accents, extra_added);
@@ -748,7 +759,8 @@ absl::StatusOr<WordPieceTokenizer> WordPieceTokenizer::FromVocab(std::vector<std
   return tok;
 }
 
-absl::StatusOr<WordPieceTokenizer> WordPieceTokenizer::FromModelDir(const std::string& model_dir) {
+absl::StatusOr<WordPieceTokenizer> WordPieceTokenizer::FromModelDir(
+    const std::string& model_dir, const ArchitectureSpec* family) {
   struct stat st;
   if (::stat(model_dir.c_str(), &st) != 0) {
     return absl::NotFoundError(absl::StrFormat("tokenizer: model directory '%s' does not exist: %s",
@@ -763,7 +775,7 @@ absl::StatusOr<WordPieceTokenizer> WordPieceTokenizer::FromModelDir(const std::s
   std::optional<bool> strip_accents;  // nullopt: follow lowercase
   std::vector<std::string> vocab;
   // tokenizer.json's added tokens, checked against the vocab once it is known.
-  std::vector<std::pair<std::string, int32_t>> extra_added;
+  std::vector<AddedToken> extra_added;
 
   // tokenizer.json first: its normalizer and model settings are the base that
   // tokenizer_config.json overrides (transformers passes the latter as constructor arguments,
@@ -778,6 +790,22 @@ absl::StatusOr<WordPieceTokenizer> WordPieceTokenizer::FromModelDir(const std::s
     tokenizer_json = std::move(*parsed);
     TOK_RETURN_IF_ERROR(
         ApplyTokenizerJson(*tokenizer_json, json_path, &options, &strip_accents, &extra_added));
+  }
+  if (family != nullptr) {
+    const std::string allowed = std::string("|") + family->tokenizer_post_processors + "|";
+    if (!options.post_processor.empty() &&
+        allowed.find("|" + options.post_processor + "|") == std::string::npos) {
+      return Invalid(json_path,
+                     absl::StrFormat("field 'post_processor.type' is '%s', a tokenizer of another "
+                                     "model family; model_type '%s' needs %s",
+                                     options.post_processor, family->model_type,
+                                     family->tokenizer_post_processors));
+    }
+    options.pair_separators = family->pair_separators;
+    options.second_type_id = family->token_type_embeddings ? 1 : 0;
+  } else if (options.post_processor == "RobertaProcessing") {
+    options.pair_separators = 2;
+    options.second_type_id = 0;
   }
 
   const std::string config_path = JoinPath(model_dir, "tokenizer_config.json");
@@ -846,7 +874,9 @@ absl::StatusOr<WordPieceTokenizer> WordPieceTokenizer::FromModelDir(const std::s
 
   absl::StatusOr<WordPieceTokenizer> tok = FromVocab(std::move(vocab), std::move(options));
   if (!tok.ok()) return Invalid(vocab_source, std::string(tok.status().message()));
-  for (const auto& [content, id] : extra_added) {
+  for (const AddedToken& added : extra_added) {
+    const std::string& content = added.content;
+    const int32_t id = added.id;
     if (id < 0 || id >= tok->vocab_size() || tok->vocab_[id] != content) {
       return Invalid(json_path,
                      absl::StrFormat("added token '%s' has id %d, which is not that token in the "
@@ -858,8 +888,23 @@ absl::StatusOr<WordPieceTokenizer> WordPieceTokenizer::FromModelDir(const std::s
     const std::string& wanted = content;
     const bool known = std::any_of(tok->added_tokens_.begin(), tok->added_tokens_.end(),
                                    [&](const auto& t) { return t.first == wanted; });
-    if (!known && !content.empty()) tok->added_tokens_.emplace_back(content, id);
+    if (known || content.empty()) continue;
+    if (added.normalized) {
+      // Matched in the normalized text, so compared as the normalizer's output of the content.
+      std::vector<char32_t> cps;
+      std::vector<int32_t> starts;
+      TOK_RETURN_IF_ERROR(DecodeUtf8(content, json_path, &cps, &starts));
+      std::vector<NormChar> norm;
+      Normalize(tok->options_, cps, 0, static_cast<int32_t>(cps.size()), &norm);
+      std::u32string normalized;
+      for (const NormChar& c : norm) normalized.push_back(c.cp);
+      if (!normalized.empty()) tok->normalized_added_tokens_.emplace_back(normalized, id);
+    } else {
+      tok->added_tokens_.emplace_back(content, id);
+    }
   }
+  std::stable_sort(tok->normalized_added_tokens_.begin(), tok->normalized_added_tokens_.end(),
+                   [](const auto& a, const auto& b) { return a.first.size() > b.first.size(); });
   std::stable_sort(tok->added_tokens_.begin(), tok->added_tokens_.end(),
                    [](const auto& a, const auto& b) { return a.first.size() > b.first.size(); });
   return tok;
@@ -946,6 +991,21 @@ absl::Status WordPieceTokenizer::TokenizeText(std::string_view text, std::string
     size_t word_begin = 0;
     bool in_word = false;
     for (size_t k = 0; k < norm.size(); ++k) {
+      // A normalized added token: leftmost, then longest.
+      bool matched = false;
+      for (const auto& [token, id] : normalized_added_tokens_) {
+        if (norm.size() - k < token.size()) continue;
+        size_t m = 0;
+        while (m < token.size() && norm[k + m].cp == token[m]) ++m;
+        if (m != token.size()) continue;
+        if (in_word) word_piece(word_begin, k);
+        in_word = false;
+        add_piece(id, norm[k].orig, norm[k + m - 1].orig + 1);
+        k += m - 1;
+        matched = true;
+        break;
+      }
+      if (matched) continue;
       const char32_t c = norm[k].cp;
       const bool space = IsWhitespace(c);
       const bool punct = !space && IsPunctuation(c);
@@ -988,7 +1048,7 @@ absl::Status WordPieceTokenizer::TokenizeText(std::string_view text, std::string
 absl::StatusOr<Encoding> WordPieceTokenizer::Assemble(const std::vector<Piece>& a,
                                                       const std::vector<Piece>* b,
                                                       const TruncationOptions& truncation) const {
-  const int num_special = b != nullptr ? 3 : 2;
+  const int num_special = b != nullptr ? 2 + options_.pair_separators : 2;
   const size_t na = a.size(), nb = b != nullptr ? b->size() : 0;
   size_t keep_a = na, keep_b = nb;
   if (truncation.enabled) {
@@ -1043,7 +1103,8 @@ absl::StatusOr<Encoding> WordPieceTokenizer::Assemble(const std::vector<Piece>& 
     enc.special_tokens_mask.push_back(1);
     enc.sequence_index.push_back(-1);
   };
-  auto push_text = [&](const std::vector<Piece>& pieces, size_t keep, int32_t type_id) {
+  auto push_text = [&](const std::vector<Piece>& pieces, size_t keep, int32_t type_id,
+                       int8_t sequence) {
     const size_t first = truncation.side == TruncationSide::kLeft ? pieces.size() - keep : 0;
     for (size_t k = first; k < first + keep; ++k) {
       const Piece& p = pieces[k];
@@ -1056,15 +1117,18 @@ absl::StatusOr<Encoding> WordPieceTokenizer::Assemble(const std::vector<Piece>& 
       enc.byte_end.push_back(p.byte_end);
       // A special token typed in the text is not marked special (as in Hugging Face).
       enc.special_tokens_mask.push_back(0);
-      enc.sequence_index.push_back(static_cast<int8_t>(type_id));
+      enc.sequence_index.push_back(sequence);
     }
   };
+  // [CLS] a [SEP] ([SEP]...) b [SEP]: the separators between the texts belong to the first.
+  const int32_t second = options_.second_type_id;
   push_special(cls_id_, 0);
-  push_text(a, keep_a, 0);
+  push_text(a, keep_a, 0, 0);
   push_special(sep_id_, 0);
   if (b != nullptr) {
-    push_text(*b, keep_b, 1);
-    push_special(sep_id_, 1);
+    for (int k = 1; k < options_.pair_separators; ++k) push_special(sep_id_, 0);
+    push_text(*b, keep_b, second, 1);
+    push_special(sep_id_, second);
   }
   enc.untruncated_length = static_cast<int>(na + nb + num_special);
   enc.truncated = keep_a != na || keep_b != nb;

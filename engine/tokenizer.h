@@ -1,7 +1,9 @@
 // WordPiece tokenizer equal to Hugging Face's BertTokenizerFast on the same files:
 // BertNormalizer (clean text, CJK spacing, lower-case, strip accents) -> BertPreTokenizer
 // (whitespace + punctuation split) -> WordPiece (greedy longest-match-first, "##" prefix,
-// [UNK] for words longer than max_input_chars_per_word) -> template [CLS] A [SEP] (B [SEP]).
+// [UNK] for words longer than max_input_chars_per_word) -> template [CLS] A [SEP] (B [SEP]);
+// and equal to MPNetTokenizerFast on MPNet's files (the same pipeline with <s>/</s> and the
+// RobertaProcessing template <s> A </s> (</s> B </s>), all type ids 0).
 #pragma once
 
 #include <cstdint>
@@ -13,6 +15,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "engine/model_config.h"
 
 namespace attn {
 
@@ -31,6 +34,12 @@ struct TokenizerOptions {
   std::string mask_token = "[MASK]";
   // tokenizer_config.json model_max_length (capped by the caller at the model's positions).
   int model_max_length = 512;
+  // The pair template: separators between the two texts (1: [SEP]; 2: </s></s>) and the type
+  // id of the second text's tokens (BERT 1; RobertaProcessing 0).
+  int pair_separators = 1;
+  int second_type_id = 1;
+  // tokenizer.json's post_processor type; empty without tokenizer.json or post-processor.
+  std::string post_processor;
 };
 
 enum class TruncationSide { kRight, kLeft };
@@ -66,7 +75,11 @@ class WordPieceTokenizer {
  public:
   // Reads vocab.txt (or, if absent, the WordPiece vocab in tokenizer.json) and the options in
   // tokenizer_config.json / tokenizer.json's normalizer. Errors name the file and the problem.
-  static absl::StatusOr<WordPieceTokenizer> FromModelDir(const std::string& model_dir);
+  // With `family`, the pair template is the family's, and a tokenizer.json whose
+  // post_processor belongs to another family (a BERT tokenizer next to an MPNet config) is
+  // refused naming the file and the field.
+  static absl::StatusOr<WordPieceTokenizer> FromModelDir(const std::string& model_dir,
+                                                         const ArchitectureSpec* family = nullptr);
   // vocab: token per id. Fails if the special tokens are missing from the vocab.
   static absl::StatusOr<WordPieceTokenizer> FromVocab(std::vector<std::string> vocab,
                                                       TokenizerOptions options);
@@ -114,6 +127,9 @@ class WordPieceTokenizer {
   // Tokens matched in the raw text before normalization (Hugging Face's added vocabulary with
   // normalized=false: the special tokens, plus tokenizer.json's added_tokens), longest first.
   std::vector<std::pair<std::string, int32_t>> added_tokens_;
+  // tokenizer.json added tokens with normalized=true (MPNet's "<unk>"): matched in the
+  // normalized text, between the raw-text matches above, as code points.
+  std::vector<std::pair<std::u32string, int32_t>> normalized_added_tokens_;
   // Longest vocab entry in bytes: longer WordPiece candidates cannot match, so are not looked up.
   int max_token_bytes_ = 0;
 };

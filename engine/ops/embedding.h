@@ -1,16 +1,25 @@
-// BERT input embeddings for a packed batch (the "static" embeddings, before any attention):
+// Input embeddings for a packed batch (the "static" embeddings, before any attention):
 //   out (M, H) = word_embeddings[token_id] + position_embeddings[position] + type_embeddings[type]
-// Positions restart at 0 for every sequence. LayerNorm is applied by the caller.
+// (MPNet: no type table, out = word + position). Positions restart for every sequence
+// (AppendPositionIds). LayerNorm is applied by the caller.
 #pragma once
 
 #include <cstdint>
 #include <vector>
 
+#include "engine/model_config.h"
 #include "engine/tensor.h"
 
 namespace attn {
 
-// token_ids, type_ids, positions: M entries each, already validated against the tables.
+// Appends one sequence's position ids: BERT 0, 1, 2, ...; MPNet as HF
+// create_position_ids_from_input_ids: pad + (number of non-pad tokens up to and including this
+// one), and pad itself for pad tokens (pad = config.pad_token_id).
+void AppendPositionIds(const BertConfig& config, const std::vector<int32_t>& token_ids,
+                       std::vector<int32_t>* positions);
+
+// token_ids, type_ids, positions: M entries each, already validated against the tables;
+// type_embeddings may be empty (no type table; type_ids unused).
 void EmbeddingForward(const Tensor& word_embeddings, const Tensor& position_embeddings,
                       const Tensor& type_embeddings, const std::vector<int32_t>& token_ids,
                       const std::vector<int32_t>& type_ids, const std::vector<int32_t>& positions,

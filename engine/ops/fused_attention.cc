@@ -46,6 +46,7 @@ void HeadPortable(const Geometry& g, const HeadTask& t, FloatBuffer* row_buffer)
       for (int64_t c = 0; c < d; ++c) dot += qi[c] * kj[c];
       s[j] = dot * g.scale;
     }
+    AddScoreBias(t, i, s);
     if (t.scores != nullptr) std::copy(s, s + T, t.scores + i * T);
     SoftmaxRowInPlace(s, T);
     if (t.probs != nullptr) std::copy(s, s + T, t.probs + i * T);
@@ -189,12 +190,25 @@ ATTN_AVX512 void RoundRowToBf16Avx512(float* row, int64_t T) {
   }
 }
 
+// row[0, T) += bias[0, T)
+ATTN_AVX512 void AddBiasRowAvx512(const float* bias, int64_t T, float* row) {
+  for (int64_t j = 0; j < T; j += 16) {
+    const __mmask16 k = avx512::TailMask(T - j);
+    _mm512_mask_storeu_ps(
+        row + j, k,
+        _mm512_add_ps(_mm512_maskz_loadu_ps(k, row + j), _mm512_maskz_loadu_ps(k, bias + j)));
+  }
+}
+
 template <int R>
 ATTN_AVX512 void BlockAvx512(const Geometry& g, const HeadTask& t, Scratch* scratch, int64_t tp,
                              int64_t dp, int64_t i0) {
   const int64_t T = t.tokens, d = g.head_dim;
   float* s = scratch->scores.data();
   ScoresRows<R>(t.q + i0 * g.ld_qkv, g.ld_qkv, scratch->kt.data(), tp, d, g.scale, s);
+  if (t.bias != nullptr) {
+    for (int r = 0; r < R; ++r) AddBiasRowAvx512(t.bias - (i0 + r), T, s + r * tp);
+  }
   if (t.scores != nullptr) {
     for (int r = 0; r < R; ++r) std::memcpy(t.scores + (i0 + r) * T, s + r * tp, sizeof(float) * T);
   }
@@ -326,6 +340,7 @@ void PackedAttentionForward(const PackedAttentionShape& shape, const float* qkv,
       HeadTask task{
           rows + h * d, rows + H + h * d, rows + 2 * H + h * d, T, context + begin * H + h * d,
           nullptr,      nullptr};
+      if (shape.relative_bias != nullptr) task.bias = shape.relative_bias->center(h);
       if (outputs != nullptr) {
         if (!outputs->probs.empty() && outputs->probs[b] != nullptr) {
           task.probs = outputs->probs[b] + h * T * T;
@@ -555,12 +570,14 @@ struct TrainingGeometry {
 
 // One (sequence, head) of the packed batch; matrices as in the header's formulas.
 struct TrainingItem {
-  const float* q;           // (T, d) at row stride 3H; k = q + H, v = q + 2H
-  int64_t tokens;           // T
-  float* probs;             // (T, T)
-  float* dropped;           // (T, T) or null without dropout
-  uint8_t* mask;            // (T, T) or null
-  uint64_t dropout_offset;  // counter of element (0, 0)
+  const float* q;               // (T, d) at row stride 3H; k = q + H, v = q + 2H
+  int64_t tokens;               // T
+  float* probs;                 // (T, T)
+  float* dropped;               // (T, T) or null without dropout
+  uint8_t* mask;                // (T, T) or null
+  uint64_t dropout_offset;      // counter of element (0, 0)
+  const float* bias = nullptr;  // relative position bias center of head h (bias[j - i]), or null
+  float* d_bias = nullptr;      // this item's own (2L-1) gradient slice, at its center, or null
 };
 
 struct TrainingScratch {
@@ -629,6 +646,13 @@ void ForwardItem(const TrainingKernels& kernels, const TrainingGeometry& g, cons
     float* probs = t.probs + i0 * T;
     // scores (rows, T) = Q_rows · K^T * scale, then probs = softmax(scores) in place
     kernels.product({t.q + i0 * ld, ld, 1, kt, tp, rows, T, d, g.scale, probs, T});
+    if (t.bias != nullptr) {  // scores (rows, T) += bias[j - i]
+      for (int64_t r = 0; r < rows; ++r) {
+        const float* bias_row = t.bias - (i0 + r);
+        float* row = probs + r * T;
+        for (int64_t j = 0; j < T; ++j) row[j] += bias_row[j];
+      }
+    }
     kernels.softmax_rows(probs, rows, T);
     // probs_dropped = probs * mask / (1 - p): element (i, j) draws counter offset + i*T + j
     const float* used = probs;
@@ -662,6 +686,13 @@ void BackwardItem(const TrainingKernels& kernels, const TrainingGeometry& g, con
     // dP = dP * mask / (1 - p); dS = P * (dP - rowsum(dP * P))
     kernels.softmax_backward_rows(t.probs + i0 * T, t.mask != nullptr ? t.mask + i0 * T : nullptr,
                                   g.keep_scale, rows, T, ds + i0 * T);
+  }
+  if (t.d_bias != nullptr) {  // d_bias[j - i] += dS[i][j]
+    for (int64_t i = 0; i < T; ++i) {
+      float* d_row = t.d_bias - i;
+      const float* ds_row = ds + i * T;
+      for (int64_t j = 0; j < T; ++j) d_row[j] += ds_row[j];
+    }
   }
   const float* used = t.dropped != nullptr ? t.dropped : t.probs;
   // dV (T, d) = Pd^T (T, T) · dC (T, d)
@@ -712,7 +743,8 @@ void PackedAttentionForwardTraining(const PackedAttentionShape& shape, const flo
 #pragma omp for schedule(dynamic, 1)
     for (int64_t item = 0; item < items; ++item) {
       const int64_t b = order[item / heads], h = item % heads;
-      const TrainingItem t = MakeItem(g, qkv, seq_offsets, seq_dropout_offsets, saved, b, h);
+      TrainingItem t = MakeItem(g, qkv, seq_offsets, seq_dropout_offsets, saved, b, h);
+      if (shape.relative_bias != nullptr) t.bias = shape.relative_bias->center(h);
       ForwardItem(kernels, g, t, context + seq_offsets[b] * H + h * shape.head_dim, &scratch);
     }
   }
@@ -721,7 +753,7 @@ void PackedAttentionForwardTraining(const PackedAttentionShape& shape, const flo
 void PackedAttentionBackward(const PackedAttentionShape& shape, const float* qkv,
                              const std::vector<int64_t>& seq_offsets,
                              const PackedAttentionSaved& saved, float dropout_p,
-                             const float* dcontext, float* dqkv) {
+                             const float* dcontext, float* dqkv, float* d_relative_bias) {
   const int64_t batch = static_cast<int64_t>(seq_offsets.size()) - 1;
   const int64_t heads = shape.heads, H = shape.hidden(), d = shape.head_dim;
   const TrainingGeometry g = MakeTrainingGeometry(shape, dropout_p, 0);
@@ -729,6 +761,11 @@ void PackedAttentionBackward(const PackedAttentionShape& shape, const float* qkv
   const std::vector<int64_t> order = LongestFirst(seq_offsets);
   const TrainingKernels kernels = SelectTrainingKernels();
   const int64_t items = batch * heads;
+  // The relative position bias gradient: each item sums into its own (2L-1) slice (no races),
+  // reduced over the sequences afterwards in a fixed order.
+  const int64_t span =
+      d_relative_bias != nullptr ? 2 * shape.relative_bias->max_tokens - 1 : int64_t{0};
+  std::vector<float> item_d_bias(static_cast<size_t>(items * span), 0.0f);
 
 #pragma omp parallel if (AttentionFlops(seq_offsets, heads, d, 4) > 2e6)
   {
@@ -736,11 +773,18 @@ void PackedAttentionBackward(const PackedAttentionShape& shape, const float* qkv
 #pragma omp for schedule(dynamic, 1)
     for (int64_t item = 0; item < items; ++item) {
       const int64_t b = order[item / heads], h = item % heads;
-      const TrainingItem t = MakeItem(g, qkv, seq_offsets, unused_offsets, saved, b, h);
+      TrainingItem t = MakeItem(g, qkv, seq_offsets, unused_offsets, saved, b, h);
+      if (!item_d_bias.empty()) t.d_bias = item_d_bias.data() + item * span + (span - 1) / 2;
       const int64_t begin = seq_offsets[b];
       BackwardItem(kernels, g, t, dcontext + begin * H + h * d, dqkv + begin * 3 * H + h * d,
                    &scratch);
     }
+  }
+  // item = (position in `order`) * heads + h: sum each head's slices over the sequences.
+  for (int64_t item = 0; span > 0 && item < items; ++item) {
+    float* out = d_relative_bias + (item % heads) * span;
+    const float* slice = item_d_bias.data() + item * span;
+    for (int64_t k = 0; k < span; ++k) out[k] += slice[k];
   }
 }
 

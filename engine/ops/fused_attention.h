@@ -20,6 +20,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "engine/ops/relative_position_bias.h"
+
 namespace attn {
 
 struct PackedAttentionShape {
@@ -29,6 +31,9 @@ struct PackedAttentionShape {
   // caller rounds Q, K and V), so P V takes bfloat16 inputs with fp32 accumulation like the
   // linear layers. The returned probs/scores are the fp32 values before rounding.
   bool bf16_products = false;
+  // MPNet: added to the scaled scores before the softmax (every sequence of the batch must be
+  // at most relative_bias->max_tokens long); the returned scores include it. Null for BERT.
+  const RelativePositionBias* relative_bias = nullptr;
   int64_t hidden() const { return heads * head_dim; }
 };
 
@@ -36,7 +41,7 @@ struct PackedAttentionShape {
 // to a (heads, T, T) row-major buffer.
 struct PackedAttentionOutputs {
   std::vector<float*> probs;   // post-softmax weights
-  std::vector<float*> scores;  // pre-softmax scaled scores Q K^T / sqrt(d)
+  std::vector<float*> scores;  // pre-softmax scores Q K^T / sqrt(d) (+ relative position bias)
 };
 
 // qkv: (M, 3H) rows [Q | K | V]; seq_offsets: B+1 row offsets; context: (M, H) output.
@@ -57,8 +62,9 @@ struct PackedAttentionSaved {
   std::vector<uint8_t*> masks;
 };
 
-// Training forward over the packed batch:
-//   probs_b         (heads, T, T) = softmax(Q_h · K_h^T / sqrt(d))
+// Training forward over the packed batch (bias_h: shape.relative_bias's (T, T) slice for head
+// h, zero without one):
+//   probs_b         (heads, T, T) = softmax(Q_h · K_h^T / sqrt(d) + bias_h)
 //   probs_dropped_b (heads, T, T) = DropoutForward(probs_b, heads*T*T, p, seed, offset_b)
 //   context         (M, H)        : context_h rows of b = probs_dropped_b,h · V_h
 // with offset_b = dropout_offset + sum_{b' < b} heads * T_b'^2: each sequence gets the counter
@@ -77,11 +83,15 @@ void PackedAttentionForwardTraining(const PackedAttentionShape& shape, const flo
 //   dP        = dP * mask / (1 - p)          (dropout backward; skipped without dropout)
 //   dS (T, T) = P * (dP - rowsum(dP * P))    (softmax backward)
 //   dQ (T, d) = dS · K / sqrt(d)             dK (T, d) = dS^T · Q / sqrt(d)
+//   d_relative_bias[h][r + L-1] += sum over sequences and i of dS[i][i + r]   (the bias is added
+//                                  to the scores, so its gradient is dS, summed per j - i)
 // qkv: the forward's (M, 3H); dcontext: (M, H); dqkv: (M, 3H) receiving dQ in columns [0, H),
 // dK in [H, 2H), dV in [2H, 3H) (every element overwritten; must not alias qkv or dcontext).
+// d_relative_bias: null, or (heads, 2L-1) accumulated into (L = shape.relative_bias->max_tokens,
+// which shape.relative_bias must give).
 void PackedAttentionBackward(const PackedAttentionShape& shape, const float* qkv,
                              const std::vector<int64_t>& seq_offsets,
                              const PackedAttentionSaved& saved, float dropout_p,
-                             const float* dcontext, float* dqkv);
+                             const float* dcontext, float* dqkv, float* d_relative_bias = nullptr);
 
 }  // namespace attn

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "engine/dnnl_context.h"
@@ -11,6 +12,7 @@
 #include "engine/ops/gelu.h"
 #include "engine/ops/layernorm.h"
 #include "engine/ops/linear.h"
+#include "engine/ops/relative_position_bias.h"
 
 namespace attn {
 namespace {
@@ -52,6 +54,14 @@ void MaybeDropoutBackward(float* d, int64_t n, float p, const std::vector<uint8_
 void AddInto(float* target, const float* source, int64_t n) {
 #pragma omp parallel for simd schedule(static)
   for (int64_t i = 0; i < n; ++i) target[i] += source[i];
+}
+
+int64_t LongestSequence(const std::vector<int64_t>& seq_offsets) {
+  int64_t longest = 1;
+  for (size_t b = 0; b + 1 < seq_offsets.size(); ++b) {
+    longest = std::max(longest, seq_offsets[b + 1] - seq_offsets[b]);
+  }
+  return longest;
 }
 
 PackedAttentionShape PackedShapeOf(const BertConfig& config) {
@@ -100,6 +110,14 @@ void RunTrainingLayers(const BertConfig& config, const BertWeights& weights, int
   const int L = config.num_hidden_layers;
   const int64_t M = f.total_tokens();
   auto layer_input = [&](int l) -> Tensor& { return l < L ? f.layers[l].input : f.output; };
+  // MPNet: the relative position bias of the longest sequence, shared by every layer.
+  PackedAttentionShape attention_shape = PackedShapeOf(config);
+  std::optional<RelativePositionBias> relative_bias;
+  if (config.spec().relative_attention_bias) {
+    relative_bias = RelativePositionBiasForward(weights.relative_attention_bias,
+                                                LongestSequence(f.seq_offsets));
+    attention_shape.relative_bias = &*relative_bias;
+  }
   for (int l = first_layer; l < L; ++l) {
     const LayerWeights& w = weights.layers[l];
     LayerActivations& a = f.layers[l];
@@ -107,7 +125,7 @@ void RunTrainingLayers(const BertConfig& config, const BertWeights& weights, int
     ShapeForOutput(&a.qkv, {M, 3 * H});
     LinearForward(ctx, a.input.data(), M, w.qkv_weight, w.qkv_bias, LinearEpilogue::kNone,
                   a.qkv.data());
-    // per sequence: probs = softmax(Q K^T / sqrt(d)); context = dropout(probs) · V
+    // per sequence: probs = softmax(Q K^T / sqrt(d) (+ bias)); context = dropout(probs) · V
     ShapeForOutput(&a.context, {M, H});
     a.probs.resize(B);
     const bool attention_dropout = options.attention_dropout > 0.0f;
@@ -124,7 +142,7 @@ void RunTrainingLayers(const BertConfig& config, const BertWeights& weights, int
     // Sequence b draws counters from DropoutOffset(l, kAttentionProbs) + sum of the earlier
     // sequences' heads*T*T (see PackedAttentionForwardTraining).
     PackedAttentionForwardTraining(
-        PackedShapeOf(config), a.qkv.data(), f.seq_offsets, options.attention_dropout, seed,
+        attention_shape, a.qkv.data(), f.seq_offsets, options.attention_dropout, seed,
         DropoutOffset(l, kAttentionProbs), SavedAttention(a), a.context.data());
     // attn_sum (M, H) = x + dropout(context · W_o^T + b_o); attn_out = LayerNorm(attn_sum)
     ShapeForOutput(&a.attn_sum, {M, H});
@@ -190,7 +208,7 @@ void RunTrainingForward(const BertConfig& config, const BertWeights& weights,
     } else {
       f.type_ids.insert(f.type_ids.end(), seq.type_ids.begin(), seq.type_ids.end());
     }
-    for (int32_t p = 0; p < length; ++p) f.positions.push_back(p);
+    AppendPositionIds(config, seq.token_ids, &f.positions);
   }
   const int64_t M = f.total_tokens();
   f.layers.resize(L);
@@ -289,12 +307,15 @@ absl::Status EncoderForwardTrainingFromHidden(const BertConfig& config, const Be
 
 BertWeights ZerosLike(const BertWeights& weights) {
   BertWeights zeros;
-  auto like = [](const Tensor& t) { return Tensor(t.shape()); };
+  // An absent tensor (MPNet's token types, BERT's relative bias) stays absent: Tensor({}) would
+  // be one element, and EngineTensors() would then pair gradients with the wrong parameters.
+  auto like = [](const Tensor& t) { return t.numel() == 0 ? Tensor() : Tensor(t.shape()); };
   zeros.word_embeddings = like(weights.word_embeddings);
   zeros.position_embeddings = like(weights.position_embeddings);
   zeros.token_type_embeddings = like(weights.token_type_embeddings);
   zeros.embedding_norm_gamma = like(weights.embedding_norm_gamma);
   zeros.embedding_norm_beta = like(weights.embedding_norm_beta);
+  zeros.relative_attention_bias = like(weights.relative_attention_bias);
   for (const LayerWeights& w : weights.layers) {
     LayerWeights z;
     z.qkv_weight = like(w.qkv_weight);
@@ -360,6 +381,18 @@ void RunBackward(const BertConfig& config, const BertWeights& weights, const Tra
   ShapeForOutput(&d_qkv, {M, 3 * H});
   std::memcpy(d_hidden.data(), d_output, sizeof(float) * M * H);
 
+  // MPNet: the bias gradient (heads, 2L-1), summed over layers (one table serves them all),
+  // scattered into the table's buckets at the end. The bias values themselves are not needed.
+  PackedAttentionShape attention_shape = PackedShapeOf(config);
+  RelativePositionBias bias_shape;  // max_tokens only
+  std::vector<float> d_relative(0);
+  if (config.spec().relative_attention_bias) {
+    bias_shape.heads = config.num_attention_heads;
+    bias_shape.max_tokens = LongestSequence(f.seq_offsets);
+    attention_shape.relative_bias = &bias_shape;
+    if (grads != nullptr)
+      d_relative.assign(bias_shape.heads * (2 * bias_shape.max_tokens - 1), 0.0f);
+  }
   // grads == nullptr: input gradients only, down to the layer the forward started from.
   LayerWeights no_grads;
   const int last_layer = grads == nullptr ? f.first_layer : 0;
@@ -393,9 +426,11 @@ void RunBackward(const BertConfig& config, const BertWeights& weights, const Tra
     MaybeDropoutBackward(d_sum.data(), M * H, p_hidden, a.attn_dense_mask);
     LinearBackward(ctx, a.context.data(), M, w.attn_output_weight, d_sum.data(), d_context.data(),
                    param(g.attn_output_weight), param(g.attn_output_bias), /*accumulate=*/false);
-    // context = dropout(softmax(Q K^T / sqrt(d))) · V, per sequence -> d_qkv (M, 3H)
-    PackedAttentionBackward(PackedShapeOf(config), a.qkv.data(), f.seq_offsets, SavedAttention(a),
-                            p_attention, d_context.data(), d_qkv.data());
+    // context = dropout(softmax(Q K^T / sqrt(d) (+ bias))) · V, per sequence -> d_qkv (M, 3H)
+    // (and d_relative += dS per relative position)
+    PackedAttentionBackward(attention_shape, a.qkv.data(), f.seq_offsets, SavedAttention(a),
+                            p_attention, d_context.data(), d_qkv.data(),
+                            d_relative.empty() ? nullptr : d_relative.data());
     // qkv = x · W_qkv^T + b_qkv  (adds to the residual gradient of x)
     LinearBackward(ctx, a.input.data(), M, w.qkv_weight, d_qkv.data(), d_input.data(),
                    param(g.qkv_weight), param(g.qkv_bias), /*accumulate=*/false);
@@ -403,6 +438,13 @@ void RunBackward(const BertConfig& config, const BertWeights& weights, const Tra
   }
 
   if (grads == nullptr) return;  // d_hidden: the gradient w.r.t. layer last_layer's input
+  if (!d_relative.empty()) {
+    // bias[h][r] = table[bucket(r)][h]
+    std::fill(grads->relative_attention_bias.values().begin(),
+              grads->relative_attention_bias.values().end(), 0.0f);
+    RelativePositionBiasBackward(d_relative.data(), bias_shape.heads, bias_shape.max_tokens,
+                                 &grads->relative_attention_bias);
+  }
   // emb = dropout(LayerNorm(static))
   MaybeDropoutBackward(d_hidden.data(), M * H, p_hidden, f.emb_mask);
   LayerNormBackward(ctx, f.static_embeddings.data(), M, weights.embedding_norm_gamma,
@@ -416,8 +458,10 @@ void RunBackward(const BertConfig& config, const BertWeights& weights, const Tra
               grads->position_embeddings.values().end(), 0.f);
     std::fill(grads->token_type_embeddings.values().begin(),
               grads->token_type_embeddings.values().end(), 0.f);
+    Tensor* dtype = grads->token_type_embeddings.numel() > 0 ? &grads->token_type_embeddings
+                                                             : nullptr;  // MPNet: no types
     EmbeddingBackward(d_sum.data(), H, f.token_ids, f.type_ids, f.positions, nullptr,
-                      &grads->position_embeddings, &grads->token_type_embeddings);
+                      &grads->position_embeddings, dtype);
   }
 }
 

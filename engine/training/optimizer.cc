@@ -82,6 +82,7 @@ absl::StatusOr<std::vector<ParamEntry>> CollectTrainableParameters(BertWeights* 
         {"embeddings.LayerNorm.bias", &BertWeights::embedding_norm_beta},
     };
     for (const auto& [name, member] : embeddings) {
+      if ((weights->*member).numel() == 0) continue;  // MPNet has no token-type table
       // The three embedding matrices are decayed (sentence-transformers decays every tensor
       // whose name lacks "bias"/"LayerNorm.weight"); the LayerNorm is not.
       const bool decay = member != &BertWeights::embedding_norm_gamma &&
@@ -89,6 +90,15 @@ absl::StatusOr<std::vector<ParamEntry>> CollectTrainableParameters(BertWeights* 
       if (auto s = AddEntry(name, &(weights->*member), &(grads->*member), decay, &out); !s.ok()) {
         return s;
       }
+    }
+  }
+  if (set != TrainableSet::kHeadOnly && weights->relative_attention_bias.numel() > 0) {
+    // MPNet's attention bias: not decayed ("bias" is in its name, sentence-transformers' rule).
+    if (auto s = AddEntry("encoder.relative_attention_bias.weight",
+                          &weights->relative_attention_bias, &grads->relative_attention_bias,
+                          /*decay=*/false, &out);
+        !s.ok()) {
+      return s;
     }
   }
   if (set != TrainableSet::kHeadOnly) {

@@ -70,3 +70,15 @@ def write_fixture(json_path, st_path, doc, tensors, generator_note):
     print(f"wrote {json_path} ({os.path.getsize(json_path)} bytes), {st_path} "
           f"({os.path.getsize(st_path)} bytes, {len(tensors)} tensors)",
           file=sys.stderr)
+
+
+def pick_rows(seq_len, all_rows_limit, edge_rows):
+    """The token positions a fixture stores: every row up to all_rows_limit tokens, else the
+    first, middle and last edge_rows rows."""
+    if seq_len <= all_rows_limit:
+        return list(range(seq_len))
+    mid = seq_len // 2 - edge_rows // 2
+    rows = (list(range(edge_rows)) + list(range(mid, mid + edge_rows)) +
+            list(range(seq_len - edge_rows, seq_len)))
+    assert rows == sorted(set(rows)), rows
+    return rows

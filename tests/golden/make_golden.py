@@ -54,7 +54,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
-from golden_common import (library_versions, sha256_file,  # noqa: E402
+from golden_common import (library_versions, pick_rows, sha256_file,  # noqa: E402
                            write_fixture)
 from sentence_transformers import SentenceTransformer  # noqa: E402
 from transformers import AutoModel, AutoTokenizer  # noqa: E402
@@ -127,16 +127,6 @@ def build_cases():
           truncation_side="left"),
         c("only_spaces", "     "),
     ]
-
-
-def pick_rows(seq_len):
-    if seq_len <= ALL_ROWS_LIMIT:
-        return list(range(seq_len))
-    mid = seq_len // 2 - EDGE_ROWS // 2
-    rows = (list(range(EDGE_ROWS)) + list(range(mid, mid + EDGE_ROWS)) +
-            list(range(seq_len - EDGE_ROWS, seq_len)))
-    assert rows == sorted(set(rows)), rows
-    return rows
 
 
 def mean_pool_normalised(last_hidden):
@@ -231,7 +221,7 @@ def main():
         row_sums = at.sum(dim=-1)
         assert torch.allclose(row_sums, torch.ones_like(row_sums), atol=1e-5)
 
-        rows = pick_rows(seq_len)
+        rows = pick_rows(seq_len, ALL_ROWS_LIMIT, EDGE_ROWS)
         idx = torch.tensor(rows, dtype=torch.long)
         manual = mean_pool_normalised(out.last_hidden_state)
 

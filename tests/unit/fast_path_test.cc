@@ -15,6 +15,7 @@
 #include "engine/ops/cpu_kernels.h"
 #include "engine/ops/fused_attention.h"
 #include "engine/ops/prepared_linear.h"
+#include "engine/ops/relative_position_bias.h"
 #include "engine/tensor.h"
 #include "tests/test_policy.h"
 #include "tests/test_util.h"
@@ -88,6 +89,71 @@ TEST_P(KernelPathTest, PackedAttentionMatchesNaivePerSequence) {
     Tensor context_only({M, H});
     PackedAttentionForward({heads, d}, qkv.data(), offsets, context_only.data(), nullptr);
     EXPECT_LT(MaxAbsDiff(context_only.data(), ref_context), 2e-5);
+  }
+}
+
+// MPNet's relative position bias: every kernel adds bias[h][bucket(j - i)] to the scaled scores
+// before the softmax (the returned scores include it), with the bias built for the longest
+// sequence and read by the shorter ones. Lengths reach past the 128 max distance.
+TEST_P(KernelPathTest, PackedAttentionAddsTheRelativePositionBias) {
+  const int64_t heads = 3, d = 24, H = heads * d;
+  const std::vector<int64_t> lengths = {1, 9, 33, 150};
+  std::vector<int64_t> offsets = {0};
+  for (int64_t T : lengths) offsets.push_back(offsets.back() + T);
+  const int64_t M = offsets.back();
+  std::mt19937 rng(7);
+  const Tensor qkv = RandomTensor({M, 3 * H}, rng, 2.0f);
+  const Tensor table = RandomTensor({32, heads}, rng, 3.0f);  // (buckets, heads)
+  const RelativePositionBias bias = RelativePositionBiasForward(table, 150);
+  PackedAttentionShape shape{heads, d};
+  shape.relative_bias = &bias;
+  std::vector<Tensor> probs, scores;
+  PackedAttentionOutputs outputs;
+  for (int64_t T : lengths) {
+    probs.emplace_back(std::vector<int64_t>{heads, T, T});
+    scores.emplace_back(std::vector<int64_t>{heads, T, T});
+    outputs.probs.push_back(probs.back().data());
+    outputs.scores.push_back(scores.back().data());
+  }
+  Tensor context({M, H});
+  PackedAttentionForward(shape, qkv.data(), offsets, context.data(), &outputs);
+
+  for (size_t b = 0; b < lengths.size(); ++b) {
+    const int64_t T = lengths[b];
+    const float* seq = qkv.data() + offsets[b] * 3 * H;
+    double worst_scores = 0, worst_probs = 0, worst_context = 0;
+    for (int64_t h = 0; h < heads; ++h) {
+      for (int64_t i = 0; i < T; ++i) {
+        std::vector<double> s(T);
+        double max = -1e300;
+        for (int64_t j = 0; j < T; ++j) {
+          double dot = 0;
+          for (int64_t c = 0; c < d; ++c) {
+            dot += double{seq[i * 3 * H + h * d + c]} * seq[j * 3 * H + H + h * d + c];
+          }
+          s[j] =
+              dot / std::sqrt(double(d)) + table.data()[RelativePositionBucket(j - i) * heads + h];
+          worst_scores =
+              std::max(worst_scores, std::abs(s[j] - scores[b].data()[(h * T + i) * T + j]));
+          max = std::max(max, s[j]);
+        }
+        double sum = 0;
+        for (double& v : s) sum += (v = std::exp(v - max));
+        for (int64_t c = 0; c < d; ++c) {
+          double ctx = 0;
+          for (int64_t j = 0; j < T; ++j) ctx += s[j] / sum * seq[j * 3 * H + 2 * H + h * d + c];
+          worst_context = std::max(
+              worst_context, std::abs(ctx - context.data()[(offsets[b] + i) * H + h * d + c]));
+        }
+        for (int64_t j = 0; j < T; ++j) {
+          worst_probs =
+              std::max(worst_probs, std::abs(s[j] / sum - probs[b].data()[(h * T + i) * T + j]));
+        }
+      }
+    }
+    EXPECT_LT(worst_scores, 2e-5) << "T " << T;
+    EXPECT_LT(worst_probs, 2e-6) << "T " << T;
+    EXPECT_LT(worst_context, 2e-5) << "T " << T;
   }
 }
 

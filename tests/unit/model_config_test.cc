@@ -100,7 +100,32 @@ TEST(BertConfigTest, OptionalFieldsOverride) {
 TEST(BertConfigTest, RejectsUnsupportedModelType) {
   Json json = MinimalConfig();
   json["model_type"] = "roberta";
-  ExpectConfigRejected(json, "model_type 'roberta' is not supported (only 'bert')");
+  ExpectConfigRejected(json, "model_type 'roberta' is not supported (only 'bert', 'mpnet')");
+}
+
+// MPNet's row of the architecture table: its defaults and its own checks.
+TEST(BertConfigTest, MpnetConfig) {
+  Json json = MinimalConfig();
+  json["model_type"] = "mpnet";
+  json["pad_token_id"] = 1;
+  json["max_position_embeddings"] = 514;
+  json["vocab_size"] = 30527;
+  auto config = ParseBertConfig(json.dump());
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->architecture, Architecture::kMpnet);
+  EXPECT_FLOAT_EQ(config->layer_norm_eps, 1e-5f);
+  EXPECT_EQ(config->type_vocab_size, 1);
+  EXPECT_EQ(config->relative_attention_num_buckets, 32);
+  EXPECT_EQ(config->position_offset(), 2);
+  EXPECT_EQ(config->max_sequence_length(), 512);
+  EXPECT_TRUE(config->spec().relative_attention_bias);
+  EXPECT_FALSE(config->spec().token_type_embeddings);
+
+  json["relative_attention_num_buckets"] = 64;
+  ExpectConfigRejected(json, "field 'relative_attention_num_buckets' must be 32");
+  json["relative_attention_num_buckets"] = 32;
+  json["max_position_embeddings"] = 2;
+  ExpectConfigRejected(json, "max_position_embeddings 2 leaves no room");
 }
 
 TEST(BertConfigTest, RejectsHiddenActOtherThanGelu) {

@@ -456,9 +456,9 @@ TEST(Tokenizer, FromModelDirErrorsNameTheProblem) {
   EXPECT_NE(t.status().message().find("tokenizer.json"), std::string::npos) << t.status();
 
   dir.Write("tokenizer.json",
-            "{\"added_tokens\": [{\"id\": 5, \"content\": \"hello\", \"normalized\": true}]}");
+            "{\"added_tokens\": [{\"id\": 5, \"content\": \"hello\", \"single_word\": true}]}");
   t = WordPieceTokenizer::FromModelDir(dir.path());
-  EXPECT_NE(t.status().message().find("normalized"), std::string::npos) << t.status();
+  EXPECT_NE(t.status().message().find("single_word"), std::string::npos) << t.status();
 
   dir.Write("tokenizer.json", "{}");
   t = WordPieceTokenizer::FromModelDir(dir.path());
@@ -479,6 +479,23 @@ TEST(Tokenizer, AddedTokensFromTokenizerJsonMatchVerbatim) {
   absl::StatusOr<Encoding> e = t->Encode("XHeLLoY hello");
   ASSERT_TRUE(e.ok()) << e.status();
   EXPECT_EQ(e->tokens, (std::vector<std::string>{"[CLS]", "x", "HeLLo", "y", "[UNK]", "[SEP]"}));
+  EXPECT_EQ(e->char_start, (std::vector<int32_t>{0, 0, 1, 6, 8, 0}));
+  EXPECT_EQ(e->char_end, (std::vector<int32_t>{0, 1, 6, 7, 13, 0}));
+}
+
+// normalized=true (MPNet's "<unk>"): matched in the normalized text, so case-insensitively
+// under lower-casing, and only between the raw-text matches.
+TEST(Tokenizer, NormalizedAddedTokensMatchAfterNormalization) {
+  TempDir dir;
+  dir.Write("vocab.txt", "[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\n<unk>\nx\n<\n>\nunk\n");
+  dir.Write("tokenizer.json",
+            "{\"added_tokens\": [{\"id\": 5, \"content\": \"<unk>\", \"normalized\": true, "
+            "\"lstrip\": true}]}");
+  absl::StatusOr<WordPieceTokenizer> t = WordPieceTokenizer::FromModelDir(dir.path());
+  ASSERT_TRUE(t.ok()) << t.status();
+  absl::StatusOr<Encoding> e = t->Encode("x<UNK>x <unk>");
+  ASSERT_TRUE(e.ok()) << e.status();
+  EXPECT_EQ(e->tokens, (std::vector<std::string>{"[CLS]", "x", "<unk>", "x", "<unk>", "[SEP]"}));
   EXPECT_EQ(e->char_start, (std::vector<int32_t>{0, 0, 1, 6, 8, 0}));
   EXPECT_EQ(e->char_end, (std::vector<int32_t>{0, 1, 6, 7, 13, 0}));
 }
