@@ -103,19 +103,6 @@ v1::Objective ObjectiveOfFields(const Json& json) {
   return v1::OBJECTIVE_UNSPECIFIED;
 }
 
-const char* ObjectiveFlag(v1::Objective objective) {
-  switch (objective) {
-    case v1::CONTRASTIVE:
-      return "contrastive";
-    case v1::COSINE_SIMILARITY:
-      return "cosine";
-    case v1::CLASSIFICATION:
-      return "classification";
-    default:
-      return "";
-  }
-}
-
 class LineChecker {
  public:
   LineChecker(const Json& object, std::vector<std::string>* problems)
@@ -233,6 +220,19 @@ void CheckExample(const Json& json, v1::Objective objective, const DataLimits& l
 
 }  // namespace
 
+const char* ObjectiveFlagName(v1::Objective objective) {
+  switch (objective) {
+    case v1::CONTRASTIVE:
+      return "contrastive";
+    case v1::COSINE_SIMILARITY:
+      return "cosine";
+    case v1::CLASSIFICATION:
+      return "classification";
+    default:
+      return "";
+  }
+}
+
 absl::StatusOr<TrainingData> ParseTrainingData(absl::string_view text, v1::Objective objective,
                                                absl::string_view name, const DataLimits& limits) {
   TrainingData data;
@@ -317,14 +317,15 @@ absl::StatusOr<TrainingData> ParseTrainingData(absl::string_view text, v1::Objec
                                      total_errors - static_cast<int>(errors.size())));
   }
   if (other_objective_lines > 0) {
-    errors.insert(errors.begin(),
-                  absl::StrFormat(
-                      "%s: this looks like %s data: %d of %d lines (the first is line %d) have "
-                      "the fields %s, not those of --objective %s, %s; pass --objective %s%s",
-                      name, ObjectiveFlag(other_objective), other_objective_lines, object_lines,
-                      first_other_line, ObjectiveFields(other_objective), ObjectiveFlag(objective),
-                      ObjectiveFields(objective), ObjectiveFlag(other_objective),
-                      other_objective_lines < object_lines ? " or fix those lines" : ""));
+    errors.insert(
+        errors.begin(),
+        absl::StrFormat("%s: this looks like %s data: %d of %d lines (the first is line %d) have "
+                        "the fields %s, not those of --objective %s, %s; pass --objective %s%s",
+                        name, ObjectiveFlagName(other_objective), other_objective_lines,
+                        object_lines, first_other_line, ObjectiveFields(other_objective),
+                        ObjectiveFlagName(objective), ObjectiveFields(objective),
+                        ObjectiveFlagName(other_objective),
+                        other_objective_lines < object_lines ? " or fix those lines" : ""));
   }
   if (!errors.empty()) return absl::InvalidArgumentError(absl::StrJoin(errors, "\n"));
   if (data.examples.empty()) {

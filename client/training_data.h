@@ -35,6 +35,10 @@ struct DataLimits {
   int max_errors = 10;
 };
 
+// The objective as attnctl's --objective spells it ("contrastive", "cosine", "classification";
+// "" for none).
+const char* ObjectiveFlagName(attnserve::v1::Objective objective);
+
 // Parses and checks JSON Lines `text` for `objective`. Every problem is reported as
 // "<name>:<line>: <what>" (1-based lines), one per line of the InvalidArgument message, up to
 // limits.max_errors. A file without examples is InvalidArgument too.

@@ -79,22 +79,9 @@ struct FineTunePlan {
   v1::FineTuneConfig config;
 };
 
-const char* ObjectiveName(v1::Objective objective) {
-  switch (objective) {
-    case v1::CONTRASTIVE:
-      return "contrastive";
-    case v1::COSINE_SIMILARITY:
-      return "cosine";
-    case v1::CLASSIFICATION:
-      return "classification";
-    default:
-      return "?";
-  }
-}
-
 std::string DescribePlan(const FineTunePlan& plan) {
   const size_t n = plan.data.examples.size();
-  std::string what = absl::StrFormat("%d %s examples", n, ObjectiveName(plan.data.objective));
+  std::string what = absl::StrFormat("%d %s examples", n, ObjectiveFlagName(plan.data.objective));
   if (plan.data.objective == v1::CONTRASTIVE && plan.data.has_negatives) {
     absl::StrAppend(&what, " with hard negatives");
   }
