@@ -8,11 +8,14 @@
 #include <boost/beast/ssl.hpp>
 #include <chrono>
 #include <condition_variable>
+#include <functional>
+#include <map>
 #include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
 #include <type_traits>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "engine/log.h"
@@ -52,6 +55,11 @@ struct HttpServer::State {
   std::optional<asio::executor_work_guard<asio::io_context::executor_type>> work;
   std::vector<std::thread> io_threads;
   std::atomic<int> connections{0};
+  // How to close each open connection (Stop closes the idle keep-alive ones so io.run() runs
+  // out of work and every handler, each holding this State, is released).
+  std::mutex sessions_mutex;
+  std::map<uint64_t, std::function<void()>> session_closers;
+  uint64_t next_session = 0;
 
   // Requests between a complete head + body and their response's last byte.
   std::mutex mutex;
@@ -80,9 +88,27 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
 
   Session(std::shared_ptr<HttpServer::State> state, Stream stream)
       : state_(std::move(state)), stream_(std::move(stream)), head_timer_(stream_.get_executor()) {}
-  ~Session() { --state_->connections; }
+  ~Session() {
+    {
+      std::lock_guard<std::mutex> lock(state_->sessions_mutex);
+      state_->session_closers.erase(id_);
+    }
+    --state_->connections;
+  }
 
   void Start() {
+    {
+      std::lock_guard<std::mutex> lock(state_->sessions_mutex);
+      id_ = state_->next_session++;
+      state_->session_closers[id_] = [weak = this->weak_from_this()] {
+        if (auto self = weak.lock()) {
+          asio::post(self->Tcp().get_executor(), [self] {
+            self->head_timer_.cancel();
+            self->Tcp().close();
+          });
+        }
+      };
+    }
     if constexpr (kTls) {
       Tcp().expires_after(Millis(state_->options.header_timeout_s));
       stream_.async_handshake(asio::ssl::stream_base::server,
@@ -244,6 +270,7 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
   }
 
   std::shared_ptr<HttpServer::State> state_;
+  uint64_t id_ = 0;
   Stream stream_;
   beast::flat_buffer buffer_;
   std::optional<bhttp::request_parser<bhttp::string_body>> parser_;
@@ -342,8 +369,19 @@ void HttpServer::Stop() {
     std::unique_lock<std::mutex> lock(state_->mutex);
     state_->idle.wait(lock, [this] { return state_->in_flight == 0; });
   }
+  // Close the idle connections, then let io.run() end once their handlers are done, so that none
+  // is left holding State (a handler left in a stopped io_context would keep it alive forever).
+  std::vector<std::function<void()>> closers;
+  {
+    std::lock_guard<std::mutex> lock(state_->sessions_mutex);
+    for (const auto& [id, close] : state_->session_closers) closers.push_back(close);
+  }
+  for (const std::function<void()>& close : closers) close();
   state_->work.reset();
-  state_->io.stop();
+  for (int i = 0; i < 100 && !state_->io.stopped(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  state_->io.stop();  // a no-op if it ran out of work; else the last resort
   for (std::thread& thread : state_->io_threads) thread.join();
   state_->io_threads.clear();
   state_->workers.join();
