@@ -823,4 +823,15 @@ std::string TextOfTokens(int tokens, int seed) {
   return text;
 }
 
+std::shared_ptr<grpc::Channel> TlsChannel(int port, const std::string& trusted_pem,
+                                          const std::string& target_name_override) {
+  grpc::SslCredentialsOptions ssl;
+  ssl.pem_root_certs = trusted_pem;
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_ENABLE_HTTP_PROXY, 0);
+  if (!target_name_override.empty()) args.SetSslTargetNameOverride(target_name_override);
+  return grpc::CreateCustomChannel("localhost:" + std::to_string(port), grpc::SslCredentials(ssl),
+                                   args);
+}
+
 }  // namespace attn::integration

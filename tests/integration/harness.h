@@ -247,4 +247,9 @@ const char* CodeName(grpc::StatusCode code);
 // A text of roughly `tokens` WordPiece tokens (each word one token) for load tests.
 std::string TextOfTokens(int tokens, int seed = 0);
 
+// A TLS channel to the server on localhost:`port` trusting the PEM certificate `trusted_pem`
+// (no HTTP proxy); `target_name_override` checks the certificate against another host name.
+std::shared_ptr<grpc::Channel> TlsChannel(int port, const std::string& trusted_pem,
+                                          const std::string& target_name_override = "");
+
 }  // namespace attn::integration

@@ -362,12 +362,7 @@ TEST_F(HttpTest, TlsAndApiKeyCoverHttpAndGrpc) {
   // gRPC over TLS: the Encoder needs the key too.
   std::ifstream in(cert);
   const std::string pem((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  grpc::SslCredentialsOptions ssl;
-  ssl.pem_root_certs = pem;
-  grpc::ChannelArguments args;
-  args.SetInt(GRPC_ARG_ENABLE_HTTP_PROXY, 0);
-  auto encoder = pb::Encoder::NewStub(grpc::CreateCustomChannel(
-      "localhost:" + std::to_string(server.grpc_port()), grpc::SslCredentials(ssl), args));
+  auto encoder = pb::Encoder::NewStub(TlsChannel(server.grpc_port(), pem));
   auto encode = [&](const std::string& authorization) {
     pb::EncodeRequest request;
     request.add_inputs()->set_text("over tls");

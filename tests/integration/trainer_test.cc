@@ -1014,12 +1014,7 @@ TEST_F(TrainerTest, TlsServesEveryService) {
 
   std::ifstream in(cert);
   const std::string pem((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  grpc::SslCredentialsOptions ssl;
-  ssl.pem_root_certs = pem;
-  grpc::ChannelArguments args;
-  args.SetInt(GRPC_ARG_ENABLE_HTTP_PROXY, 0);
-  auto channel = grpc::CreateCustomChannel("localhost:" + std::to_string(tls.grpc_port()),
-                                           grpc::SslCredentials(ssl), args);
+  auto channel = TlsChannel(tls.grpc_port(), pem);
   {
     auto encoder = pb::Encoder::NewStub(channel);
     pb::EncodeRequest request;

@@ -496,19 +496,6 @@ bool MakeCertificate(const std::string& dir, const std::string& name, Certificat
   return !out->pem.empty();
 }
 
-std::shared_ptr<grpc::Channel> TlsChannel(int port, const std::string& trusted_pem,
-                                          const std::string& target_name_override = "") {
-  grpc::SslCredentialsOptions ssl;
-  ssl.pem_root_certs = trusted_pem;
-  grpc::ChannelArguments args;
-  args.SetInt(GRPC_ARG_ENABLE_HTTP_PROXY, 0);
-  if (!target_name_override.empty()) {
-    args.SetSslTargetNameOverride(target_name_override);
-  }
-  return grpc::CreateCustomChannel("localhost:" + std::to_string(port), grpc::SslCredentials(ssl),
-                                   args);
-}
-
 grpc::Status EncodeOver(const std::shared_ptr<grpc::Channel>& channel) {
   auto stub = pb::Encoder::NewStub(channel);
   pb::EncodeRequest request;
