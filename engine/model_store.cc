@@ -255,6 +255,7 @@ absl::Status WriteCheckpointFiles(const Model& base, const std::vector<OutputTen
       {"final_loss", std::isfinite(info.final_loss) ? Json(info.final_loss) : Json(nullptr)},
       {"sequence", info.sequence},
       {"num_labels", head != nullptr ? head->num_labels() : 0},
+      {"label_names", info.label_names},
       {"description", info.description},
       {"notes", info.notes},
   };
@@ -383,6 +384,17 @@ absl::StatusOr<StoredVersion> InspectVersionDir(const std::string& store_dir,
   if (!GetInt(json, "num_labels", false, &v.num_labels)) {
     return malformed("num_labels", "a non-negative integer");
   }
+  if (auto it = json.find("label_names"); it != json.end()) {
+    if (!it->is_array()) return malformed("label_names", "an array of strings");
+    for (const Json& name : *it) {
+      if (!name.is_string()) return malformed("label_names", "an array of strings");
+      v.label_names.push_back(name.get<std::string>());
+    }
+    if (!v.label_names.empty() && static_cast<int64_t>(v.label_names.size()) != v.num_labels) {
+      return absl::DataLossError(absl::StrCat(info_path, ": records ", v.label_names.size(),
+                                              " label_names for ", v.num_labels, " labels"));
+    }
+  }
   // Optional: checkpoints written before the field existed have none.
   if (!GetString(json, "description", false, &v.description)) {
     return malformed("description", "a string");
@@ -418,7 +430,9 @@ absl::StatusOr<StoredVersion> InspectVersionDir(const std::string& store_dir,
   return v;
 }
 
-absl::StatusOr<ClassificationHead> LoadHead(const StoredVersion& v, int64_t hidden) {
+}  // namespace
+
+absl::StatusOr<ClassificationHead> LoadStoredHead(const StoredVersion& v, int64_t hidden) {
   const std::string path = Join(v.dir, kHeadFile);
   absl::StatusOr<std::unique_ptr<SafetensorsFile>> file = SafetensorsFile::Open(path);
   if (!file.ok()) return file.status();
@@ -444,8 +458,6 @@ absl::StatusOr<ClassificationHead> LoadHead(const StoredVersion& v, int64_t hidd
   }
   return head;
 }
-
-}  // namespace
 
 absl::Status ValidateVersionName(std::string_view name_view) {
   // This Abseil build's string_view is its own type, not std::string_view.
@@ -491,6 +503,17 @@ absl::Status WriteCheckpoint(const Model& base, const BertWeights& weights,
     if (absl::Status status = ValidateHead(*head, base.config().hidden_size); !status.ok()) {
       return status;
     }
+  }
+  const int64_t labels = head != nullptr ? head->num_labels() : 0;
+  if (!info.label_names.empty() && static_cast<int64_t>(info.label_names.size()) != labels) {
+    return absl::InvalidArgumentError(absl::StrCat(info.label_names.size(), " label_names for ",
+                                                   labels, " labels; give none or one per label"));
+  }
+  size_t label_name_bytes = 0;
+  for (const std::string& name : info.label_names) label_name_bytes += name.size();
+  if (label_name_bytes > kMaxLabelNamesBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("label_names total ", label_name_bytes,
+                                                   " bytes, more than ", kMaxLabelNamesBytes));
   }
   std::deque<Tensor> slices;
   absl::StatusOr<std::vector<OutputTensor>> tensors = HfTensors(base.config(), weights, &slices);
@@ -650,7 +673,8 @@ absl::StatusOr<LoadedVersion> LoadStoredVersion(const StoredVersion& version,
   loaded.model = *std::move(model);
   const bool has_head_file = ::lstat(Join(version.dir, kHeadFile).c_str(), &st) == 0;
   if (version.num_labels > 0) {
-    absl::StatusOr<ClassificationHead> head = LoadHead(version, loaded.model->config().hidden_size);
+    absl::StatusOr<ClassificationHead> head =
+        LoadStoredHead(version, loaded.model->config().hidden_size);
     if (!head.ok()) return WithPrefix(head.status(), prefix);
     loaded.head = *std::move(head);
   } else if (has_head_file) {

@@ -42,6 +42,8 @@ inline constexpr size_t kMaxVersionNameLength = 64;
 // attnserve_version.json must stay far below the reader's 1 MiB cap, or a committed version
 // would be skipped at the next start.
 inline constexpr size_t kMaxDescriptionBytes = 4096;
+// The same for a classification job's label names, all together.
+inline constexpr size_t kMaxLabelNamesBytes = 64 * 1024;
 
 // 1-64 chars of [A-Za-z0-9._-], not starting with '.' or '-' (so never ".", "..", a hidden or
 // temp dir, or something that reads as a flag). With no '/' a name cannot leave the store.
@@ -57,6 +59,8 @@ std::string NewVersionName(int64_t sequence, std::time_t now = std::time(nullptr
 struct CheckpointInfo {
   std::string base_version;  // the version that was fine-tuned ("" for the embedded default)
   std::string objective;     // e.g. "contrastive", "cosine_similarity", "classification"
+  // Names of the head's classes (empty, or one per label): what Classify answers with.
+  std::vector<std::string> label_names;
   int64_t steps = 0;
   double final_loss = 0;           // non-finite values are recorded as null
   int64_t sequence = 0;            // commit counter; ListStore orders by it
@@ -87,10 +91,11 @@ struct StoredVersion {
   std::string parent_dir;  // model_dir() of the model that was fine-tuned
   std::string objective;
   int64_t steps = 0;
-  double final_loss = 0;           // NaN if recorded as null
-  int64_t num_labels = 0;          // > 0: the version has a classification head
-  std::string description;         // "" if none was given (or the file predates the field)
-  std::vector<std::string> notes;  // empty if none (or the file predates the field)
+  double final_loss = 0;                 // NaN if recorded as null
+  int64_t num_labels = 0;                // > 0: the version has a classification head
+  std::vector<std::string> label_names;  // empty, or num_labels names
+  std::string description;               // "" if none was given (or the file predates the field)
+  std::vector<std::string> notes;        // empty if none (or the file predates the field)
 };
 
 // Committed versions in `store_dir`, sorted by sequence (then name). `.tmp-*` entries are
@@ -117,6 +122,11 @@ struct LoadedVersion {
   std::optional<ClassificationHead> head;  // set iff info.num_labels > 0
   StoredVersion info;
 };
+
+// A version's head.safetensors (the version must have num_labels > 0), checked against
+// `hidden` (the model's hidden size) and the recorded num_labels: DataLoss naming the file when
+// it does not match.
+absl::StatusOr<ClassificationHead> LoadStoredHead(const StoredVersion& version, int64_t hidden);
 
 // Model::Load(version.dir, model_options) plus head.safetensors when the version has a head.
 // Any loader error (truncated or corrupted file, wrong shapes) is returned with its code and

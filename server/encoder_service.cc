@@ -26,7 +26,9 @@ void Reply(UnaryCall& call, const absl::StatusOr<Response>& result, int64_t max_
   ToProto(*result, &response);
   if constexpr (std::is_same_v<Response, core::EncodeResponse> ||
                 std::is_same_v<Response, core::AttentionResponse> ||
-                std::is_same_v<Response, core::ExplainResponse>) {
+                std::is_same_v<Response, core::ExplainResponse> ||
+                std::is_same_v<Response, core::ClassifyResponse> ||
+                std::is_same_v<Response, core::RerankResponse>) {
     call.Hold(result->admission);  // the memory is in use until the bytes are written
   }
   call.Finish(CheckResponseSize(response, max_message_bytes), response);
@@ -71,6 +73,10 @@ EncoderService::EncoderService(core::ServingCore* core, int64_t max_message_byte
       index("AttentionMap"), "AttentionMap", &core::ServingCore::AttentionMap);
   ServeEngineCall<v1::ExplainRequest, v1::ExplainResponse>(index("Explain"), "Explain",
                                                            &core::ServingCore::Explain);
+  ServeEngineCall<v1::ClassifyRequest, v1::ClassifyResponse>(index("Classify"), "Classify",
+                                                             &core::ServingCore::Classify);
+  ServeEngineCall<v1::RerankRequest, v1::RerankResponse>(index("Rerank"), "Rerank",
+                                                         &core::ServingCore::Rerank);
   MarkMethodRawCallback(
       index("Tokenize"),
       RawMethods::Unary<v1::TokenizeRequest>(

@@ -21,6 +21,9 @@ absl::StatusOr<core::FineTuneConfig> ToCore(const v1::FineTuneConfig& config) {
     case v1::CLASSIFICATION:
       out.objective = Objective::kClassification;
       break;
+    case v1::PAIR_CLASSIFICATION:
+      out.objective = Objective::kPairClassification;
+      break;
     default:
       return absl::InvalidArgumentError(
           absl::StrCat("config.objective: unknown value ", config.objective()));
@@ -55,6 +58,7 @@ absl::StatusOr<core::FineTuneConfig> ToCore(const v1::FineTuneConfig& config) {
   out.disable_dropout = config.disable_dropout();
   out.contrastive_scale = config.contrastive_scale();
   out.num_labels = config.num_labels();
+  out.label_names.assign(config.label_names().begin(), config.label_names().end());
   out.base_version = config.base_version();
   out.tokenization = ToCore(config.tokenization());
   return out;

@@ -182,6 +182,27 @@ core::ExplainRequest ToCore(const v1::ExplainRequest& request) {
   return out;
 }
 
+core::ClassifyRequest ToCore(const v1::ClassifyRequest& request) {
+  core::ClassifyRequest out;
+  out.model_version = request.model_version();
+  out.inputs = ToCore(request.inputs());
+  out.tokenization = ToCore(request.tokenization());
+  out.top_k = request.top_k();
+  return out;
+}
+
+core::RerankRequest ToCore(const v1::RerankRequest& request) {
+  core::RerankRequest out;
+  out.model_version = request.model_version();
+  out.query = request.query();
+  out.documents.assign(request.documents().begin(), request.documents().end());
+  out.top_n = request.top_n();
+  out.method = static_cast<core::RerankMethod>(request.method());
+  out.tokenization = ToCore(request.tokenization());
+  out.return_documents = request.return_documents();
+  return out;
+}
+
 core::ModelInfoRequest ToCore(const v1::GetModelInfoRequest& request) {
   return {request.model_version()};
 }
@@ -307,6 +328,35 @@ void ToProto(const core::ExplainResponse& response, v1::ExplainResponse* out) {
     }
     proto->set_inference_ms(result.inference_ms);
   }
+  out->set_model_version(response.model_version);
+  SetMetadata(response.metadata, true, out->mutable_metadata());
+}
+
+void ToProto(const core::ClassifyResponse& response, v1::ClassifyResponse* out) {
+  out->mutable_results()->Reserve(static_cast<int>(response.results.size()));
+  for (const std::vector<core::LabelScore>& scores : response.results) {
+    v1::ClassifyResult* result = out->add_results();
+    for (const core::LabelScore& score : scores) {
+      v1::LabelScore* label = result->add_labels();
+      label->set_label(score.label);
+      label->set_name(score.name);
+      label->set_probability(score.probability);
+      label->set_logit(score.logit);
+    }
+  }
+  out->set_model_version(response.model_version);
+  SetMetadata(response.metadata, true, out->mutable_metadata());
+}
+
+void ToProto(const core::RerankResponse& response, v1::RerankResponse* out) {
+  out->mutable_results()->Reserve(static_cast<int>(response.results.size()));
+  for (const core::RerankResult& result : response.results) {
+    v1::RerankResult* proto = out->add_results();
+    proto->set_index(result.index);
+    proto->set_score(result.score);
+    proto->set_document(result.document);
+  }
+  out->set_method(static_cast<v1::RerankMethod>(response.method));
   out->set_model_version(response.model_version);
   SetMetadata(response.metadata, true, out->mutable_metadata());
 }

@@ -133,7 +133,7 @@ int RunServer(const ServerOptions& options, std::optional<std::string> trainer_t
   MemoryBudget memory_budget(options.memory_budget_bytes);
   core::ServingCore serving_core({{options.max_inputs_per_request, options.max_explain_documents},
                                   options.max_message_bytes,
-                                  options.max_request_memory_bytes},
+                                  options.max_request_memory_bytes, options.model_store},
                                  &registry, &batcher, &memory_budget, &metrics);
   EncoderService encoder(&serving_core, options.max_message_bytes, &metrics, api_key);
   // The HTTP/JSON front end: the same core calls, its own worker pool (server/http/).

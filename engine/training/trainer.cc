@@ -36,7 +36,7 @@ int64_t TrainingBatch::tokens() const {
 absl::Status ValidateTrainerOptions(const TrainerOptions& options) {
   auto invalid = [](const std::string& message) { return absl::InvalidArgumentError(message); };
   if (absl::Status adamw = ValidateAdamWOptions(options.adamw); !adamw.ok()) return adamw;
-  if (options.objective == Objective::kClassification) {
+  if (HasClassificationHead(options.objective)) {
     if (options.num_labels < 2 || options.num_labels > kMaxLabels) {
       return invalid(absl::StrCat("num_labels is ", options.num_labels,
                                   "; the classification objective needs 2 to ", kMaxLabels,
@@ -46,8 +46,7 @@ absl::Status ValidateTrainerOptions(const TrainerOptions& options) {
     return invalid(absl::StrCat("num_labels is ", options.num_labels,
                                 "; only the classification objective has labels"));
   }
-  if (options.trainable == TrainableSet::kHeadOnly &&
-      options.objective != Objective::kClassification) {
+  if (options.trainable == TrainableSet::kHeadOnly && !HasClassificationHead(options.objective)) {
     return invalid(
         "training the head only needs the classification objective (the other objectives have "
         "no head)");
@@ -117,6 +116,7 @@ absl::Status ValidateTrainingBatch(const TrainingBatch& batch, const TrainerOpti
       }
       break;
     case Objective::kClassification:
+    case Objective::kPairClassification:
       if (batch.labels.size() != batch.inputs.size()) {
         return invalid(absl::StrCat(batch.inputs.size(), " inputs but ", batch.labels.size(),
                                     " labels; they must match"));
@@ -145,7 +145,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(std::shared_ptr<const M
   trainer->grads_ = ZerosLike(trainer->weights_);
   ClassificationHead* head = nullptr;
   ClassificationHead* head_grads = nullptr;
-  if (options.objective == Objective::kClassification) {
+  if (HasClassificationHead(options.objective)) {
     trainer->head_ = MakeClassificationHead(options.num_labels, base->config().hidden_size,
                                             HeadInit::kNormal, options.seed);
     trainer->head_grads_ = ZerosLike(*trainer->head_);
@@ -225,6 +225,7 @@ absl::StatusOr<StepResult> Trainer::Step(const TrainingBatch& batch) {
       break;
     }
     case Objective::kClassification:
+    case Objective::kPairClassification:
       loss = ClassificationHeadLoss(*head_, embedding.data(), batch.labels, d_embedding.data(),
                                     &*head_grads_);
       break;

@@ -23,7 +23,16 @@ enum class Objective {
   kContrastive,       // MultipleNegativesRankingLoss over (anchor, positive[, negative])
   kCosineSimilarity,  // MSE between cos(first, second) and a gold score
   kClassification,    // a new linear head over the pooled embedding, cross-entropy
+  // The same head and loss over a text pair encoded together ([CLS] a [SEP] b [SEP]): a
+  // cross-encoder. The engine trains it exactly like kClassification (the batch's inputs are
+  // the pairs); the objective is kept apart so a version records how its head reads inputs.
+  kPairClassification,
 };
+
+// Whether the objective trains a classification head (kClassification, kPairClassification).
+inline bool HasClassificationHead(Objective objective) {
+  return objective == Objective::kClassification || objective == Objective::kPairClassification;
+}
 
 struct TrainerOptions {
   Objective objective = Objective::kContrastive;
@@ -35,7 +44,7 @@ struct TrainerOptions {
   uint64_t seed = 0;                // dropout masks and head initialisation
   bool dropout = true;              // use config.json's dropout probabilities; false = off
   double contrastive_scale = 20.0;  // contrastive: cosine similarity x scale
-  int num_labels = 0;               // classification: number of classes (2 to kMaxLabels); else 0
+  int num_labels = 0;  // classification objectives: number of classes (2 to kMaxLabels); else 0
 };
 
 constexpr int kMaxLabels = 1 << 16;
@@ -47,7 +56,8 @@ struct TrainingBatch {
   // kCosineSimilarity: cos(first[i], second[i]) should equal scores[i].
   std::vector<SequenceInput> first, second;
   std::vector<float> scores;
-  // kClassification: inputs[i] has class labels[i] in [0, num_labels).
+  // kClassification, kPairClassification: inputs[i] (a pair for the latter) has class
+  // labels[i] in [0, num_labels).
   std::vector<SequenceInput> inputs;
   std::vector<int64_t> labels;
 

@@ -215,6 +215,57 @@ struct ExplainResponse {
   std::shared_ptr<Admission> admission;  // hold until the response is sent
 };
 
+// ---- Classify -------------------------------------------------------------------------------
+
+struct ClassifyRequest {
+  std::string_view model_version;  // must have a classification head
+  std::vector<Input> inputs;       // texts (CLASSIFICATION head) or pairs (PAIR_CLASSIFICATION)
+  TokenizationOptions tokenization;
+  int32_t top_k = 0;  // 0 = every label; more than the labels = every label
+};
+
+struct LabelScore {
+  int32_t label = 0;
+  std::string name;  // the job's label name, or ""
+  float probability = 0;
+  float logit = 0;
+};
+
+struct ClassifyResponse {
+  std::string model_version;
+  std::vector<std::vector<LabelScore>> results;  // per input, most probable first
+  Metadata metadata;
+  std::shared_ptr<Admission> admission;  // hold until the response is sent
+};
+
+// ---- Rerank ---------------------------------------------------------------------------------
+
+enum class RerankMethod : int { kUnspecified = 0, kCosine = 1, kCrossEncoder = 2 };
+
+struct RerankRequest {
+  std::string_view model_version;
+  std::string_view query;
+  std::vector<std::string_view> documents;
+  int32_t top_n = 0;  // 0 = all
+  RerankMethod method = RerankMethod::kUnspecified;
+  TokenizationOptions tokenization;
+  bool return_documents = false;
+};
+
+struct RerankResult {
+  int32_t index = 0;  // into the request's documents
+  float score = 0;
+  std::string document;  // when asked
+};
+
+struct RerankResponse {
+  std::string model_version;
+  RerankMethod method = RerankMethod::kUnspecified;  // the one used
+  std::vector<RerankResult> results;                 // best first
+  Metadata metadata;
+  std::shared_ptr<Admission> admission;  // hold until the response is sent
+};
+
 // ---- Tokenize -------------------------------------------------------------------------------
 
 struct TokenizeRequest {

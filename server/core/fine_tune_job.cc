@@ -1,10 +1,14 @@
 #include "server/core/fine_tune_job.h"
 
 #include <initializer_list>
+#include <set>
+#include <string_view>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "engine/model_store.h"
+#include "engine/quote.h"
 #include "server/core/request_plan.h"
 
 namespace attn::server::core {
@@ -17,6 +21,8 @@ const char* ObjectiveName(Objective objective) {
       return "cosine_similarity";
     case Objective::kClassification:
       return "classification";
+    case Objective::kPairClassification:
+      return "pair_classification";
   }
   return "unknown";
 }
@@ -32,12 +38,47 @@ std::string FineTunedOrigin(const std::string& base, const std::string& objectiv
                       steps == 1 ? " step)" : " steps)");
 }
 
+absl::Status CheckLabelNames(const std::vector<std::string>& names, const TrainerOptions& t) {
+  if (names.empty()) return absl::OkStatus();
+  if (!HasClassificationHead(t.objective)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "config.label_names is set but the ", ObjectiveName(t.objective),
+        " objective has no labels; label names are for CLASSIFICATION and PAIR_CLASSIFICATION"));
+  }
+  if (static_cast<int64_t>(names.size()) != t.num_labels) {
+    return absl::InvalidArgumentError(absl::StrCat("config.label_names has ", names.size(),
+                                                   " names for num_labels ", t.num_labels,
+                                                   "; give one name per label, or none"));
+  }
+  size_t bytes = 0;
+  std::set<std::string_view> seen;
+  for (size_t i = 0; i < names.size(); ++i) {
+    const std::string& name = names[i];
+    if (name.empty() || name.size() > kMaxLabelNameBytes) {
+      return absl::InvalidArgumentError(absl::StrCat("config.label_names[", i, "] is ", name.size(),
+                                                     " bytes; give 1 to ", kMaxLabelNameBytes,
+                                                     " bytes"));
+    }
+    if (!seen.insert(name).second) {
+      return absl::InvalidArgumentError(absl::StrCat("config.label_names[", i, "] repeats ",
+                                                     QuoteInput(name), "; names must differ"));
+    }
+    bytes += name.size();
+  }
+  if (bytes > kMaxLabelNamesBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("config.label_names total ", bytes,
+                                                   " bytes, more than ", kMaxLabelNamesBytes));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<JobSettings> ResolveJobConfig(const FineTuneConfig& config, const Model& base) {
   JobSettings s;
   TrainerOptions& t = s.trainer;
   if (!config.objective.has_value()) {
     return absl::InvalidArgumentError(
-        "config.objective is not set; use CONTRASTIVE, COSINE_SIMILARITY or CLASSIFICATION");
+        "config.objective is not set; use CONTRASTIVE, COSINE_SIMILARITY, CLASSIFICATION or "
+        "PAIR_CLASSIFICATION");
   }
   t.objective = *config.objective;
 
@@ -66,6 +107,8 @@ absl::StatusOr<JobSettings> ResolveJobConfig(const FineTuneConfig& config, const
   if (absl::Status valid = ValidateTrainerOptions(t); !valid.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("config: ", valid.message()));
   }
+  if (absl::Status names = CheckLabelNames(config.label_names, t); !names.ok()) return names;
+  s.label_names = config.label_names;
 
   absl::StatusOr<TruncationOptions> truncation = ResolveTruncation(base, config.tokenization);
   if (!truncation.ok())
@@ -116,6 +159,25 @@ absl::Status ConvertBatch(const TrainingBatchRequest& in, const JobSettings& set
       return absl::InvalidArgumentError(
           absl::StrCat(where, " has ", encoding->size(), " tokens, more than max_length ",
                        settings.truncation.max_length, " and truncation is TRUNCATION_NONE"));
+    }
+    into->push_back({std::move(encoding->ids), std::move(encoding->type_ids)});
+    return absl::OkStatus();
+  };
+  auto tokenize_pair = [&](int i, const std::string& first, const std::string& second,
+                           std::vector<SequenceInput>* into) -> absl::Status {
+    const std::string where = absl::StrCat(batch_name, ", examples[", i, "].");
+    if (first.empty()) return absl::InvalidArgumentError(absl::StrCat(where, "first is empty"));
+    if (second.empty()) return absl::InvalidArgumentError(absl::StrCat(where, "second is empty"));
+    absl::StatusOr<Encoding> encoding =
+        model.tokenizer().EncodePair(first, second, settings.truncation);
+    if (!encoding.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, "first/second: ", encoding.status().message()));
+    }
+    if (!settings.truncation.enabled && encoding->size() > settings.truncation.max_length) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          where, "first + second have ", encoding->size(), " tokens, more than max_length ",
+          settings.truncation.max_length, " and truncation is TRUNCATION_NONE"));
     }
     into->push_back({std::move(encoding->ids), std::move(encoding->type_ids)});
     return absl::OkStatus();
@@ -182,6 +244,18 @@ absl::Status ConvertBatch(const TrainingBatchRequest& in, const JobSettings& set
                          {"score", e.score != 0}});
         if (!status.ok()) return status;
         if (!(status = tokenize(i, "text", e.text, &out->inputs)).ok()) return status;
+        out->labels.push_back(e.label);
+        break;
+      }
+      case Objective::kPairClassification: {
+        status = unused(i, e,
+                        {{"anchor", !e.anchor.empty()},
+                         {"positive", !e.positive.empty()},
+                         {"negative", !e.negative.empty()},
+                         {"text", !e.text.empty()},
+                         {"score", e.score != 0}});
+        if (!status.ok()) return status;
+        if (!(status = tokenize_pair(i, e.first, e.second, &out->inputs)).ok()) return status;
         out->labels.push_back(e.label);
         break;
       }

@@ -34,12 +34,14 @@ struct FineTuneConfig {
   bool disable_dropout = false;
   double contrastive_scale = 0;
   int32_t num_labels = 0;
-  std::string base_version;  // empty = the served version
+  std::vector<std::string> label_names;  // classification objectives: none or num_labels
+  std::string base_version;              // empty = the served version
   TokenizationOptions tokenization;
 };
 
 // One example; which fields an objective uses: contrastive anchor/positive[/negative], cosine
-// similarity first/second/score, classification text/label. Setting another one is an error.
+// similarity first/second/score, classification text/label, pair classification
+// first/second/label. Setting another one is an error.
 struct TrainingExample {
   std::string anchor, positive, negative;
   std::string first, second;
@@ -75,10 +77,18 @@ struct FineTuneProgress {
 struct JobSettings {
   TrainerOptions trainer;
   TruncationOptions truncation;
+  std::vector<std::string> label_names;  // recorded with the committed version
 };
 
-// "contrastive", "cosine_similarity", "classification".
+// One class name's limit (the store caps them all together: kMaxLabelNamesBytes).
+inline constexpr size_t kMaxLabelNameBytes = 256;
+
+// "contrastive", "cosine_similarity", "classification", "pair_classification".
 const char* ObjectiveName(Objective objective);
+
+// A job's label_names for its settings `t`: none, or one distinct non-empty name (at most
+// kMaxLabelNameBytes) per label of a classification objective, within kMaxLabelNamesBytes.
+absl::Status CheckLabelNames(const std::vector<std::string>& names, const TrainerOptions& t);
 
 // `config` for a job that fine-tunes `base`: defaults filled in (0 = the default), then the
 // engine's ValidateTrainerOptions, its message prefixed with "config: ".

@@ -264,6 +264,7 @@ absl::StatusOr<ModelVersion> FineTuneJob::Publish(const CommitRequest& request) 
   CheckpointInfo info;
   info.base_version = base_.version;
   info.objective = ObjectiveName(settings_.trainer.objective);
+  info.label_names = settings_.label_names;
   info.steps = steps_;
   info.final_loss = last_.loss;
   info.sequence = sequence;

@@ -83,7 +83,8 @@ ServingCore::ServingCore(CoreOptions options, ModelRegistry* registry, Batcher* 
       registry_(registry),
       batcher_(batcher),
       memory_budget_(memory_budget),
-      metrics_(metrics) {}
+      metrics_(metrics),
+      heads_(options_.model_store) {}
 
 // The shared path of Encode, AttentionMap and Explain: version, `prepare` (validate + tokenize),
 // drop check, cost and admission, submit; `build` makes the response on the batcher thread.

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <functional>
+#include <string>
 
 #include "absl/status/statusor.h"
 #include "server/core/batcher.h"
@@ -13,6 +14,7 @@
 #include "server/core/model_registry.h"
 #include "server/core/request_plan.h"
 #include "server/core/serving_metrics.h"
+#include "server/core/version_heads.h"
 
 namespace attn::server::core {
 
@@ -21,6 +23,7 @@ struct CoreOptions {
   RequestLimits limits;
   int64_t max_message_bytes = 0;         // the response limit (--max-message-bytes)
   int64_t max_request_memory_bytes = 0;  // one call's working memory (cost_model.h)
+  std::string model_store;               // where Classify and Rerank find heads ("" = none)
 };
 
 // `status` as the caller should get it: DEADLINE_EXCEEDED or CANCELLED (counted as dropped at
@@ -49,6 +52,14 @@ class ServingCore {
   // first rule) and its working memory (the budget).
   void Explain(const ExplainRequest& request, const CallControl& control,
                Done<ExplainResponse> done);
+  // A version's classification head over the pooled, normalised embeddings of the inputs (the
+  // embedding the head was trained on): an Encode of the inputs, then the head per input.
+  void Classify(const ClassifyRequest& request, const CallControl& control,
+                Done<ClassifyResponse> done);
+  // Documents scored against the query and sorted: one Encode of the query and the documents
+  // (cosine), or of the (query, document) pairs through the version's pair head (cross-encoder).
+  void Rerank(const RerankRequest& request, const CallControl& control,
+              Done<RerankResponse> done);
 
   // Calls answered on the calling thread.
   absl::StatusOr<TokenizeResponse> Tokenize(const TokenizeRequest& request,
@@ -66,6 +77,7 @@ class ServingCore {
   Batcher* const batcher_;
   MemoryBudget* const memory_budget_;
   ServingMetrics* const metrics_;
+  VersionHeads heads_;
 };
 
 }  // namespace attn::server::core

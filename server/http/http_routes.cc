@@ -98,6 +98,8 @@ HttpReply HttpRoutes::Dispatch(const HttpRequest& request, const char** method_l
       {"/v1/attention", "POST", "AttentionMap"},
       {"/v1/tokenize", "POST", "Tokenize"},
       {"/v1/explain", "POST", "Explain"},
+      {"/v1/classify", "POST", "Classify"},
+      {"/v1/rerank", "POST", "Rerank"},
       {"/v1/models", "GET", "GetModelInfo"},
       {"/health", "GET", "Health"},
   };
@@ -113,7 +115,8 @@ HttpReply HttpRoutes::Dispatch(const HttpRequest& request, const char** method_l
     return ErrorReply(absl::NotFoundError(absl::StrCat(
                           "no route ", Quote(request.path),
                           "; this server answers POST /v1/embeddings, /v1/encode, /v1/attention, "
-                          "/v1/tokenize, /v1/explain, GET /v1/models and GET /health")),
+                          "/v1/tokenize, /v1/explain, /v1/classify, /v1/rerank, GET /v1/models and "
+                          "GET /health")),
                       "", "unknown_route");
   }
   *method_label = route->label;
@@ -162,6 +165,14 @@ HttpReply HttpRoutes::Dispatch(const HttpRequest& request, const char** method_l
   if (label == "Explain") {
     return EngineRoute<v1::ExplainRequest, v1::ExplainResponse>(request, control,
                                                                 &core::ServingCore::Explain);
+  }
+  if (label == "Classify") {
+    return EngineRoute<v1::ClassifyRequest, v1::ClassifyResponse>(request, control,
+                                                                  &core::ServingCore::Classify);
+  }
+  if (label == "Rerank") {
+    return EngineRoute<v1::RerankRequest, v1::RerankResponse>(request, control,
+                                                              &core::ServingCore::Rerank);
   }
   if (label == "Tokenize") {
     return DirectRoute<v1::TokenizeRequest, v1::TokenizeResponse>(request, control,

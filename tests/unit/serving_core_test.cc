@@ -4,13 +4,20 @@
 #include "server/core/serving_core.h"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <future>
 #include <memory>
 #include <string>
 #include <thread>
 #include <vector>
+
+#include "absl/strings/match.h"
+#include "engine/model_store.h"
+#include "engine/training/losses.h"
 
 namespace attn::server::core {
 namespace {
@@ -285,6 +292,183 @@ TEST_F(ServingCoreTest, UnknownVersionIsNotFound) {
   ASSERT_TRUE(base.ok()) << base.status();
   EXPECT_EQ(base->num_layers, 6);
   EXPECT_EQ(base->hidden_size, 384);
+}
+
+// Classify and Rerank against a naive reference: heads written to a real model store, the
+// engine's own pooled (normalised) embedding, logits and softmax in double in plain loops.
+class ClassifyRerankCoreTest : public ServingCoreTest {
+ protected:
+  void SetUp() override {
+    ServingCoreTest::SetUp();
+    store_ = std::filesystem::temp_directory_path() /
+             ("attn-classify-core-" + std::to_string(::getpid()));
+    std::filesystem::remove_all(store_);
+    // Large weights so the probabilities differ clearly between labels and inputs.
+    text_head_ = MakeClassificationHead(3, 384, HeadInit::kNormal, /*seed=*/11, 2.0f);
+    pair_head_ = MakeClassificationHead(2, 384, HeadInit::kNormal, /*seed=*/12, 2.0f);
+    Commit("ft-000001-text", "classification", text_head_, {"red", "green", "blue"});
+    Commit("ft-000002-pair", "pair_classification", pair_head_, {});
+    CoreOptions options;
+    options.limits.max_inputs_per_request = 4;
+    options.max_message_bytes = 64 << 20;
+    options.max_request_memory_bytes = 512 << 20;
+    options.model_store = store_;
+    core_ = std::make_unique<ServingCore>(options, registry_.get(), batcher_.get(), &budget_,
+                                          &metrics_);
+  }
+  void TearDown() override { std::filesystem::remove_all(store_); }
+
+  // The version's files hold the base weights: only its head differs from base.
+  void Commit(const std::string& version, const std::string& objective,
+              const ClassificationHead& head, std::vector<std::string> names) {
+    CheckpointInfo info;
+    info.base_version = "base";
+    info.objective = objective;
+    info.label_names = std::move(names);
+    ASSERT_TRUE(WriteCheckpoint(**model_, (*model_)->weights(), &head, info, store_, version).ok());
+    ModelVersion entry;
+    entry.version = version;
+    entry.model = *model_;
+    registry_->Add(entry);
+  }
+
+  ForwardResult PairForward(const std::string& a, const std::string& b) {
+    TruncationOptions truncation;
+    truncation.max_length = (*model_)->default_max_length();
+    absl::StatusOr<Encoding> encoding = (*model_)->tokenizer().EncodePair(a, b, truncation);
+    EXPECT_TRUE(encoding.ok());
+    absl::StatusOr<ForwardResult> result = (*model_)->Forward({{encoding->ids, encoding->type_ids}},
+                                                              (*model_)->DefaultForwardOptions());
+    EXPECT_TRUE(result.ok()) << result.status();
+    return std::move(*result);
+  }
+
+  // softmax(W e + b), in double.
+  static std::vector<double> NaiveProbabilities(const ClassificationHead& head, const float* e) {
+    const int64_t k = head.num_labels(), h = head.hidden_size();
+    std::vector<double> logits(k);
+    for (int64_t i = 0; i < k; ++i) {
+      double sum = head.bias.data()[i];
+      for (int64_t j = 0; j < h; ++j) sum += double{head.weight.data()[i * h + j]} * e[j];
+      logits[i] = sum;
+    }
+    const double max = *std::max_element(logits.begin(), logits.end());
+    double total = 0;
+    for (double& l : logits) total += (l = std::exp(l - max));
+    for (double& l : logits) l /= total;
+    return logits;
+  }
+
+  std::string store_;
+  ClassificationHead text_head_, pair_head_;
+};
+
+TEST_F(ClassifyRerankCoreTest, ClassifyEqualsTheHeadOverTheEnginesEmbedding) {
+  const std::vector<std::string> texts = {"a red apple", "Green fields under a blue sky."};
+  ClassifyRequest request;
+  request.model_version = "ft-000001-text";
+  for (const std::string& text : texts) request.inputs.push_back(Text(text));
+  absl::StatusOr<ClassifyResponse> response =
+      Wait<ClassifyResponse>(&ServingCore::Classify, request);
+  ASSERT_TRUE(response.ok()) << response.status();
+  ASSERT_EQ(response->results.size(), texts.size());
+  const std::vector<std::string> names = {"red", "green", "blue"};
+  for (size_t i = 0; i < texts.size(); ++i) {
+    const ForwardResult forward = EngineForward(texts[i], (*model_)->DefaultForwardOptions());
+    const std::vector<double> expected = NaiveProbabilities(text_head_, forward.pooled.data());
+    const std::vector<LabelScore>& labels = response->results[i];
+    ASSERT_EQ(labels.size(), 3u);
+    for (size_t rank = 0; rank < labels.size(); ++rank) {
+      EXPECT_NEAR(labels[rank].probability, expected[labels[rank].label], 1e-5);
+      EXPECT_EQ(labels[rank].name, names[labels[rank].label]);
+      if (rank > 0) EXPECT_GE(labels[rank - 1].probability, labels[rank].probability);
+    }
+    EXPECT_EQ(labels[0].label,
+              std::max_element(expected.begin(), expected.end()) - expected.begin());
+  }
+  // Errors a client can act on.
+  request.model_version = "base";
+  absl::StatusOr<ClassifyResponse> refused =
+      Wait<ClassifyResponse>(&ServingCore::Classify, request);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(absl::StrContains(refused.status().message(), "version base has no classification"))
+      << refused.status();
+  request.model_version = "ft-000001-text";
+  request.top_k = -1;
+  refused = Wait<ClassifyResponse>(&ServingCore::Classify, request);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(refused.status().message(), "top_k is -1; give 0 (every label) or a positive count");
+}
+
+TEST_F(ClassifyRerankCoreTest, RerankScoresAreCosinesOrThePairHeadsProbability) {
+  const std::string query = "where can I buy a kettle";
+  const std::vector<std::string> documents = {"Electric kettles on sale.", "The history of Rome.",
+                                              "Tea and kettles."};
+  RerankRequest request;
+  request.query = query;
+  for (const std::string& d : documents) request.documents.push_back(d);
+  request.model_version = "ft-000001-text";  // a text head: cosine by default
+  request.return_documents = true;
+  absl::StatusOr<RerankResponse> cosine = Wait<RerankResponse>(&ServingCore::Rerank, request);
+  ASSERT_TRUE(cosine.ok()) << cosine.status();
+  EXPECT_EQ(cosine->method, RerankMethod::kCosine);
+  const ForwardResult q = EngineForward(query, (*model_)->DefaultForwardOptions());
+  ASSERT_EQ(cosine->results.size(), documents.size());
+  for (size_t rank = 0; rank < documents.size(); ++rank) {
+    const RerankResult& r = cosine->results[rank];
+    const ForwardResult d = EngineForward(documents[r.index], (*model_)->DefaultForwardOptions());
+    double dot = 0;
+    for (int64_t j = 0; j < q.pooled.numel(); ++j)
+      dot += double{q.pooled.data()[j]} * d.pooled.data()[j];
+    EXPECT_NEAR(r.score, dot, 1e-5);
+    EXPECT_EQ(r.document, documents[r.index]);
+    if (rank > 0) EXPECT_GE(cosine->results[rank - 1].score, r.score);
+  }
+  EXPECT_EQ(cosine->results[0].index, 0) << "the kettle sale is the closest";
+
+  request.model_version = "ft-000002-pair";  // a pair head: cross-encoder by default
+  request.top_n = 2;
+  absl::StatusOr<RerankResponse> cross = Wait<RerankResponse>(&ServingCore::Rerank, request);
+  ASSERT_TRUE(cross.ok()) << cross.status();
+  EXPECT_EQ(cross->method, RerankMethod::kCrossEncoder);
+  ASSERT_EQ(cross->results.size(), 2u);
+  std::vector<double> expected;
+  for (const std::string& d : documents) {
+    expected.push_back(NaiveProbabilities(pair_head_, PairForward(query, d).pooled.data())[1]);
+  }
+  for (const RerankResult& r : cross->results) EXPECT_NEAR(r.score, expected[r.index], 1e-5);
+  EXPECT_EQ(cross->results[0].index,
+            std::max_element(expected.begin(), expected.end()) - expected.begin());
+
+  // What each refusal says.
+  auto refused = [&](RerankRequest bad) {
+    absl::StatusOr<RerankResponse> r = Wait<RerankResponse>(&ServingCore::Rerank, bad);
+    EXPECT_FALSE(r.ok());
+    return r.status();
+  };
+  RerankRequest bad = request;
+  bad.method = RerankMethod::kCrossEncoder;
+  bad.model_version = "ft-000001-text";
+  EXPECT_EQ(refused(bad).code(), absl::StatusCode::kFailedPrecondition);
+  bad.model_version = "base";
+  EXPECT_EQ(refused(bad).code(), absl::StatusCode::kFailedPrecondition);
+  bad = request;
+  bad.method = static_cast<RerankMethod>(7);
+  EXPECT_EQ(refused(bad).message(), "method: unknown value 7");
+  bad = request;
+  bad.documents.push_back("one too many");  // 4 documents + the query > 4 inputs
+  EXPECT_EQ(refused(bad).message(),
+            "the request has 4 documents; send 1 to 3 (--max-inputs-per-request less one for the "
+            "query) per call");
+  bad = request;
+  bad.documents[1] = "";
+  EXPECT_EQ(refused(bad).message(), "documents[1] is empty");
+  bad = request;
+  bad.query = "";
+  EXPECT_EQ(refused(bad).message(), "query is empty");
+  bad = request;
+  bad.top_n = -2;
+  EXPECT_EQ(refused(bad).code(), absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace
