@@ -39,7 +39,8 @@ std::optional<std::vector<std::string>> SharedServerFlags() {
       "--max_message_bytes=" + std::to_string(kMaxMessageBytes),
       "--max_inputs_per_request=" + std::to_string(kMaxInputs),
       "--trainer_token_file=" + dir->WriteFile("token", std::string(kToken) + "\n"),
-      "--trainer_threads=1", "--max_request_memory_bytes=" + std::to_string(kMaxRequestMemory),
+      "--trainer_threads=1",
+      "--max_request_memory_bytes=" + std::to_string(kMaxRequestMemory),
       "--model_store=" + dir->path() + "/store"};
 }
 
@@ -91,6 +92,30 @@ grpc::Status Explain(Clients& c, const pb::ExplainRequest& request) {
   grpc::ClientContext context;
   context.set_deadline(Deadline());
   return c.encoder->Explain(&context, request, &ignored);
+}
+
+grpc::Status Classify(Clients& c, const pb::ClassifyRequest& request) {
+  pb::ClassifyResponse ignored;
+  grpc::ClientContext context;
+  context.set_deadline(Deadline());
+  return c.encoder->Classify(&context, request, &ignored);
+}
+
+grpc::Status Rerank(Clients& c, const pb::RerankRequest& request) {
+  pb::RerankResponse ignored;
+  grpc::ClientContext context;
+  context.set_deadline(Deadline());
+  return c.encoder->Rerank(&context, request, &ignored);
+}
+
+// A Rerank request of `query` against `documents`, then `configure`.
+pb::RerankRequest RerankOf(const std::string& query, const std::vector<std::string>& documents,
+                           const std::function<void(pb::RerankRequest*)>& configure = {}) {
+  pb::RerankRequest request;
+  request.set_query(query);
+  for (const std::string& d : documents) request.add_documents(d);
+  if (configure) configure(&request);
+  return request;
 }
 
 // An Explain request of `query` against `documents`, then `configure`.
@@ -185,7 +210,9 @@ pb::FineTuneRequest Config(pb::Objective objective) {
   request.mutable_config()->set_objective(objective);
   request.mutable_config()->set_learning_rate(1e-5);
   request.mutable_config()->set_disable_dropout(true);
-  if (objective == pb::CLASSIFICATION) request.mutable_config()->set_num_labels(3);
+  if (objective == pb::CLASSIFICATION || objective == pb::PAIR_CLASSIFICATION) {
+    request.mutable_config()->set_num_labels(3);
+  }
   return request;
 }
 
@@ -1480,6 +1507,169 @@ std::vector<HostileCase> Catalogue() {
        StatusCode::INVALID_ARGUMENT,
        {"query is empty"},
        "Explain"});
+  add({"classify_base_has_no_head",
+       "Classify on the base model (no classification head)",
+       [](Clients& c) {
+         pb::ClassifyRequest request;
+         request.add_inputs()->set_text("a cat");
+         return Classify(c, request);
+       },
+       StatusCode::FAILED_PRECONDITION,
+       {"version base has no classification head", "CLASSIFICATION"},
+       "Classify"});
+  add({"classify_unknown_version",
+       "Classify pinned to a version that does not exist",
+       [](Clients& c) {
+         pb::ClassifyRequest request;
+         request.add_inputs()->set_text("a cat");
+         request.set_model_version("ft-999999-nope");
+         return Classify(c, request);
+       },
+       StatusCode::NOT_FOUND,
+       {"ft-999999-nope"},
+       "Classify"});
+  add({"classify_10000_inputs",
+       "Classify with 10,000 inputs on the base model",
+       [](Clients& c) {
+         pb::ClassifyRequest request;
+         for (int i = 0; i < 10000; ++i) request.add_inputs()->set_text("x");
+         return Classify(c, request);
+       },
+       StatusCode::FAILED_PRECONDITION,
+       {"no classification head"},
+       "Classify"});
+  add({"rerank_no_documents",
+       "Rerank with a query and no documents",
+       [](Clients& c) { return Rerank(c, RerankOf("a cat", {})); },
+       StatusCode::INVALID_ARGUMENT,
+       {"0 documents", "1 to 255"},
+       "Rerank"});
+  add({"rerank_10000_documents",
+       "Rerank with 10,000 documents",
+       [](Clients& c) {
+         return Rerank(c, RerankOf("a cat", std::vector<std::string>(10000, "x")));
+       },
+       StatusCode::INVALID_ARGUMENT,
+       {"10000 documents", "1 to 255", "--max-inputs-per-request"},
+       "Rerank"});
+  add({"rerank_empty_query",
+       "Rerank with an empty query",
+       [](Clients& c) { return Rerank(c, RerankOf("", {"a dog"})); },
+       StatusCode::INVALID_ARGUMENT,
+       {"query is empty"},
+       "Rerank"});
+  add({"rerank_empty_document",
+       "Rerank with an empty second document",
+       [](Clients& c) {
+         return Rerank(c, RerankOf("a cat", {"a dog", ""}));
+       },
+       StatusCode::INVALID_ARGUMENT,
+       {"documents[1] is empty"},
+       "Rerank"});
+  add({"rerank_top_n_negative",
+       "Rerank with top_n -1",
+       [](Clients& c) {
+         return Rerank(
+             c, RerankOf("a cat", {"a dog"}, [](pb::RerankRequest* r) { r->set_top_n(-1); }));
+       },
+       StatusCode::INVALID_ARGUMENT,
+       {"top_n is -1"},
+       "Rerank"});
+  add({"rerank_unknown_method",
+       "Rerank with method 9",
+       [](Clients& c) {
+         return Rerank(c, RerankOf("a cat", {"a dog"}, [](pb::RerankRequest* r) {
+                         r->set_method(static_cast<pb::RerankMethod>(9));
+                       }));
+       },
+       StatusCode::INVALID_ARGUMENT,
+       {"method: unknown value 9"},
+       "Rerank"});
+  add({"rerank_cross_encoder_without_pair_head",
+       "Rerank as a cross-encoder on the base model (no pair head)",
+       [](Clients& c) {
+         return Rerank(c, RerankOf("a cat", {"a dog"}, [](pb::RerankRequest* r) {
+                         r->set_method(pb::RERANK_CROSS_ENCODER);
+                       }));
+       },
+       StatusCode::FAILED_PRECONDITION,
+       {"no classification head", "PAIR_CLASSIFICATION"},
+       "Rerank"});
+  add({"rerank_5000_token_document_untruncated",
+       "Rerank with a 5,000-token document and TRUNCATION_NONE",
+       [](Clients& c) {
+         std::string text;
+         for (int i = 0; i < 4998; ++i) text += "word ";
+         return Rerank(c, RerankOf("a cat", {"a dog", text}, [](pb::RerankRequest* r) {
+                         r->mutable_tokenization()->set_truncation(pb::TRUNCATION_NONE);
+                       }));
+       },
+       StatusCode::INVALID_ARGUMENT,
+       {"inputs[2]", "inputs[i + 1] is documents[i]"},
+       "Rerank"});
+  add({"rerank_1mib_query_served",
+       "Rerank with a 1 MiB query (truncated like Encode, served)",
+       [](Clients& c) {
+         std::string text;
+         while (text.size() < (1 << 20)) text += "query words ";
+         return Rerank(c, RerankOf(text, {"a dog", "a cat"}));
+       },
+       StatusCode::OK,
+       {},
+       "Rerank"});
+  add({"label_names_count_mismatch",
+       "CLASSIFICATION with 3 labels and 2 label_names",
+       [](Clients& c) {
+         pb::FineTuneRequest config = Config(pb::CLASSIFICATION);
+         config.mutable_config()->add_label_names("a");
+         config.mutable_config()->add_label_names("b");
+         return FineTune(c, {config});
+       },
+       StatusCode::INVALID_ARGUMENT,
+       {"label_names has 2 names for num_labels 3"},
+       "FineTune"});
+  add({"label_names_on_contrastive",
+       "CONTRASTIVE with label_names",
+       [](Clients& c) {
+         pb::FineTuneRequest config = Config(pb::CONTRASTIVE);
+         config.mutable_config()->add_label_names("a");
+         return FineTune(c, {config});
+       },
+       StatusCode::INVALID_ARGUMENT,
+       {"label_names is set", "contrastive"},
+       "FineTune"});
+  add({"label_name_10000_chars",
+       "a 10,000-character label name",
+       [](Clients& c) {
+         pb::FineTuneRequest config = Config(pb::CLASSIFICATION);
+         config.mutable_config()->add_label_names("a");
+         config.mutable_config()->add_label_names(std::string(10000, 'x'));
+         config.mutable_config()->add_label_names("c");
+         return FineTune(c, {config});
+       },
+       StatusCode::INVALID_ARGUMENT,
+       {"label_names[1] is 10000 bytes", "1 to 256"},
+       "FineTune"});
+  add({"label_names_repeated",
+       "the same label name twice",
+       [](Clients& c) {
+         pb::FineTuneRequest config = Config(pb::CLASSIFICATION);
+         for (const char* name : {"spam", "ham", "spam"}) {
+           config.mutable_config()->add_label_names(name);
+         }
+         return FineTune(c, {config});
+       },
+       StatusCode::INVALID_ARGUMENT,
+       {"label_names[2] repeats 'spam'"},
+       "FineTune"});
+  add({"pair_classification_with_text",
+       "PAIR_CLASSIFICATION given a text example instead of a pair",
+       [](Clients& c) {
+         return FineTune(c, {Config(pb::PAIR_CLASSIFICATION), Batch({Labelled("only text", 1)})});
+       },
+       StatusCode::INVALID_ARGUMENT,
+       {"examples[0].text is set", "pair_classification"},
+       "FineTune"});
   add({"explain_unknown_method",
        "Explain with method 7",
        [](Clients& c) {

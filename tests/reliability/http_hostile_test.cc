@@ -456,6 +456,40 @@ std::vector<HttpCase> AllCases() {
        {"dimensions", "1 .. 384"},
        "Encode",
        "INVALID_ARGUMENT"});
+  add({"classify_base_has_no_head",
+       "/v1/classify on the base model (no classification head)",
+       [=](int p) { return Post(p, "/v1/classify", R"({"inputs": [{"text": "a"}]})"); },
+       400,
+       kBad,
+       {"version base has no classification head"},
+       "Classify",
+       "FAILED_PRECONDITION"});
+  add({"rerank_documents_object",
+       "/v1/rerank with documents: {\"a\": 1}",
+       [=](int p) { return Post(p, "/v1/rerank", R"({"query": "q", "documents": {"a": 1}})"); },
+       400,
+       kBad,
+       {"attnserve.v1.RerankRequest"},
+       "Rerank",
+       "INVALID_ARGUMENT"});
+  add({"rerank_top_n_text",
+       "/v1/rerank with topN \"many\"",
+       [=](int p) {
+         return Post(p, "/v1/rerank", R"({"query": "q", "documents": ["a"], "topN": "many"})");
+       },
+       400,
+       kBad,
+       {"attnserve.v1.RerankRequest"},
+       "Rerank",
+       "INVALID_ARGUMENT"});
+  add({"rerank_empty_document",
+       "/v1/rerank with an empty document",
+       [=](int p) { return Post(p, "/v1/rerank", R"({"query": "q", "documents": ["a", ""]})"); },
+       400,
+       kBad,
+       {"documents[1] is empty"},
+       "Rerank",
+       "INVALID_ARGUMENT"});
   add({"attention_layer_out_of_range",
        "/v1/attention with layer 99 of 6",
        [=](int p) {
