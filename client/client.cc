@@ -105,50 +105,45 @@ absl::Status EncoderClient::ToAbslStatus(const ::grpc::Status& grpc_status) cons
   return ToClientStatus(grpc_status, channel_.get(), target_);
 }
 
-absl::StatusOr<v1::EncodeResponse> EncoderClient::Encode(const v1::EncodeRequest& request) {
+template <typename Response, typename Request>
+absl::StatusOr<Response> EncoderClient::Unary(
+    ::grpc::Status (v1::Encoder::Stub::*method)(::grpc::ClientContext*, const Request&, Response*),
+    const Request& request) {
   ::grpc::ClientContext context;
   PrepareContext(&context);
-  v1::EncodeResponse response;
-  ::grpc::Status status = encoder_->Encode(&context, request, &response);
+  Response response;
+  ::grpc::Status status = (encoder_.get()->*method)(&context, request, &response);
   if (!status.ok()) return ToAbslStatus(status);
   return response;
 }
 
+absl::StatusOr<v1::EncodeResponse> EncoderClient::Encode(const v1::EncodeRequest& request) {
+  return Unary(&v1::Encoder::Stub::Encode, request);
+}
+
 absl::StatusOr<v1::ExplainResponse> EncoderClient::Explain(const v1::ExplainRequest& request) {
-  ::grpc::ClientContext context;
-  PrepareContext(&context);
-  v1::ExplainResponse response;
-  ::grpc::Status status = encoder_->Explain(&context, request, &response);
-  if (!status.ok()) return ToAbslStatus(status);
-  return response;
+  return Unary(&v1::Encoder::Stub::Explain, request);
+}
+
+absl::StatusOr<v1::ClassifyResponse> EncoderClient::Classify(const v1::ClassifyRequest& request) {
+  return Unary(&v1::Encoder::Stub::Classify, request);
+}
+
+absl::StatusOr<v1::RerankResponse> EncoderClient::Rerank(const v1::RerankRequest& request) {
+  return Unary(&v1::Encoder::Stub::Rerank, request);
 }
 
 absl::StatusOr<v1::AttentionMapResponse> EncoderClient::AttentionMap(
     const v1::AttentionMapRequest& request) {
-  ::grpc::ClientContext context;
-  PrepareContext(&context);
-  v1::AttentionMapResponse response;
-  ::grpc::Status status = encoder_->AttentionMap(&context, request, &response);
-  if (!status.ok()) return ToAbslStatus(status);
-  return response;
+  return Unary(&v1::Encoder::Stub::AttentionMap, request);
 }
 
 absl::StatusOr<v1::TokenizeResponse> EncoderClient::Tokenize(const v1::TokenizeRequest& request) {
-  ::grpc::ClientContext context;
-  PrepareContext(&context);
-  v1::TokenizeResponse response;
-  ::grpc::Status status = encoder_->Tokenize(&context, request, &response);
-  if (!status.ok()) return ToAbslStatus(status);
-  return response;
+  return Unary(&v1::Encoder::Stub::Tokenize, request);
 }
 
 absl::StatusOr<v1::ModelInfo> EncoderClient::GetModelInfo(const v1::GetModelInfoRequest& request) {
-  ::grpc::ClientContext context;
-  PrepareContext(&context);
-  v1::ModelInfo response;
-  ::grpc::Status status = encoder_->GetModelInfo(&context, request, &response);
-  if (!status.ok()) return ToAbslStatus(status);
-  return response;
+  return Unary(&v1::Encoder::Stub::GetModelInfo, request);
 }
 
 absl::StatusOr<HealthStatus> EncoderClient::Health(const std::string& service) {

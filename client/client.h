@@ -57,6 +57,9 @@ class EncoderClient {
       const attnserve::v1::TokenizeRequest& request);
   absl::StatusOr<attnserve::v1::ExplainResponse> Explain(
       const attnserve::v1::ExplainRequest& request);
+  absl::StatusOr<attnserve::v1::ClassifyResponse> Classify(
+      const attnserve::v1::ClassifyRequest& request);
+  absl::StatusOr<attnserve::v1::RerankResponse> Rerank(const attnserve::v1::RerankRequest& request);
   absl::StatusOr<attnserve::v1::ModelInfo> GetModelInfo(
       const attnserve::v1::GetModelInfoRequest& request = {});
 
@@ -70,6 +73,11 @@ class EncoderClient {
  private:
   void PrepareContext(::grpc::ClientContext* context) const;
   absl::Status ToAbslStatus(const ::grpc::Status& status) const;
+  // One unary Encoder call with this client's context (deadline, token).
+  template <typename Response, typename Request>
+  absl::StatusOr<Response> Unary(::grpc::Status (attnserve::v1::Encoder::Stub::*method)(
+                                     ::grpc::ClientContext*, const Request&, Response*),
+                                 const Request& request);
 
   std::string target_;
   ClientOptions options_;

@@ -128,7 +128,7 @@ FineTuneOutcome FineTuneRunner::Run(const FineTuneJob& job) {
     outcome.aborted_by_us = true;
   } else if (!broken) {
     if (job.commit) {
-      session_->Commit(job.description);
+      session_->Commit(job.description, job.do_not_serve);
     } else {
       session_->Abort();
       outcome.aborted_by_us = true;

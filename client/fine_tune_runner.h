@@ -37,7 +37,8 @@ struct FineTuneJob {
   int batch_size = 16;
   // After the last batch: commit (publish a new version) instead of aborting the job.
   bool commit = false;
-  std::string description;  // stored with the committed version
+  std::string description;    // stored with the committed version
+  bool do_not_serve = false;  // commit as a version served only when pinned
 };
 
 struct FineTuneRunnerOptions {

@@ -88,6 +88,8 @@ const char* ObjectiveFields(v1::Objective objective) {
       return R"({"first": "...", "second": "...", "score": 0.8})";
     case v1::CLASSIFICATION:
       return R"({"text": "...", "label": 2})";
+    case v1::PAIR_CLASSIFICATION:
+      return R"({"first": "...", "second": "...", "label": 1})";
     default:
       return "";
   }
@@ -98,7 +100,10 @@ const char* ObjectiveFields(v1::Objective objective) {
 v1::Objective ObjectiveOfFields(const Json& json) {
   if (!json.is_object()) return v1::OBJECTIVE_UNSPECIFIED;
   if (json.contains("anchor") && json.contains("positive")) return v1::CONTRASTIVE;
-  if (json.contains("first") && json.contains("second")) return v1::COSINE_SIMILARITY;
+  if (json.contains("first") && json.contains("second")) {
+    return json.contains("label") && !json.contains("score") ? v1::PAIR_CLASSIFICATION
+                                                             : v1::COSINE_SIMILARITY;
+  }
   if (json.contains("text") && json.contains("label")) return v1::CLASSIFICATION;
   return v1::OBJECTIVE_UNSPECIFIED;
 }
@@ -141,6 +146,31 @@ class LineChecker {
   const Json& object_;
   std::vector<std::string>* problems_;
 };
+
+// The "label" field of a classification line: an integer class index below --num-labels.
+void CheckLabel(LineChecker& check, const DataLimits& limits, v1::TrainingExample* example,
+                std::vector<std::string>* problems) {
+  if (const Json* label = check.Field("label"); label != nullptr) {
+    if (label->is_number_float() || !label->is_number()) {
+      problems->push_back(
+          absl::StrFormat("\"label\" must be an integer class index, not %s",
+                          label->is_number_float() ? "a fraction" : TypeName(*label)));
+    } else if (label->is_number_integer() && !label->is_number_unsigned() &&
+               label->get<int64_t>() < 0) {
+      problems->push_back(absl::StrFormat("\"label\" is negative (%d)", label->get<int64_t>()));
+    } else {
+      const uint64_t value = label->get<uint64_t>();
+      if (limits.num_labels > 0 && value >= static_cast<uint64_t>(limits.num_labels)) {
+        problems->push_back(
+            absl::StrFormat("\"label\" %d is not below --num-labels %d", value, limits.num_labels));
+      } else if (value > static_cast<uint64_t>(std::numeric_limits<int32_t>::max())) {
+        problems->push_back(absl::StrFormat("\"label\" %d is too large", value));
+      } else {
+        example->set_label(static_cast<int32_t>(value));
+      }
+    }
+  }
+}
 
 // Checks one parsed line; appends its problems (without the "file:line: " prefix).
 void CheckExample(const Json& json, v1::Objective objective, const DataLimits& limits,
@@ -191,26 +221,15 @@ void CheckExample(const Json& json, v1::Objective objective, const DataLimits& l
     case v1::CLASSIFICATION: {
       auto text = check.String("text");
       if (text) example->set_text(*text);
-      if (const Json* label = check.Field("label"); label != nullptr) {
-        if (label->is_number_float() || !label->is_number()) {
-          problems->push_back(
-              absl::StrFormat("\"label\" must be an integer class index, not %s",
-                              label->is_number_float() ? "a fraction" : TypeName(*label)));
-        } else if (label->is_number_integer() && !label->is_number_unsigned() &&
-                   label->get<int64_t>() < 0) {
-          problems->push_back(absl::StrFormat("\"label\" is negative (%d)", label->get<int64_t>()));
-        } else {
-          const uint64_t value = label->get<uint64_t>();
-          if (limits.num_labels > 0 && value >= static_cast<uint64_t>(limits.num_labels)) {
-            problems->push_back(absl::StrFormat("\"label\" %d is not below --num-labels %d", value,
-                                                limits.num_labels));
-          } else if (value > static_cast<uint64_t>(std::numeric_limits<int32_t>::max())) {
-            problems->push_back(absl::StrFormat("\"label\" %d is too large", value));
-          } else {
-            example->set_label(static_cast<int32_t>(value));
-          }
-        }
-      }
+      CheckLabel(check, limits, example, problems);
+      break;
+    }
+    case v1::PAIR_CLASSIFICATION: {
+      auto first = check.String("first");
+      auto second = check.String("second");
+      if (first) example->set_first(*first);
+      if (second) example->set_second(*second);
+      CheckLabel(check, limits, example, problems);
       break;
     }
     default:
@@ -228,6 +247,8 @@ const char* ObjectiveFlagName(v1::Objective objective) {
       return "cosine";
     case v1::CLASSIFICATION:
       return "classification";
+    case v1::PAIR_CLASSIFICATION:
+      return "pair_classification";
     default:
       return "";
   }
@@ -309,7 +330,8 @@ absl::StatusOr<TrainingData> ParseTrainingData(absl::string_view text, v1::Objec
       report(line_number, absl::StrJoin(problems, "; "));
       continue;
     }
-    if (objective == v1::CLASSIFICATION) data.max_label = std::max(data.max_label, example.label());
+    if (objective == v1::CLASSIFICATION || objective == v1::PAIR_CLASSIFICATION)
+      data.max_label = std::max(data.max_label, example.label());
     data.examples.push_back(std::move(example));
   }
   if (total_errors > static_cast<int>(errors.size())) {

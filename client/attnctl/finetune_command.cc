@@ -27,7 +27,8 @@
 #include "client/training_data.h"
 
 ABSL_FLAG(std::string, data, "", "training data (JSON Lines), required");
-ABSL_FLAG(std::string, objective, "", "contrastive | cosine | classification, required");
+ABSL_FLAG(std::string, objective, "",
+          "contrastive | cosine | classification | pair_classification, required");
 ABSL_FLAG(int, epochs, 1, "passes over the data");
 ABSL_FLAG(double, lr, 2e-5, "peak learning rate, AdamW");
 ABSL_FLAG(int, batch_size, 16, "examples per step, at most the server's --max-inputs-per-request");
@@ -42,6 +43,12 @@ ABSL_FLAG(uint64_t, seed, 0,
 ABSL_FLAG(bool, no_dropout, false, "train without dropout");
 ABSL_FLAG(std::string, base_version, "", "start from this version (default: the served one)");
 ABSL_FLAG(bool, commit, false, "publish the result as a new version and serve it by default");
+ABSL_FLAG(bool, do_not_serve, false,
+          "with --commit: publish the version without serving it by default (pin it per request "
+          "with --model-version; 'attnctl serve-version' makes it the default)");
+ABSL_FLAG(std::string, label_names, "",
+          "classification objectives: the classes' names, comma-separated, one per label "
+          "(Classify returns them)");
 ABSL_FLAG(std::string, description, "", "stored with the committed version (with --commit)");
 ABSL_FLAG(int, log_every, 0,
           "without a terminal: a progress line every N steps; 0 = about 20 lines");
@@ -75,6 +82,7 @@ struct FineTunePlan {
   int64_t total_steps = 0;
   uint64_t seed = 0;
   bool commit = false;
+  bool do_not_serve = false;
   std::string description;
   v1::FineTuneConfig config;
 };
@@ -85,7 +93,7 @@ std::string DescribePlan(const FineTunePlan& plan) {
   if (plan.data.objective == v1::CONTRASTIVE && plan.data.has_negatives) {
     absl::StrAppend(&what, " with hard negatives");
   }
-  if (plan.data.objective == v1::CLASSIFICATION) {
+  if (plan.data.objective == v1::CLASSIFICATION || plan.data.objective == v1::PAIR_CLASSIFICATION) {
     absl::StrAppendFormat(&what, ", %d labels", plan.config.num_labels());
   }
   auto plural = [](int64_t k, const char* word) {
@@ -130,12 +138,17 @@ absl::StatusOr<FineTunePlan> PlanFineTune(const Command& command, int* exit_code
     objective = v1::COSINE_SIMILARITY;
   } else if (objective_flag == "classification") {
     objective = v1::CLASSIFICATION;
+  } else if (objective_flag == "pair_classification" || objective_flag == "pair-classification") {
+    objective = v1::PAIR_CLASSIFICATION;
   } else if (objective_flag.empty()) {
-    return usage("finetune needs --objective contrastive|cosine|classification");
+    return usage(
+        "finetune needs --objective contrastive|cosine|classification|pair_classification");
   } else {
-    return usage(absl::StrCat("--objective must be contrastive, cosine or classification, not '",
-                              objective_flag, "'"));
+    return usage(absl::StrCat(
+        "--objective must be contrastive, cosine, classification or pair_classification, not '",
+        objective_flag, "'"));
   }
+  const bool has_head = objective == v1::CLASSIFICATION || objective == v1::PAIR_CLASSIFICATION;
   plan.epochs = absl::GetFlag(FLAGS_epochs);
   if (plan.epochs < 1) return usage("--epochs must be >= 1");
   plan.batch_size = absl::GetFlag(FLAGS_batch_size);
@@ -145,8 +158,19 @@ absl::StatusOr<FineTunePlan> PlanFineTune(const Command& command, int* exit_code
   const int64_t warmup = absl::GetFlag(FLAGS_warmup_steps);
   if (warmup < 0) return usage("--warmup-steps must be >= 0");
   const int num_labels = absl::GetFlag(FLAGS_num_labels);
-  if (num_labels != 0 && objective != v1::CLASSIFICATION) {
-    return usage("--num-labels applies to --objective classification only");
+  if (num_labels != 0 && !has_head) {
+    return usage("--num-labels applies to --objective classification and pair_classification only");
+  }
+  std::vector<std::string> label_names;
+  if (const std::string names = absl::GetFlag(FLAGS_label_names); !names.empty()) {
+    if (!has_head) {
+      return usage("--label-names applies to --objective classification and pair_classification");
+    }
+    label_names = absl::StrSplit(names, ',');
+    if (num_labels != 0 && static_cast<int>(label_names.size()) != num_labels) {
+      return usage(absl::StrFormat("--label-names has %d names for --num-labels %d",
+                                   label_names.size(), num_labels));
+    }
   }
   if (num_labels < 0 || num_labels == 1) return usage("--num-labels must be >= 2");
   const std::string parameters = absl::AsciiStrToLower(absl::GetFlag(FLAGS_parameters));
@@ -163,10 +187,14 @@ absl::StatusOr<FineTunePlan> PlanFineTune(const Command& command, int* exit_code
     return usage(absl::StrCat(
         "--parameters must be all, attention, all-but-embeddings or head, not '", parameters, "'"));
   }
-  if (selection == v1::PARAMETERS_HEAD_ONLY && objective != v1::CLASSIFICATION) {
-    return usage("--parameters head needs --objective classification (only it has a head)");
+  if (selection == v1::PARAMETERS_HEAD_ONLY && !has_head) {
+    return usage(
+        "--parameters head needs --objective classification or pair_classification (only they "
+        "have a head)");
   }
   plan.commit = absl::GetFlag(FLAGS_commit);
+  plan.do_not_serve = absl::GetFlag(FLAGS_do_not_serve);
+  if (plan.do_not_serve && !plan.commit) return usage("--do-not-serve goes with --commit");
   plan.description = absl::GetFlag(FLAGS_description);
   if (!plan.description.empty() && !plan.commit) {
     return usage("--description is stored with a committed version: add --commit");
@@ -211,8 +239,16 @@ absl::StatusOr<FineTunePlan> PlanFineTune(const Command& command, int* exit_code
   config.set_disable_dropout(absl::GetFlag(FLAGS_no_dropout));
   config.set_base_version(absl::GetFlag(FLAGS_base_version));
   *config.mutable_tokenization() = *tokenization;
-  if (objective == v1::CLASSIFICATION) {
-    config.set_num_labels(num_labels > 0 ? num_labels : std::max(2, plan.data.max_label + 1));
+  if (has_head) {
+    const int labels = num_labels > 0         ? num_labels
+                       : !label_names.empty() ? static_cast<int>(label_names.size())
+                                              : std::max(2, plan.data.max_label + 1);
+    if (!label_names.empty() && plan.data.max_label >= static_cast<int>(label_names.size())) {
+      return usage(absl::StrFormat("the data has label %d but --label-names names %d classes",
+                                   plan.data.max_label, label_names.size()));
+    }
+    config.set_num_labels(labels);
+    for (const std::string& name : label_names) config.add_label_names(name);
   }
   return plan;
 }
@@ -404,6 +440,7 @@ int RunFineTune(const Command& command) {
   job.batch_size = plan.batch_size;
   job.commit = plan.commit;
   job.description = plan.description;
+  job.do_not_serve = plan.do_not_serve;
   const FineTuneOutcome outcome = runner.Run(job);
   g_runner.store(nullptr);  // a late signal must not reach the runner once it is gone
   printer.BreakLine();
@@ -452,8 +489,15 @@ int RunFineTune(const Command& command) {
       std::fprintf(stderr, "attnctl: the server ended the job without a committed version\n");
       return kExitFailure;
     }
-    std::fprintf(out, "committed version %s (now served by default; 'attnctl rollback' undoes)\n",
-                 outcome.committed_version.c_str());
+    if (plan.do_not_serve) {
+      std::fprintf(out,
+                   "committed version %s (not served by default: pin it with --model-version, "
+                   "or 'attnctl serve-version --version %s')\n",
+                   outcome.committed_version.c_str(), outcome.committed_version.c_str());
+    } else {
+      std::fprintf(out, "committed version %s (now served by default; 'attnctl rollback' undoes)\n",
+                   outcome.committed_version.c_str());
+    }
   } else {
     std::fprintf(out, "not committed (pass --commit to publish)\n");
   }
@@ -480,26 +524,32 @@ Data, one JSON object per line (other fields ignored, blank lines skipped):
                     larger batches help)
   cosine            {"first": "...", "second": "...", "score": 0.8}   score in [-1, 1]
   classification    {"text": "...", "label": 2}   label in [0, num-labels)
+  pair_classification {"first": "query", "second": "document", "label": 1}
+                    a cross-encoder head over the pair; label 1 = relevant is what
+                    'attnctl rerank' scores
+A classification job's version has a head 'attnctl classify' uses; commit it with
+--do-not-serve so the embeddings every other client gets stay as they are.
 )",
-          {{"Flags",
-            {{"data", "FILE"},
-             {"objective", "OBJ"},
-             {"epochs", "N"},
-             {"lr", "X"},
-             {"batch_size", "N"},
-             {"warmup_steps", "N"},
-             {"num_labels", "K"},
-             {"parameters", "P"},
-             {"seed", "S"},
-             {"no_dropout", ""},
-             {"max_length", "N", "max tokens per text; 0 = the model's default"},
-             {"truncation", "MODE"},
-             {"base_version", "V"},
-             {"commit", ""},
-             {"description", "TEXT"},
-             {"token_file", "PATH"},
-             {"log_every", "N"},
-             {"dry_run", ""}}},
+          {{"Flags", {{"data", "FILE"},
+                      {"objective", "OBJ"},
+                      {"epochs", "N"},
+                      {"lr", "X"},
+                      {"batch_size", "N"},
+                      {"warmup_steps", "N"},
+                      {"num_labels", "K"},
+                      {"label_names", "A,B,..."},
+                      {"parameters", "P"},
+                      {"seed", "S"},
+                      {"no_dropout", ""},
+                      {"max_length", "N", "max tokens per text; 0 = the model's default"},
+                      {"truncation", "MODE"},
+                      {"base_version", "V"},
+                      {"commit", ""},
+                      {"do_not_serve", ""},
+                      {"description", "TEXT"},
+                      {"token_file", "PATH"},
+                      {"log_every", "N"},
+                      {"dry_run", ""}}},
            CommonFlags({{"timeout_ms", "N",
                          "longest wait for the server's next message in milliseconds; 0 = none"},
                         {"json", "", "every progress message as a JSON line on stdout"}})},
@@ -507,6 +557,8 @@ Data, one JSON object per line (other fields ignored, blank lines skipped):
       --batch-size 16 --warmup-steps 10 --commit --description "support FAQ pairs"
   attnctl finetune --data sts.jsonl --objective cosine --dry-run
   attnctl finetune --data intents.jsonl --objective classification --num-labels 5 --json
+  attnctl finetune --data tickets.jsonl --objective classification \
+      --label-names billing,bug,other --commit --do-not-serve
 )",
           RunFineTune};
 }

@@ -41,6 +41,8 @@ namespace attn::client::attnctl {
 
 Command AttentionCommand();  // attention_command.cc
 Command ExplainCommand();    // explain_command.cc
+Command ClassifyCommand();   // classify_commands.cc
+Command RerankCommand();     // classify_commands.cc
 
 namespace {
 
@@ -366,6 +368,8 @@ the server takes per request (its --max-inputs-per-request) are sent in several 
        RunEncode});
   group.commands.push_back(AttentionCommand());
   group.commands.push_back(ExplainCommand());
+  group.commands.push_back(ClassifyCommand());
+  group.commands.push_back(RerankCommand());
   group.commands.push_back(
       {"tokenize",
        "tokens, ids, segment ids and character offsets",
