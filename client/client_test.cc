@@ -145,6 +145,10 @@ class FakeEncoder final : public v1::Encoder::Service {
     std::lock_guard<std::mutex> lock(mu_);
     return last_explain_;
   }
+  v1::RerankRequest last_rerank() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return last_rerank_;
+  }
   int encode_calls() {
     std::lock_guard<std::mutex> lock(mu_);
     return encode_calls_;
@@ -307,6 +311,46 @@ class FakeEncoder final : public v1::Encoder::Service {
     return grpc::Status::OK;
   }
 
+  // Two labels per input, "spam" first; documents scored 1 / (1 + index), so the last comes
+  // last.
+  grpc::Status Classify(grpc::ServerContext*, const v1::ClassifyRequest* request,
+                        v1::ClassifyResponse* response) override {
+    if (grpc::Status s = Prologue(); !s.ok()) return s;
+    for (int i = 0; i < request->inputs_size(); ++i) {
+      v1::ClassifyResult* result = response->add_results();
+      for (const auto& [label, name, p] : {std::tuple{1, "spam", 0.75f}, {0, "ham", 0.25f}}) {
+        v1::LabelScore* score = result->add_labels();
+        score->set_label(label);
+        score->set_name(name);
+        score->set_probability(p);
+      }
+    }
+    FillMetadata(request->model_version(), response->mutable_model_version(),
+                 response->mutable_metadata(), request->inputs_size());
+    return grpc::Status::OK;
+  }
+
+  grpc::Status Rerank(grpc::ServerContext*, const v1::RerankRequest* request,
+                      v1::RerankResponse* response) override {
+    if (grpc::Status s = Prologue(); !s.ok()) return s;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      last_rerank_ = *request;
+    }
+    const int n = request->top_n() > 0 ? std::min(request->top_n(), request->documents_size())
+                                       : request->documents_size();
+    for (int i = 0; i < n; ++i) {
+      v1::RerankResult* result = response->add_results();
+      result->set_index(i);
+      result->set_score(1.0f / (1 + i));
+    }
+    response->set_method(request->method() == v1::RERANK_CROSS_ENCODER ? v1::RERANK_CROSS_ENCODER
+                                                                       : v1::RERANK_COSINE);
+    FillMetadata(request->model_version(), response->mutable_model_version(),
+                 response->mutable_metadata(), request->documents_size() + 1);
+    return grpc::Status::OK;
+  }
+
   grpc::Status GetModelInfo(grpc::ServerContext*, const v1::GetModelInfoRequest* request,
                             v1::ModelInfo* info) override {
     if (grpc::Status s = Prologue(); !s.ok()) return s;
@@ -365,6 +409,7 @@ class FakeEncoder final : public v1::Encoder::Service {
   v1::EncodeRequest last_encode_;
   int encode_calls_ = 0;
   v1::ExplainRequest last_explain_;
+  v1::RerankRequest last_rerank_;
   v1::AttentionMapRequest last_attention_;
   v1::TokenizeRequest last_tokenize_;
 };
@@ -1027,6 +1072,37 @@ TEST_F(ClientTest, CliEncodeSplitsInputsOverTheServersLimitAndPrintsJsonLines) {
   r = RunCli({"encode", "--server", Target(), "--json", "--jsonl", "--text", "a"});
   EXPECT_EXIT_CODE(r, 2);
   EXPECT_TRUE(absl::StrContains(r.err, "pick one")) << r.err;
+}
+
+TEST_F(ClientTest, CliClassifyAndRerank) {
+  CliResult r = RunCli({"classify", "--server", Target(), "--model-version", "v2", "--top-k", "1"},
+                       "buy now\nhello mum\n");
+  EXPECT_EXIT_CODE(r, 0);
+  EXPECT_TRUE(absl::StartsWith(r.out,
+                               "[0] \"buy now\"\n    label  name  probability\n"
+                               "    1      spam  0.7500\n"))
+      << r.out;
+  EXPECT_TRUE(absl::StrContains(r.out, "[1] \"hello mum\"")) << r.out;
+
+  r = RunCli({"rerank", "--server", Target(), "--query", "kettle", "--top-n", "2",
+              "--rerank-method", "cross-encoder"},
+             "red kettle\n\nblue lamp\ngreen tent\n");
+  EXPECT_EXIT_CODE(r, 0);
+  const v1::RerankRequest request = service_->last_rerank();
+  EXPECT_EQ(request.query(), "kettle");
+  ASSERT_EQ(request.documents_size(), 3) << "blank lines are skipped";
+  EXPECT_EQ(request.documents(2), "green tent");
+  EXPECT_EQ(request.top_n(), 2);
+  EXPECT_EQ(request.method(), v1::RERANK_CROSS_ENCODER);
+  EXPECT_TRUE(absl::StartsWith(r.out,
+                               "query: kettle (cross-encoder probability)\n"
+                               "    rank  score   doc  text\n"
+                               "    1     1.0000  0    red kettle\n"
+                               "    2     0.5000  1    blue lamp\n"))
+      << r.out;
+  r = RunCli({"rerank", "--server", Target(), "--query", "kettle", "--json"}, "a\n");
+  EXPECT_EXIT_CODE(r, 0);
+  EXPECT_TRUE(absl::StartsWith(r.out, "{\"results\":[{\"index\":0,\"score\":1,")) << r.out;
 }
 
 TEST_F(ClientTest, CliExplain) {
