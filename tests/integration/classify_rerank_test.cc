@@ -76,22 +76,11 @@ class ClassifyRerankTest : public ::testing::Test {
   }
 
   static void TearDownTestSuite() {
-    if (server_ != nullptr && server_->spawned()) {
-      const int status = server_->process().Stop(ScaledSeconds(35));
-      EXPECT_TRUE(status != -1 && WIFEXITED(status) && WEXITSTATUS(status) == 0)
-          << server_->process().ExitDescription();
-      if (::testing::Test::HasFailure()) {
-        std::printf("--- attnserve log ---\n%s\n--- end ---\n",
-                    server_->process().LogTail().c_str());
-      }
-    }
+    StopOwnServer(server_);
     delete encoder_;
     delete trainer_;
     delete server_;
-    if (std::getenv("ATTN_KEEP_TEST_DIRS") == nullptr) {
-      std::error_code ignored;
-      std::filesystem::remove_all(*work_, ignored);
-    }
+    RemoveTestDir(*work_);
     delete work_;
     delete start_error_;
   }

@@ -14,6 +14,7 @@
 
 #include <cerrno>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -740,6 +741,22 @@ void ExpectTokensMatchGolden(const GoldenCase& c,
       EXPECT_EQ(token.char_end(), 0);
     }
   }
+}
+
+void StopOwnServer(ServerProcess* server) {
+  if (server == nullptr || !server->spawned()) return;
+  const int status = server->process().Stop(ScaledSeconds(35));
+  EXPECT_TRUE(status != -1 && WIFEXITED(status) && WEXITSTATUS(status) == 0)
+      << server->process().ExitDescription();
+  if (::testing::Test::HasFailure()) {
+    std::printf("--- attnserve log ---\n%s\n--- end ---\n", server->process().LogTail().c_str());
+  }
+}
+
+void RemoveTestDir(const std::string& dir) {
+  if (std::getenv("ATTN_KEEP_TEST_DIRS") != nullptr) return;
+  std::error_code ignored;
+  std::filesystem::remove_all(dir, ignored);
 }
 
 double Cosine(const std::vector<float>& a, const std::vector<float>& b) {

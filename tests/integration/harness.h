@@ -237,6 +237,12 @@ pb::TokenizationOptions GoldenTokenization(const GoldenCase& c);
 void ExpectTokensMatchGolden(const GoldenCase& c,
                              const google::protobuf::RepeatedPtrField<pb::Token>& tokens);
 
+// Stops a server a test suite started itself (null or never spawned: nothing to do): expects a
+// clean exit with status 0 and prints the server's log when the suite has a failure.
+void StopOwnServer(ServerProcess* server);
+// Removes a test's work directory, unless ATTN_KEEP_TEST_DIRS is set.
+void RemoveTestDir(const std::string& dir);
+
 double Cosine(const std::vector<float>& a, const std::vector<float>& b);
 double MaxAbsDiff(const std::vector<float>& a, const std::vector<float>& b);
 

@@ -227,16 +227,7 @@ class TrainerTest : public ::testing::Test {
 
   static void StopServer() {
     if (server_ == nullptr) return;
-    if (server_->spawned()) {  // else StartServer already reported why
-      const int status = server_->process().Stop(ScaledSeconds(35));
-      EXPECT_TRUE(status != -1 && WIFEXITED(status) && WEXITSTATUS(status) == 0)
-          << server_->process().ExitDescription() << "\n"
-          << server_->process().LogTail();
-      if (::testing::Test::HasFailure()) {
-        std::printf("--- attnserve log ---\n%s\n--- end ---\n",
-                    server_->process().LogTail().c_str());
-      }
-    }
+    StopOwnServer(server_);  // unspawned: StartServer already reported why
     delete encoder_;
     delete trainer_;
     delete server_;
