@@ -128,23 +128,23 @@ def make_inputs(texts: Union[TextInput, Iterable[TextInput]]) -> List[pb.Input]:
 def tokenization(max_length: int, truncation: Optional[str]) -> pb.TokenizationOptions:
     options = pb.TokenizationOptions(max_length=max_length)
     if truncation is not None:
-        options.truncation = _lookup(_TRUNCATION, truncation, "truncation")
+        options.truncation = lookup(_TRUNCATION, truncation, "truncation")
     return options
 
 
 def pooling(name: str) -> int:
-    return _lookup(_POOLING, name, "pooling")
+    return lookup(_POOLING, name, "pooling")
 
 
 def rerank_method(name: str) -> int:
-    return _lookup(RERANK_METHODS, name, "method")
+    return lookup(RERANK_METHODS, name, "method")
 
 
 def rerank_method_name(value: int) -> str:
     return _RERANK_METHOD_NAMES.get(value, str(value))
 
 
-def _lookup(table: dict, name: str, what: str) -> int:
+def lookup(table: dict, name: str, what: str) -> int:
     try:
         return table[name]
     except KeyError:

@@ -7,6 +7,7 @@ import os
 import random
 from typing import Any, Iterable, List, Optional, Sequence, Union
 
+from attnserve import _convert
 from attnserve.v1 import trainer_pb2 as tpb
 
 OBJECTIVES = {
@@ -49,21 +50,11 @@ class FineTuneResult:
 
 
 def objective(value: Union[str, int]) -> int:
-    if isinstance(value, int):
-        return value
-    try:
-        return OBJECTIVES[value]
-    except KeyError:
-        raise ValueError(f"objective {value!r}: expected one of {', '.join(OBJECTIVES)}") from None
+    return value if isinstance(value, int) else _convert.lookup(OBJECTIVES, value, "objective")
 
 
 def parameters(value: Union[str, int]) -> int:
-    if isinstance(value, int):
-        return value
-    try:
-        return PARAMETERS[value]
-    except KeyError:
-        raise ValueError(f"parameters {value!r}: expected one of {', '.join(PARAMETERS)}") from None
+    return value if isinstance(value, int) else _convert.lookup(PARAMETERS, value, "parameters")
 
 
 def example(item: Any, objective_value: int, where: str) -> tpb.TrainingExample:
