@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Iterable, List, Optional, Sequence, Tuple, Union
+from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, TypeVar, Union
 
 import numpy as np
 
@@ -29,7 +29,8 @@ RERANK_METHODS = {
     "cosine": pb.RERANK_COSINE,
     "cross_encoder": pb.RERANK_CROSS_ENCODER,
 }
-_RERANK_METHOD_NAMES = {value: name for name, value in RERANK_METHODS.items()}
+_RERANK_METHOD_NAMES: Dict[int, str] = {value: name for name, value in RERANK_METHODS.items()}
+_Value = TypeVar("_Value")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -132,11 +133,11 @@ def tokenization(max_length: int, truncation: Optional[str]) -> pb.TokenizationO
     return options
 
 
-def pooling(name: str) -> int:
+def pooling(name: str) -> "pb.Pooling":
     return lookup(_POOLING, name, "pooling")
 
 
-def rerank_method(name: str) -> int:
+def rerank_method(name: str) -> "pb.RerankMethod":
     return lookup(RERANK_METHODS, name, "method")
 
 
@@ -144,7 +145,7 @@ def rerank_method_name(value: int) -> str:
     return _RERANK_METHOD_NAMES.get(value, str(value))
 
 
-def lookup(table: dict, name: str, what: str) -> int:
+def lookup(table: Mapping[str, _Value], name: str, what: str) -> _Value:
     try:
         return table[name]
     except KeyError:

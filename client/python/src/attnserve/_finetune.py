@@ -5,7 +5,7 @@ import dataclasses
 import json
 import os
 import random
-from typing import Any, Iterable, List, Optional, Sequence, Union
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple, Union, cast
 
 from attnserve import _convert
 from attnserve.v1 import trainer_pb2 as tpb
@@ -23,7 +23,7 @@ PARAMETERS = {
     "head_only": tpb.PARAMETERS_HEAD_ONLY,
 }
 # Tuple fields by objective: ("anchor", "positive") etc.
-_TUPLE_FIELDS = {
+_TUPLE_FIELDS: Dict[int, Tuple[str, ...]] = {
     tpb.CONTRASTIVE: ("anchor", "positive", "negative"),
     tpb.COSINE_SIMILARITY: ("first", "second", "score"),
     tpb.CLASSIFICATION: ("text", "label"),
@@ -49,12 +49,16 @@ class FineTuneResult:
     warnings: List[str]
 
 
-def objective(value: Union[str, int]) -> int:
-    return value if isinstance(value, int) else _convert.lookup(OBJECTIVES, value, "objective")
+def objective(value: Union[str, int]) -> "tpb.Objective":
+    if isinstance(value, int):
+        return cast("tpb.Objective", value)
+    return _convert.lookup(OBJECTIVES, value, "objective")
 
 
-def parameters(value: Union[str, int]) -> int:
-    return value if isinstance(value, int) else _convert.lookup(PARAMETERS, value, "parameters")
+def parameters(value: Union[str, int]) -> "tpb.ParameterSelection":
+    if isinstance(value, int):
+        return cast("tpb.ParameterSelection", value)
+    return _convert.lookup(PARAMETERS, value, "parameters")
 
 
 def example(item: Any, objective_value: int, where: str) -> tpb.TrainingExample:
@@ -113,8 +117,9 @@ def batches(examples: Sequence[tpb.TrainingExample], batch_size: int, epochs: in
     return out
 
 
-def config(objective_value: int, *, learning_rate: float, num_labels: int,
-           label_names: Optional[Sequence[str]], parameters_value: int, seed: int,
+def config(objective_value: "tpb.Objective", *, learning_rate: float, num_labels: int,
+           label_names: Optional[Sequence[str]], parameters_value: "tpb.ParameterSelection",
+           seed: int,
            warmup_steps: int, total_steps: int, disable_dropout: bool,
            base_version: str, max_length: int) -> tpb.FineTuneConfig:
     from attnserve.v1 import encoder_pb2 as pb
