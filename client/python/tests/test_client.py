@@ -154,3 +154,22 @@ def test_tensor_decoding_of_half_precision_dtypes():
     expected = (upper.astype(np.uint32) << 16).view(np.float32)
     np.testing.assert_array_equal(_convert.tensor(bf16), expected)
     np.testing.assert_allclose(_convert.tensor(bf16), values, rtol=1e-2)
+
+
+def test_async_client_runs_calls_concurrently_with_the_same_results(server, client):
+    import asyncio
+
+    from attnserve.aio import AsyncClient
+
+    async def main():
+        async with AsyncClient(server.address, token=API_KEY) as aclient:
+            rows = await asyncio.gather(*(aclient.encode([t]) for t in TEXTS))
+            maps = await aclient.attention(TEXTS[0], layers=[-1])
+            with pytest.raises(attnserve.AttnserveError) as e:
+                await aclient.encode([""])
+            return rows, maps, e.value.code
+
+    rows, maps, code = asyncio.run(main())
+    np.testing.assert_allclose(np.concatenate(rows), client.encode(TEXTS), atol=1e-5)
+    np.testing.assert_array_equal(maps.weights, client.attention(TEXTS[0], layers=[-1]).weights)
+    assert code == grpc.StatusCode.INVALID_ARGUMENT

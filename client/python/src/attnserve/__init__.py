@@ -10,6 +10,7 @@ message.
 from attnserve._convert import (Attention, LabelScore, Ranking, RerankHit, Token,
                                 TokenStates)
 from attnserve._finetune import FineTuneResult
+from attnserve import aio
 from attnserve.client import Client, VersionInfo
 from attnserve.errors import AttnserveError
 
