@@ -15,6 +15,9 @@ to its longest sequence; ours packs. Sections:
   served      attnserve under 1, 8, 32 closed-loop gRPC clients (attn-load-gen) sending one
               sentence per request; requests/s, p50/p99, and the ratio to ours offline
               (sentences/s on the mixed batch, the same sentences)
+  http        the same served load over HTTP (POST /v1/embeddings, OpenAI JSON with float
+              vectors) against gRPC Encode, 32 clients each (2 in --smoke), rounds interleaved
+              on one server; requests/s and the ratio HTTP / gRPC
   explain     what an explanation costs: pairwise Explain with 32 steps on two 32-token texts
               (attn-bench-explain), in ms and as a multiple of one forward of the same texts;
               and the served Encode latency (1 client) with pairwise Explain calls arriving at
@@ -50,7 +53,7 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 import sentences  # noqa: E402  (bench/sentences.py)
 
-SECTIONS = ["throughput", "latency", "int8", "bf16", "finetune", "served", "explain"]
+SECTIONS = ["throughput", "latency", "int8", "bf16", "finetune", "served", "http", "explain"]
 PAUSE_BETWEEN_RUNS_S = 0.05
 
 # Goals of issue 5 (ratios in the same run). kind "min": ratio >= value; "max": ratio <= value.
@@ -64,6 +67,7 @@ GOALS = {
     ("int8_cosine_min", None): ("min", 0.995),
     ("bf16_cosine_min", None): ("min", 0.999),
     ("served_32", None): ("min", 0.7),
+    ("http_vs_grpc_32", None): ("min", 0.8),  # issue 18
     ("finetune", "torch-train"): ("min", 1.5),
 }
 
@@ -730,7 +734,8 @@ class Run:
             while time.time() < deadline and server.poll() is None:
                 try:
                     with open(ready_file) as f:
-                        port = json.load(f)["grpc_port"]
+                        ready = json.load(f)
+                    port, self.http_port = ready["grpc_port"], ready["http_port"]
                     break
                 except (OSError, ValueError, KeyError):
                     time.sleep(0.1)
@@ -749,6 +754,7 @@ class Run:
             server_log.close()
 
     def load(self, port, clients, sentences_path, extra=()):
+        # (port: the gRPC port, or the HTTP port with extra ("--protocol", "http"))
         """One attn-load-gen run; its report. Any Encode error stops the benchmark: it makes the
         row's numbers meaningless (and is a bug when the server runs as configured here)."""
         out = subprocess.run(
@@ -793,6 +799,28 @@ class Run:
                            f"{', %d errors' % errors if errors else ''})",
                            rps, "ours offline", offline_sps, ratio, goal_key, "/s",
                            note="n/a (no offline figure)")
+
+    def http(self):
+        clients = self.sizes.clients[-1]
+        reports = {"grpc": [], "http": []}
+        with self.running_server() as port:
+            for round_index in range(self.sizes.served_runs):
+                for protocol in reports:
+                    report = (self.load(port, clients, self.sentences_path)
+                              if protocol == "grpc" else
+                              self.load(self.http_port, clients, self.sentences_path,
+                                        ("--protocol", "http")))
+                    reports[protocol].append(report)
+                    log(f"http: round {round_index + 1}, {protocol} {clients} clients: "
+                        f"{report['requests_per_s']:.1f} req/s, p50 {report['p50_ms']:.1f} ms, "
+                        f"p99 {report['p99_ms']:.1f} ms")
+        self.raw["http"] = reports
+        rps = {k: statistics.median(r["requests_per_s"] for r in v) for k, v in reports.items()}
+        p50 = {k: statistics.median(r["p50_ms"] for r in v) for k, v in reports.items()}
+        self.table.add(f"served HTTP /v1/embeddings {clients} clients: req/s (p50 "
+                       f"{p50['http']:.1f} ms vs {p50['grpc']:.1f} ms)", rps["http"],
+                       f"gRPC Encode {clients} clients", rps["grpc"], rps["http"] / rps["grpc"],
+                       ("http_vs_grpc_32", None), "/s")
 
     def explain(self):
         tokens, steps = self.sizes.explain
@@ -871,6 +899,8 @@ class Run:
                 self.finetune()
             if "served" in sections:
                 self.served()
+            if "http" in sections:
+                self.http()
             if "explain" in sections:
                 self.explain()
         finally:

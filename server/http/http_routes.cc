@@ -149,6 +149,7 @@ HttpReply HttpRoutes::Dispatch(const HttpRequest& request, const char** method_l
                       "", "not_serving");
   }
   core::CallControl control;
+  control.is_cancelled = request.client_gone;  // the client closed its connection
   control.deadline =
       std::chrono::system_clock::now() +
       std::chrono::milliseconds(static_cast<int64_t>(options_.request_timeout_s * 1e3));

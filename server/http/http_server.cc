@@ -1,5 +1,8 @@
 #include "server/http/http_server.h"
 
+#include <poll.h>
+#include <unistd.h>
+
 #include <atomic>
 #include <boost/asio.hpp>
 #include <boost/asio/ssl.hpp>
@@ -35,6 +38,24 @@ constexpr auto kCloseGrace = std::chrono::seconds(2);
 
 std::chrono::milliseconds Millis(double seconds) {
   return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1e3));
+}
+
+// HttpRequest::client_gone for a connected socket: a descriptor of its own (dup), so the check
+// stays safe whatever happens to the session's socket, and closed with the last copy of the
+// function (the batcher may hold one after the reply).
+std::function<bool()> ClientGoneCheck(int socket_fd) {
+  const int fd = dup(socket_fd);
+  if (fd < 0) return {};
+  auto owned = std::shared_ptr<int>(new int(fd), [](int* p) {
+    close(*p);
+    delete p;
+  });
+  return [owned] {
+    pollfd watch{};
+    watch.fd = *owned;
+    watch.events = POLLRDHUP;  // the peer's FIN, even with unread (pipelined) bytes before it
+    return poll(&watch, 1, 0) > 0 && (watch.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0;
+  };
 }
 
 }  // namespace
@@ -212,6 +233,7 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
       request.authorization = std::string(it->value());
     }
     request.body = std::move(message.body());
+    request.client_gone = ClientGoneCheck(Tcp().socket().native_handle());
     Tcp().expires_never();  // the call has its own deadline (--http-request-timeout-s)
     state_->Begin();
     asio::post(state_->workers, [self = this->shared_from_this(), request = std::move(request)] {

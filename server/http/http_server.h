@@ -15,9 +15,9 @@
 //   system OpenSSL, and waiting connections cost no thread: a few I/O threads serve every
 //   socket while a bounded pool (--http-threads) runs the handlers, with at most
 //   --http-max-connections connections open.
-// Not done: noticing that a client went away while its call is queued (HTTP has no
-// cancellation signal but the socket closing, which would need a read alongside the call);
-// such a call runs to its deadline (--http-request-timeout-s).
+// A client that closes its connection while its call waits or runs is noticed through the
+// socket: HttpRequest::client_gone polls it for the peer's FIN (POLLRDHUP), which the batcher
+// asks before it computes the call and between layers, so the work is dropped, not done.
 #pragma once
 
 #include <functional>
@@ -38,6 +38,12 @@ struct HttpRequest {
   std::string query;                         // after '?', "" when none
   std::optional<std::string> authorization;  // the Authorization header, when sent
   std::string body;
+  // True once the client has closed its connection (or it failed): nobody waits for the reply.
+  // A client that only shuts down its sending side after the request counts as gone too (HTTP
+  // clients do not: curl, Python's, Beast keep the connection open for the reply). Safe to
+  // call from any thread, for as long as it is kept (it holds its own descriptor of the
+  // socket). Empty when the listener cannot tell.
+  std::function<bool()> client_gone;
 };
 
 struct HttpReply {

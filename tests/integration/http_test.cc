@@ -3,9 +3,14 @@
 // (checked against a truncate-and-renormalise loop over the full gRPC embedding too); a batch of
 // 256 strings; token-id inputs; each REST route against its gRPC call; the real `openai`
 // Python package (installed by scripts/setup.sh in the test venv) calling the server; HTTPS
-// from the same --tls-cert/--tls-key as gRPC; the protocol label of the request metrics.
+// from the same --tls-cert/--tls-key as gRPC; the protocol label of the request metrics; a client
+// that disconnects while its request is queued gets its work dropped.
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <cstdlib>
@@ -375,6 +380,74 @@ TEST_F(HttpTest, TlsAndApiKeyCoverHttpAndGrpc) {
   EXPECT_EQ(encode(""), grpc::StatusCode::UNAUTHENTICATED);
   EXPECT_EQ(encode("Bearer wrong"), grpc::StatusCode::PERMISSION_DENIED);
   server.process().Stop();
+}
+
+// Requests whose clients close their connections while the requests wait in the batcher's
+// queue (behind a long gRPC call that holds the engine) are dropped, not computed: the dropped
+// counter grows by exactly their number at the queue stage, and the server keeps serving.
+TEST_F(HttpTest, ClientDisconnectCancelsQueuedWork) {
+  constexpr int kDisconnecting = 6;
+  // Dropped in the queue, or between layers if the batch carrying it had started just before.
+  const auto cancelled = [] {
+    return ScrapeSum(SharedServer(), "attnserve_dropped_requests_total",
+                     {{"reason", "cancelled"}, {"stage", "queue"}}) +
+           ScrapeSum(SharedServer(), "attnserve_dropped_requests_total",
+                     {{"reason", "cancelled"}, {"stage", "compute"}});
+  };
+  const auto answered = [] {
+    return ScrapeSum(SharedServer(), "attnserve_requests_total",
+                     {{"protocol", "http"}, {"method", "Embeddings"}, {"code", "OK"}});
+  };
+  const double cancelled_before = cancelled(), answered_before = answered();
+  ASSERT_FALSE(std::isnan(cancelled_before) || std::isnan(answered_before));
+
+  // The blocker: 32 inputs of 256 tokens, seconds of work on this engine.
+  grpc::Status blocker_status;
+  std::thread blocker([&] {
+    pb::EncodeRequest request;
+    for (int i = 0; i < 32; ++i) request.add_inputs()->set_text(TextOfTokens(256, 100 + i));
+    pb::EncodeResponse response;
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + ScaledSeconds(300));
+    blocker_status = stub_->Encode(&context, request, &response);
+  });
+  // The blocker is admitted first.
+  ASSERT_TRUE(WaitFor([] { return ScrapeSum(SharedServer(), "attnserve_queue_depth") >= 1; },
+                      ScaledSeconds(30)));
+
+  // Each request on its own connection, sent whole; the socket stays open until it is queued.
+  std::vector<int> sockets;
+  for (int i = 0; i < kDisconnecting; ++i) {
+    const std::string body =
+        json{{"input", "a request nobody waits for " + std::to_string(i)}}.dump();
+    const std::string request =
+        "POST /v1/embeddings HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        "Content-Type: application/json\r\nContent-Length: " +
+        std::to_string(body.size()) + "\r\n\r\n" + body;
+    const int fd = socket(AF_INET, SOCK_STREAM, 0);
+    ASSERT_GE(fd, 0);
+    sockets.push_back(fd);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    addr.sin_port = htons(static_cast<uint16_t>(Port()));
+    ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+    ASSERT_EQ(send(fd, request.data(), request.size(), MSG_NOSIGNAL),
+              static_cast<ssize_t>(request.size()));
+  }
+  // (The depth counts every admitted call: the blocker too.)
+  const bool queued = WaitFor(
+      [&] { return ScrapeSum(SharedServer(), "attnserve_queue_depth") >= kDisconnecting + 1; },
+      ScaledSeconds(30));
+  for (int fd : sockets) close(fd);  // the clients go away
+  blocker.join();
+  ASSERT_TRUE(queued) << "the requests never waited in the queue together";
+  ASSERT_TRUE(blocker_status.ok()) << blocker_status.error_message();
+  EXPECT_TRUE(
+      WaitFor([&] { return cancelled() - cancelled_before >= kDisconnecting; }, ScaledSeconds(30)));
+  EXPECT_EQ(cancelled() - cancelled_before, kDisconnecting);
+  EXPECT_EQ(answered() - answered_before, 0) << "work of a client that went away was computed";
+  EXPECT_EQ(Embeddings(Post("/v1/embeddings", {{"input", "still serving"}})).size(), 1u);
 }
 
 // SIGTERM with HTTP calls in flight: each is answered 200, the HTTP port stops accepting, and
