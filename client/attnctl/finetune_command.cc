@@ -210,6 +210,7 @@ absl::StatusOr<FineTunePlan> PlanFineTune(const Command& command, int* exit_code
   config.set_seed(plan.seed);
   config.set_disable_dropout(absl::GetFlag(FLAGS_no_dropout));
   config.set_base_version(absl::GetFlag(FLAGS_base_version));
+  config.set_model(absl::GetFlag(FLAGS_model));
   *config.mutable_tokenization() = *tokenization;
   if (objective == v1::CLASSIFICATION) {
     config.set_num_labels(num_labels > 0 ? num_labels : std::max(2, plan.data.max_label + 1));
@@ -495,6 +496,7 @@ Data, one JSON object per line (other fields ignored, blank lines skipped):
              {"max_length", "N", "max tokens per text; 0 = the model's default"},
              {"truncation", "MODE"},
              {"base_version", "V"},
+             {"model", "NAME", "fine-tune this served model (default: the server's default)"},
              {"commit", ""},
              {"description", "TEXT"},
              {"token_file", "PATH"},
