@@ -21,8 +21,6 @@ std::optional<std::vector<std::string>> SharedServerFlags() { return std::nullop
 
 namespace {
 
-using Stream = grpc::ClientReaderWriter<pb::FineTuneRequest, pb::FineTuneProgress>;
-
 constexpr char kToken[] = "multi-model-token";
 
 std::string MpnetModelDir() {
@@ -110,37 +108,7 @@ class MultiModelTest : public ::testing::Test {
 
   // A one-step contrastive fine-tune of `model`, committed and served; the new version.
   static std::string TrainAndCommit(const std::string& model) {
-    grpc::ClientContext context;
-    context.AddMetadata("authorization", std::string("Bearer ") + kToken);
-    context.set_deadline(std::chrono::system_clock::now() + ScaledSeconds(120));
-    std::unique_ptr<Stream> stream = trainer_->FineTune(&context);
-    pb::FineTuneRequest config;
-    config.mutable_config()->set_objective(pb::CONTRASTIVE);
-    config.mutable_config()->set_learning_rate(5e-5);
-    config.mutable_config()->set_disable_dropout(true);
-    config.mutable_config()->set_model(model);
-    EXPECT_TRUE(stream->Write(config));
-    pb::FineTuneRequest batch;
-    for (const auto& [anchor, positive] :
-         std::vector<std::pair<std::string, std::string>>{{"a red bicycle", "the tuesday meeting"},
-                                                          {"fresh bread", "a broken umbrella"},
-                                                          {"the violin concerto", "tax forms"}}) {
-      pb::TrainingExample* example = batch.mutable_batch()->add_examples();
-      example->set_anchor(anchor);
-      example->set_positive(positive);
-    }
-    pb::FineTuneProgress progress;
-    EXPECT_TRUE(stream->Write(batch) && stream->Read(&progress));
-    pb::FineTuneRequest commit;
-    commit.mutable_commit()->set_description("multi-model test");
-    EXPECT_TRUE(stream->Write(commit) && stream->Read(&progress));
-    stream->WritesDone();
-    pb::FineTuneProgress ignored;
-    while (stream->Read(&ignored)) {
-    }
-    const grpc::Status status = stream->Finish();
-    EXPECT_TRUE(status.ok()) << StatusString(status);
-    return progress.committed_version();
+    return CommitOneContrastiveStep(trainer_, {kToken, model, 5e-5, false, "multi-model test"});
   }
 
   static std::string* work_;
