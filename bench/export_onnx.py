@@ -43,9 +43,11 @@ class PooledEncoder(torch.nn.Module):
         super().__init__()
         self.bert = bert
 
-    def forward(self, input_ids, attention_mask, token_type_ids):
+    def forward(self, input_ids, attention_mask, token_type_ids=None):
+        # MPNet has no token types (its forward takes none): the graph then has two inputs.
+        types = {} if token_type_ids is None else {"token_type_ids": token_type_ids}
         hidden = self.bert(input_ids=input_ids, attention_mask=attention_mask,
-                           token_type_ids=token_type_ids).last_hidden_state  # (B, T, H)
+                           **types).last_hidden_state  # (B, T, H)
         mask = attention_mask.unsqueeze(-1).to(hidden.dtype)                 # (B, T, 1)
         pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)        # (B, H)
         return torch.nn.functional.normalize(pooled, p=2.0, dim=1)
@@ -90,22 +92,25 @@ def main():
                                      add_pooling_layer=False).eval()
     model = PooledEncoder(bert).eval()
     ids, mask, types = check_batch(bert.config.vocab_size)
+    # The same recipe for every family; MPNet (relative position bias) has no token types.
+    has_types = bert.config.model_type != "mpnet"
+    inputs = (ids, mask, types) if has_types else (ids, mask)
+    names = ["input_ids", "attention_mask"] + (["token_type_ids"] if has_types else [])
     with torch.no_grad():
-        torch.onnx.export(model, (ids, mask, types), export_path,
-                          input_names=["input_ids", "attention_mask", "token_type_ids"],
+        torch.onnx.export(model, inputs, export_path, input_names=names,
                           output_names=["embedding"],
-                          dynamic_axes={"input_ids": {0: "batch", 1: "seq"},
-                                        "attention_mask": {0: "batch", 1: "seq"},
-                                        "token_type_ids": {0: "batch", 1: "seq"},
-                                        "embedding": {0: "batch"}},
+                          dynamic_axes=dict({n: {0: "batch", 1: "seq"} for n in names},
+                                            embedding={0: "batch"}),
                           opset_version=args.opset, do_constant_folding=True)
-        reference = model(ids, mask, types).numpy()
+        reference = model(*inputs).numpy()
     onnx.checker.check_model(export_path)
 
     optimized = optimize_model(export_path, model_type="bert", num_heads=bert.config.num_attention_heads,
                                hidden_size=bert.config.hidden_size, opt_level=1)
     fused = {k: v for k, v in optimized.get_fused_operator_statistics().items() if v}
-    if fused.get("Attention", 0) != bert.config.num_hidden_layers:
+    # ORT's fusion knows BERT's attention; MPNet's (a position bias added to the scores) stays
+    # unfused, the rest (LayerNorm, GELU, ...) fuses as for BERT. Recorded in export.json.
+    if has_types and fused.get("Attention", 0) != bert.config.num_hidden_layers:
         raise SystemExit(f"the ONNX Runtime optimizer did not fuse every attention layer: {fused}")
     optimized.save_model_to_file(fp32_path)
 
@@ -113,8 +118,9 @@ def main():
     quantize_dynamic(fp32_path, int8_path, weight_type=QuantType.QInt8, per_channel=True,
                      extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT})
 
-    feeds = {"input_ids": ids.numpy(), "attention_mask": mask.numpy(),
-             "token_type_ids": types.numpy()}
+    feeds = {"input_ids": ids.numpy(), "attention_mask": mask.numpy()}
+    if has_types:
+        feeds["token_type_ids"] = types.numpy()
     report = {}
     for name, path in (("export", export_path), ("fp32", fp32_path), ("int8", int8_path)):
         session = onnxruntime.InferenceSession(path, providers=["CPUExecutionProvider"])
@@ -126,7 +132,11 @@ def main():
         if report[name]["max_abs_diff_to_torch"] > 1e-4:
             raise SystemExit(f"ONNX {name} model differs from PyTorch: {report[name]}")
     if report["int8"]["min_cosine_to_torch"] < 0.9:
-        raise SystemExit(f"ONNX int8 model is far from PyTorch: {report['int8']}")
+        # quantize_dynamic breaks MPNet's unfused graph (min cosine 0.005 measured): its int8
+        # file is kept for the record but no bench row uses it (the mpnet section is fp32).
+        if has_types:
+            raise SystemExit(f"ONNX int8 model is far from PyTorch: {report['int8']}")
+        report["int8"]["unusable"] = True
 
     meta = {"weights_sha256": file_sha256(os.path.join(args.model_dir, "model.safetensors")),
             "exporter_sha256": file_sha256(os.path.abspath(__file__)),

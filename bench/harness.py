@@ -53,7 +53,8 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 import sentences  # noqa: E402  (bench/sentences.py)
 
-SECTIONS = ["throughput", "latency", "int8", "bf16", "finetune", "served", "http", "explain"]
+SECTIONS = ["throughput", "latency", "int8", "bf16", "finetune", "served", "http", "explain",
+            "mpnet"]
 PAUSE_BETWEEN_RUNS_S = 0.05
 
 # Goals of issue 5 (ratios in the same run). kind "min": ratio >= value; "max": ratio <= value.
@@ -628,6 +629,42 @@ class Run:
                                (workload, peer), metric)
             self.raw.setdefault("shapes", {})[workload] = shape
 
+    def mpnet(self):
+        """fp32 32x128, 8x512 and latency 1x16 on all-mpnet-base-v2 (--mpnet-model-dir; its ONNX
+        export by the same recipe in --mpnet-onnx-dir) against ORT fp32 and PyTorch, in their own
+        interleaved section (the MiniLM workers are closed first)."""
+        rows = [(f"MPNet fp32 {self.shape('tp_32x128')}", "tp_32x128", "throughput"),
+                (f"MPNet fp32 {self.shape('tp_8x512')}", "tp_8x512", "throughput"),
+                (f"MPNet latency {self.shape('lat_1x16')}", "lat_1x16", "latency")]
+        model_dir = self.args.mpnet_model_dir
+        if not model_dir or not os.path.exists(os.path.join(model_dir, "config.json")):
+            for label, _, metric in rows:
+                for peer in ("ort-fp32", "torch"):
+                    self.table.add(f"{label} vs {peer}", None, peer, None, None, ("mpnet", None),
+                                   "tok/s" if metric == "throughput" else "ms",
+                                   note="n/a (MPNet not installed: scripts/setup.sh --model "
+                                        "all-mpnet-base-v2)")
+            return
+        self.close()
+        engines = self.engines
+        mpnet_args = argparse.Namespace(**vars(self.args))
+        mpnet_args.model_dir = model_dir
+        self.engines = Engines(mpnet_args, self.out_dir)
+        self.engines.onnx = {"ort-fp32": os.path.join(self.args.mpnet_onnx_dir, "model-fp32.onnx"),
+                             "ort-int8": os.path.join(self.args.mpnet_onnx_dir, "model-int8.onnx")}
+        try:
+            self.ours_name = "ours-fp32"
+            plan = [(w, self.sizes.latency_runs if m == "latency" else self.sizes.runs)
+                    for _, w, m in rows]
+            results, _ = self.time_section("mpnet", ["ours-fp32", "ort-fp32", "torch"], plan)
+            for label, workload, metric in rows:
+                for peer in ("ort-fp32", "torch"):
+                    self.ratio_row(f"{label} vs {peer}", workload, results[workload], peer,
+                                   ("mpnet", None), metric)
+        finally:
+            self.close()
+            self.engines = engines
+
     def int8(self):
         workload = "tp_32x128"
         results, by_name = self.time_section(
@@ -903,6 +940,8 @@ class Run:
                 self.http()
             if "explain" in sections:
                 self.explain()
+            if "mpnet" in sections:
+                self.mpnet()
         finally:
             self.close()
         self.machine["loadavg_end"] = os.getloadavg()
@@ -987,6 +1026,12 @@ def main():
                         help="the peers' virtualenv (bench/run.sh makes it)")
     parser.add_argument("--onnx-dir", default=os.path.join(ROOT, ".cache", "bench", "onnx"),
                         help="bench/export_onnx.py's output")
+    parser.add_argument("--mpnet-model-dir",
+                        default=os.path.join(ROOT, "models", "all-mpnet-base-v2"),
+                        help="all-mpnet-base-v2 for the mpnet section (absent: its rows say n/a)")
+    parser.add_argument("--mpnet-onnx-dir",
+                        default=os.path.join(ROOT, ".cache", "bench", "onnx-mpnet"),
+                        help="its ONNX export (bench/run.sh makes it)")
     parser.add_argument("--out", default=os.path.join(HERE, "results"),
                         help="latest.json, inputs and worker logs go here")
     parser.add_argument("--threads", type=int, default=os.cpu_count(),
@@ -1024,6 +1069,7 @@ def main():
         parser.error(f"unknown sections {sorted(unknown)}; choose from {SECTIONS}")
     args.build_dir = os.path.abspath(args.build_dir)
     args.model_dir = os.path.abspath(args.model_dir)
+    args.mpnet_model_dir = os.path.abspath(args.mpnet_model_dir)
 
     run = Run(args)
     run.execute()

@@ -36,9 +36,11 @@ class OrtWorker(Worker):
                 continue
             ids, mask = padded(spec["sequences"])
             ids = np.asarray(ids, dtype=np.int64)
-            self.feeds[name] = {"input_ids": ids,
-                                "attention_mask": np.asarray(mask, dtype=np.int64),
-                                "token_type_ids": np.zeros_like(ids)}
+            feeds = {"input_ids": ids, "attention_mask": np.asarray(mask, dtype=np.int64),
+                     "token_type_ids": np.zeros_like(ids)}
+            # The graph's own inputs (an MPNet export has no token_type_ids).
+            wanted = {i.name for i in self.session.get_inputs()}
+            self.feeds[name] = {k: v for k, v in feeds.items() if k in wanted}
 
     def run(self, name):
         return self.session.run(["embedding"], self.feeds[name])[0]

@@ -68,8 +68,9 @@ class TorchInferWorker(Worker):
     def run(self, name):
         ids, mask = self.inputs[name]
         with torch.inference_mode():
-            hidden = self.model(input_ids=ids, attention_mask=mask,
-                                token_type_ids=torch.zeros_like(ids)).last_hidden_state
+            types = ({} if self.model.config.model_type == "mpnet"  # MPNet has no token types
+                     else {"token_type_ids": torch.zeros_like(ids)})
+            hidden = self.model(input_ids=ids, attention_mask=mask, **types).last_hidden_state
             return F.normalize(mean_pool(hidden, mask), p=2, dim=1)
 
     def embed(self, name):

@@ -15,16 +15,20 @@
 #      the exporter change;
 #   5. a Release build of attn-bench-engine, attn-bench-train, attn-bench-explain, attn-load-gen
 #      and attnserve in $ATTN_BUILD_DIR (default build/).
-# Environment: ATTN_BUILD_DIR, ATTN_MODEL_DIR (as scripts/setup.sh).
+#   (and the same export of all-mpnet-base-v2 into .cache/bench/onnx-mpnet when it is installed:
+#   the "mpnet" section's rows)
+# Environment: ATTN_BUILD_DIR, ATTN_MODEL_DIR, ATTN_MPNET_MODEL_DIR (as scripts/setup.sh).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BUILD_DIR="${ATTN_BUILD_DIR:-$ROOT/build}"
 MODEL_DIR="${ATTN_MODEL_DIR:-$ROOT/models/all-MiniLM-L6-v2}"
+MPNET_DIR="${ATTN_MPNET_MODEL_DIR:-$ROOT/models/all-mpnet-base-v2}"
 VENV="$ROOT/.venv-bench"
 ONNX_DIR="$ROOT/.cache/bench/onnx"
+MPNET_ONNX_DIR="$ROOT/.cache/bench/onnx-mpnet"
 if [[ "${1:-}" == "-h" || "${1:-}" == "--help" ]]; then
-  sed -n '2,18p' "$0"
+  sed -n '2,20p' "$0"
   exit 0
 fi
 
@@ -71,8 +75,8 @@ if [[ -z "${OPENBLAS_CORETYPE:-}" ]] && grep -qw avx512f /proc/cpuinfo; then
 fi
 
 # --- 4. the ONNX export --------------------------------------------------------------------------
-export_current() {
-  "$VENV/bin/python" - "$ONNX_DIR" "$MODEL_DIR" "$ROOT/bench/export_onnx.py" <<'PY'
+export_current() {  # out_dir model_dir
+  "$VENV/bin/python" - "$1" "$2" "$ROOT/bench/export_onnx.py" <<'PY'
 import hashlib, json, os, sys
 out_dir, model_dir, exporter = sys.argv[1:]
 def sha(path):
@@ -91,10 +95,17 @@ ok = (meta.get("weights_sha256") == sha(os.path.join(model_dir, "model.safetenso
 sys.exit(0 if ok else 1)
 PY
 }
-if ! export_current; then
+if ! export_current "$ONNX_DIR" "$MODEL_DIR"; then
   log "exporting the model to ONNX (fp32 + quantize_dynamic int8) into $ONNX_DIR"
   HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 "$VENV/bin/python" "$ROOT/bench/export_onnx.py" \
     --model-dir "$MODEL_DIR" --out-dir "$ONNX_DIR" > /dev/null
+fi
+# all-mpnet-base-v2 (the mpnet rows) by the same recipe, when installed (scripts/setup.sh
+# --model all-mpnet-base-v2); without it those rows say n/a.
+if [[ -f "$MPNET_DIR/config.json" ]] && ! export_current "$MPNET_ONNX_DIR" "$MPNET_DIR"; then
+  log "exporting all-mpnet-base-v2 to ONNX into $MPNET_ONNX_DIR"
+  HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 "$VENV/bin/python" "$ROOT/bench/export_onnx.py" \
+    --model-dir "$MPNET_DIR" --out-dir "$MPNET_ONNX_DIR" > /dev/null
 fi
 
 # --- 5. ours -----------------------------------------------------------------------------------
@@ -111,4 +122,5 @@ cmake --build "$BUILD_DIR" -j2 --target attn-bench-engine attn-bench-train attn-
 cd "$ROOT"
 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 exec /usr/bin/python3 "$ROOT/bench/harness.py" \
   --build-dir "$BUILD_DIR" --model-dir "$MODEL_DIR" --venv "$VENV" --onnx-dir "$ONNX_DIR" \
+  --mpnet-model-dir "$MPNET_DIR" --mpnet-onnx-dir "$MPNET_ONNX_DIR" \
   --results-md "$ROOT/bench/RESULTS.md" --command "bench/run.sh${*:+ $*}" "$@"

@@ -146,6 +146,15 @@ absl::StatusOr<v1::ModelInfo> EncoderClient::GetModelInfo(const v1::GetModelInfo
   return Unary(&v1::Encoder::Stub::GetModelInfo, request);
 }
 
+absl::StatusOr<v1::ListModelsResponse> EncoderClient::ListModels() {
+  ::grpc::ClientContext context;
+  PrepareContext(&context);
+  v1::ListModelsResponse response;
+  ::grpc::Status status = encoder_->ListModels(&context, v1::ListModelsRequest(), &response);
+  if (!status.ok()) return ToAbslStatus(status);
+  return response;
+}
+
 absl::StatusOr<HealthStatus> EncoderClient::Health(const std::string& service) {
   ::grpc::ClientContext context;
   PrepareContext(&context);
@@ -288,20 +297,24 @@ std::unique_ptr<FineTuneSession> TrainerClient::FineTune() {
       new FineTuneSession(trainer_.get(), channel_, target_, options_));
 }
 
-absl::StatusOr<v1::ListVersionsResponse> TrainerClient::ListVersions() {
+absl::StatusOr<v1::ListVersionsResponse> TrainerClient::ListVersions(const std::string& model) {
   ::grpc::ClientContext context;
   SetUpContext(options_, /*with_deadline=*/true, &context);
+  v1::ListVersionsRequest request;
+  request.set_model(model);
   v1::ListVersionsResponse response;
-  ::grpc::Status status = trainer_->ListVersions(&context, v1::ListVersionsRequest(), &response);
+  ::grpc::Status status = trainer_->ListVersions(&context, request, &response);
   if (!status.ok()) return ToClientStatus(status, channel_.get(), target_);
   return response;
 }
 
-absl::StatusOr<v1::ListVersionsResponse> TrainerClient::Rollback(const std::string& version) {
+absl::StatusOr<v1::ListVersionsResponse> TrainerClient::Rollback(const std::string& version,
+                                                                 const std::string& model) {
   ::grpc::ClientContext context;
   SetUpContext(options_, /*with_deadline=*/true, &context);
   v1::RollbackRequest request;
   request.set_version(version);
+  request.set_model(model);
   v1::ListVersionsResponse response;
   ::grpc::Status status = trainer_->Rollback(&context, request, &response);
   if (!status.ok()) return ToClientStatus(status, channel_.get(), target_);
@@ -309,11 +322,12 @@ absl::StatusOr<v1::ListVersionsResponse> TrainerClient::Rollback(const std::stri
 }
 
 absl::StatusOr<v1::ListVersionsResponse> TrainerClient::SetServingVersion(
-    const std::string& version) {
+    const std::string& version, const std::string& model) {
   ::grpc::ClientContext context;
   SetUpContext(options_, /*with_deadline=*/true, &context);
   v1::SetServingVersionRequest request;
   request.set_version(version);
+  request.set_model(model);
   v1::ListVersionsResponse response;
   ::grpc::Status status = trainer_->SetServingVersion(&context, request, &response);
   if (!status.ok()) return ToClientStatus(status, channel_.get(), target_);

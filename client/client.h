@@ -62,6 +62,8 @@ class EncoderClient {
   absl::StatusOr<attnserve::v1::RerankResponse> Rerank(const attnserve::v1::RerankRequest& request);
   absl::StatusOr<attnserve::v1::ModelInfo> GetModelInfo(
       const attnserve::v1::GetModelInfoRequest& request = {});
+  // Every model the server serves, the default first.
+  absl::StatusOr<attnserve::v1::ListModelsResponse> ListModels();
 
   // grpc.health.v1.Health/Check for `service` ("" = the server as a whole). A service the
   // server does not know comes back as NOT_FOUND (that is what the protocol specifies).
@@ -163,10 +165,13 @@ class TrainerClient {
   // A new, not yet started fine-tuning session (see FineTuneSession). The client must outlive
   // it.
   std::unique_ptr<FineTuneSession> FineTune();
-  absl::StatusOr<attnserve::v1::ListVersionsResponse> ListVersions();
+  // `model`: a served model's name (--model NAME=DIR); "" = the server's default model.
+  absl::StatusOr<attnserve::v1::ListVersionsResponse> ListVersions(const std::string& model = "");
   // Serves the version committed before the current one, or `version` when not empty.
-  absl::StatusOr<attnserve::v1::ListVersionsResponse> Rollback(const std::string& version = "");
-  absl::StatusOr<attnserve::v1::ListVersionsResponse> SetServingVersion(const std::string& version);
+  absl::StatusOr<attnserve::v1::ListVersionsResponse> Rollback(const std::string& version = "",
+                                                               const std::string& model = "");
+  absl::StatusOr<attnserve::v1::ListVersionsResponse> SetServingVersion(
+      const std::string& version, const std::string& model = "");
 
   const std::string& target() const { return target_; }
   const ClientOptions& options() const { return options_; }

@@ -104,10 +104,10 @@ constexpr ArchitectureSpec kArchitectures[] = {
     {Architecture::kBert, "bert", "bert.", /*token_type_embeddings=*/true,
      /*relative_attention_bias=*/false, /*positions_after_padding=*/false,
      /*default_layer_norm_eps=*/1e-12f, "TemplateProcessing|BertProcessing",
-     /*pair_separators=*/1},
+     /*pair_separators=*/1, "BertModel"},
     {Architecture::kMpnet, "mpnet", "mpnet.", /*token_type_embeddings=*/false,
      /*relative_attention_bias=*/true, /*positions_after_padding=*/true,
-     /*default_layer_norm_eps=*/1e-5f, "RobertaProcessing", /*pair_separators=*/2},
+     /*default_layer_norm_eps=*/1e-5f, "RobertaProcessing", /*pair_separators=*/2, "MPNetModel"},
 };
 
 std::string KnownModelTypes() {

@@ -34,6 +34,8 @@ struct ArchitectureSpec {
   // Separators between the two texts of a pair: 1 ([CLS] a [SEP] b [SEP]) or 2
   // (<s> a </s></s> b </s>).
   int pair_separators;
+  // The Hugging Face class of the bare encoder ("BertModel"), as GetModelInfo reports it.
+  const char* model_class;
 };
 
 inline constexpr int kRelativeBuckets = 32;       // HF MPNet compute_position_bias' default

@@ -97,6 +97,23 @@ EncoderService::EncoderService(core::ServingCore* core, int64_t max_message_byte
                                  max_bytes);
           },
           /*answer_dropped=*/true));
+  MarkMethodRawCallback(index("ListModels"),
+                        RawMethods::Unary<v1::ListModelsRequest>(
+                            "ListModels", metrics_, max_bytes, authorize_,
+                            [this, max_bytes](std::shared_ptr<UnaryCall> call,
+                                              grpc::CallbackServerContext*, v1::ListModelsRequest) {
+                              absl::StatusOr<std::vector<core::ModelInfo>> models =
+                                  core_->ListModels(call->Control());
+                              if (!models.ok()) {
+                                call->Finish(models.status());
+                                return;
+                              }
+                              v1::ListModelsResponse response;
+                              for (const core::ModelInfo& info : *models)
+                                ToProto(info, response.add_models());
+                              call->Finish(CheckResponseSize(response, max_bytes), response);
+                            },
+                            /*answer_dropped=*/true));
 }
 
 }  // namespace attn::server

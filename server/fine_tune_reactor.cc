@@ -128,8 +128,11 @@ class FineTuneReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, g
  private:
   void HandleConfig() {
     absl::StatusOr<core::FineTuneConfig> config = ToCore(request_.config());
+    // The model first: its name decides which model's versions the job starts from.
+    absl::StatusOr<TrainerService::ModelJobs> model = service_->Find(request_.config().model());
+    if (config.ok() && !model.ok()) config = model.status();
     absl::StatusOr<std::unique_ptr<core::FineTuneJob>> job =
-        config.ok() ? service_->fine_tuning_.Begin(*config)
+        config.ok() ? model->fine_tuning->Begin(*config)
                     : absl::StatusOr<std::unique_ptr<core::FineTuneJob>>(config.status());
     if (!job.ok()) {
       End(job.status(), "");

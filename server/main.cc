@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "engine/cli_util.h"
 #include "engine/log.h"
@@ -22,15 +23,22 @@ int main(int argc, char** argv) {
   // a new batch shape appeared. A fixed threshold keeps blocks of 1 MiB and more on mmap, so
   // they go back to the system when freed (tests/reliability/README.md, "Load and soak").
   mallopt(M_MMAP_THRESHOLD, 1 << 20);
+  // --model NAME=DIR is repeatable: its occurrences become one comma-separated list.
+  std::vector<std::string> merged_storage;
+  std::vector<char*> merged_argv =
+      attn::server::MergeRepeatedModelFlags(argc, argv, &merged_storage);
   attn::StartProgram(
-      argc, argv, "attnserve",
+      static_cast<int>(merged_argv.size()), merged_argv.data(), "attnserve",
       "serves a BERT-family encoder over gRPC and HTTP/JSON (attnserve.v1.Encoder: Encode, "
       "AttentionMap, Tokenize, GetModelInfo; attnserve.v1.Trainer: FineTune, ListVersions, "
       "Rollback, SetServingVersion, enabled by --trainer-token-file) with grpc.health.v1 "
       "health checks, server reflection and Prometheus metrics; over HTTP the same calls "
       "as JSON and the OpenAI-compatible POST /v1/embeddings (--http-port).\n"
       "Flags take dashes or underscores (--model-dir or --model_dir).\n"
-      "Example: attnserve --port 50051 --metrics-port 9464");
+      "Example: attnserve --port 50051 --metrics-port 9464\n"
+      "Several models: attnserve --model minilm=models/all-MiniLM-L6-v2 "
+      "--model mpnet=models/all-mpnet-base-v2 (the first is the default; requests pick one "
+      "with their `model` field)");
 
   auto usage_error = [](const absl::Status& status) {
     std::fprintf(stderr, "attnserve: %s (see --help)\n", std::string(status.message()).c_str());

@@ -1,7 +1,5 @@
 #include "server/metrics.h"
 
-#include <mutex>
-
 #include "server/status_map.h"
 
 namespace attn::server {
@@ -14,8 +12,6 @@ const prometheus::Histogram::BucketBoundaries& LatencyBuckets() {
       0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30};
   return *buckets;
 }
-
-std::mutex g_model_info_mutex;
 
 }  // namespace
 
@@ -33,45 +29,39 @@ Metrics::Metrics()
                             .Register(*registry_)),
       queue_duration_(prometheus::BuildHistogram()
                           .Name("attnserve_queue_duration_seconds")
-                          .Help("Time requests wait in the batcher queue before their batch runs.")
-                          .Register(*registry_)
-                          .Add({}, LatencyBuckets())),
+                          .Help("Time requests wait in their model's batcher queue before their "
+                                "batch runs, by model.")
+                          .Register(*registry_)),
       tokenization_duration_(prometheus::BuildHistogram()
                                  .Name("attnserve_tokenization_duration_seconds")
-                                 .Help("Time to validate and tokenize one request's inputs.")
-                                 .Register(*registry_)
-                                 .Add({}, LatencyBuckets())),
+                                 .Help("Time to validate and tokenize one request's inputs, by "
+                                       "model.")
+                                 .Register(*registry_)),
       inference_duration_(prometheus::BuildHistogram()
                               .Name("attnserve_inference_duration_seconds")
-                              .Help("Engine forward time of one packed batch.")
-                              .Register(*registry_)
-                              .Add({}, LatencyBuckets())),
-      batch_size_(
-          prometheus::BuildHistogram()
-              .Name("attnserve_batch_size")
-              .Help("Inputs (sequences) per packed engine batch.")
-              .Register(*registry_)
-              .Add({}, prometheus::Histogram::BucketBoundaries{1, 2, 4, 8, 16, 32, 64, 128, 256})),
+                              .Help("Engine forward time of one packed batch, by model.")
+                              .Register(*registry_)),
+      batch_size_(prometheus::BuildHistogram()
+                      .Name("attnserve_batch_size")
+                      .Help("Inputs (sequences) per packed engine batch, by model.")
+                      .Register(*registry_)),
       batch_tokens_(prometheus::BuildHistogram()
                         .Name("attnserve_batch_tokens")
-                        .Help("Tokens per packed engine batch.")
-                        .Register(*registry_)
-                        .Add({}, prometheus::Histogram::BucketBoundaries{16, 64, 256, 512, 1024,
-                                                                         2048, 4096, 8192, 16384})),
+                        .Help("Tokens per packed engine batch, by model.")
+                        .Register(*registry_)),
       queue_depth_(prometheus::BuildGauge()
                        .Name("attnserve_queue_depth")
-                       .Help("Requests admitted and not yet finished (queued or running).")
-                       .Register(*registry_)
-                       .Add({})),
+                       .Help("Requests admitted and not yet finished (queued or running), by "
+                             "model (each model has its own queue).")
+                       .Register(*registry_)),
       tokens_(prometheus::BuildCounter()
                   .Name("attnserve_tokens_total")
-                  .Help("Tokens run through the engine (special tokens included).")
-                  .Register(*registry_)
-                  .Add({})),
+                  .Help("Tokens run through the engine (special tokens included), by model.")
+                  .Register(*registry_)),
       dropped_(prometheus::BuildCounter()
                    .Name("attnserve_dropped_requests_total")
-                   .Help("Requests dropped because nobody waited for the answer, by reason "
-                         "(cancelled, deadline) and stage (queue, compute, reply).")
+                   .Help("Requests dropped because nobody waited for the answer, by model, "
+                         "reason (cancelled, deadline) and stage (queue, compute, reply).")
                    .Register(*registry_)),
       memory_in_flight_(prometheus::BuildGauge()
                             .Name("attnserve_memory_in_flight_bytes")
@@ -82,51 +72,83 @@ Metrics::Metrics()
       memory_refusals_(prometheus::BuildCounter()
                            .Name("attnserve_memory_refusals_total")
                            .Help("Calls refused before any work because of their estimated cost, "
-                                 "by limit (message, request, budget).")
+                                 "by model and limit (message, request, budget).")
                            .Register(*registry_)),
       model_info_(prometheus::BuildGauge()
                       .Name("attnserve_model_info")
-                      .Help("The served model version and its shape; value is always 1.")
+                      .Help("Each served model's default version and its shape, by model; value "
+                            "is always 1.")
                       .Register(*registry_)),
       finetune_steps_(prometheus::BuildCounter()
                           .Name("attnserve_finetune_steps_total")
-                          .Help("Completed fine-tuning optimisation steps.")
-                          .Register(*registry_)
-                          .Add({})),
+                          .Help("Completed fine-tuning optimisation steps, by model.")
+                          .Register(*registry_)),
       finetune_loss_(prometheus::BuildGauge()
                          .Name("attnserve_finetune_loss")
-                         .Help("Loss of the last completed fine-tuning step.")
-                         .Register(*registry_)
-                         .Add({})),
+                         .Help("Loss of the last completed fine-tuning step, by model.")
+                         .Register(*registry_)),
       finetune_examples_(prometheus::BuildCounter()
                              .Name("attnserve_finetune_examples_total")
-                             .Help("Training examples consumed by completed fine-tuning steps.")
-                             .Register(*registry_)
-                             .Add({})),
+                             .Help("Training examples consumed by completed fine-tuning steps, "
+                                   "by model.")
+                             .Register(*registry_)),
       finetune_jobs_(prometheus::BuildCounter()
                          .Name("attnserve_finetune_jobs_total")
-                         .Help("Finished fine-tuning jobs by outcome (committed, aborted, "
-                               "failed, cancelled).")
+                         .Help("Finished fine-tuning jobs by model and outcome (committed, "
+                               "aborted, failed, cancelled).")
                          .Register(*registry_)),
       versions_published_(prometheus::BuildCounter()
                               .Name("attnserve_model_versions_published_total")
-                              .Help("Model versions committed by fine-tuning since start.")
-                              .Register(*registry_)
-                              .Add({})),
+                              .Help("Model versions committed by fine-tuning since start, by "
+                                    "model.")
+                              .Register(*registry_)),
       serving_version_info_(prometheus::BuildGauge()
                                 .Name("attnserve_serving_version_info")
-                                .Help("The model version served by default; value is always 1.")
+                                .Help("The version each model serves by default, by model; value "
+                                      "is always 1.")
                                 .Register(*registry_)) {
+  for (const char* limit : {"message", "request", "budget"}) {
+    memory_refusals_.Add({{"limit", limit}});  // refusals before the model is known
+  }
+}
+
+ModelMetrics* Metrics::ForModel(const std::string& model) {
+  std::lock_guard<std::mutex> lock(models_mutex_);
+  std::unique_ptr<ModelMetrics>& metrics = models_[model];
+  if (metrics == nullptr) metrics = std::make_unique<ModelMetrics>(this, model);
+  return metrics.get();
+}
+
+ModelMetrics::ModelMetrics(Metrics* metrics, const std::string& model)
+    : metrics_(metrics),
+      model_(model),
+      queue_duration_(metrics->queue_duration_.Add({{"model", model}}, LatencyBuckets())),
+      tokenization_duration_(
+          metrics->tokenization_duration_.Add({{"model", model}}, LatencyBuckets())),
+      inference_duration_(metrics->inference_duration_.Add({{"model", model}}, LatencyBuckets())),
+      batch_size_(metrics->batch_size_.Add(
+          {{"model", model}},
+          prometheus::Histogram::BucketBoundaries{1, 2, 4, 8, 16, 32, 64, 128, 256})),
+      batch_tokens_(metrics->batch_tokens_.Add(
+          {{"model", model}}, prometheus::Histogram::BucketBoundaries{16, 64, 256, 512, 1024, 2048,
+                                                                      4096, 8192, 16384, 32768})),
+      queue_depth_(metrics->queue_depth_.Add({{"model", model}})),
+      tokens_(metrics->tokens_.Add({{"model", model}})),
+      finetune_steps_(metrics->finetune_steps_.Add({{"model", model}})),
+      finetune_loss_(metrics->finetune_loss_.Add({{"model", model}})),
+      finetune_examples_(metrics->finetune_examples_.Add({{"model", model}})),
+      versions_published_(metrics->versions_published_.Add({{"model", model}})) {
   // Pre-create the common series so dashboards and rate() see zeros before the first event.
   for (const char* reason : {"cancelled", "deadline"}) {
     for (const char* stage : {"queue", "compute", "reply"}) {
-      dropped_.Add({{"reason", reason}, {"stage", stage}});
+      metrics->dropped_.Add({{"model", model}, {"reason", reason}, {"stage", stage}});
     }
   }
-  for (const char* limit : {"message", "request", "budget"})
-    memory_refusals_.Add({{"limit", limit}});
+  for (const char* limit : {"message", "request", "budget"}) {
+    metrics->memory_refusals_.Add({{"model", model}, {"limit", limit}});
+  }
   for (const char* outcome : {"committed", "aborted", "failed", "cancelled"}) {
-    finetune_jobs_.Add({{"outcome", outcome}});
+    metrics->finetune_jobs_.Add({{"model", model}, {"outcome", outcome}});
   }
 }
 
@@ -144,59 +166,73 @@ void Metrics::RecordRequest(std::string_view method, grpc::StatusCode code, doub
   RecordRequest("grpc", method, GrpcCodeName(code), seconds);
 }
 
-void Metrics::RecordQueueTime(double seconds) { queue_duration_.Observe(seconds); }
-void Metrics::RecordTokenizationTime(double seconds) { tokenization_duration_.Observe(seconds); }
-void Metrics::RecordInferenceTime(double seconds) { inference_duration_.Observe(seconds); }
-
-void Metrics::RecordBatch(int64_t inputs, int64_t tokens) {
-  batch_size_.Observe(static_cast<double>(inputs));
-  batch_tokens_.Observe(static_cast<double>(tokens));
-}
-
-void Metrics::SetQueueDepth(int64_t requests) { queue_depth_.Set(static_cast<double>(requests)); }
-void Metrics::AddTokens(int64_t tokens) { tokens_.Increment(static_cast<double>(tokens)); }
-
 void Metrics::RecordDropped(std::string_view reason, std::string_view stage) {
   dropped_.Add({{"reason", std::string(reason)}, {"stage", std::string(stage)}}).Increment();
 }
 
-void Metrics::SetMemoryInFlight(int64_t bytes) {
-  memory_in_flight_.Set(static_cast<double>(bytes));
+void ModelMetrics::RecordQueueTime(double seconds) { queue_duration_.Observe(seconds); }
+void ModelMetrics::RecordTokenizationTime(double seconds) {
+  tokenization_duration_.Observe(seconds);
+}
+void ModelMetrics::RecordInferenceTime(double seconds) { inference_duration_.Observe(seconds); }
+
+void ModelMetrics::RecordBatch(int64_t inputs, int64_t tokens) {
+  batch_size_.Observe(static_cast<double>(inputs));
+  batch_tokens_.Observe(static_cast<double>(tokens));
 }
 
-void Metrics::RecordMemoryRefusal(std::string_view limit) {
-  memory_refusals_.Add({{"limit", std::string(limit)}}).Increment();
+void ModelMetrics::SetQueueDepth(int64_t requests) {
+  queue_depth_.Set(static_cast<double>(requests));
+}
+void ModelMetrics::AddTokens(int64_t tokens) { tokens_.Increment(static_cast<double>(tokens)); }
+
+void ModelMetrics::RecordDropped(std::string_view reason, std::string_view stage) {
+  metrics_->dropped_
+      .Add({{"model", model_}, {"reason", std::string(reason)}, {"stage", std::string(stage)}})
+      .Increment();
 }
 
-void Metrics::SetModelInfo(const std::string& version, const std::string& architecture,
-                           const std::string& precision, int layers, int hidden, int heads) {
-  std::lock_guard<std::mutex> lock(g_model_info_mutex);
-  if (current_model_info_ != nullptr) model_info_.Remove(current_model_info_);
-  current_model_info_ = &model_info_.Add({{"version", version},
-                                          {"architecture", architecture},
-                                          {"precision", precision},
-                                          {"layers", std::to_string(layers)},
-                                          {"hidden_size", std::to_string(hidden)},
-                                          {"heads", std::to_string(heads)}});
+void ModelMetrics::SetMemoryInFlight(int64_t bytes) {
+  metrics_->memory_in_flight_.Set(static_cast<double>(bytes));
+}
+
+void ModelMetrics::RecordMemoryRefusal(std::string_view limit) {
+  metrics_->memory_refusals_.Add({{"model", model_}, {"limit", std::string(limit)}}).Increment();
+}
+
+void ModelMetrics::SetModelInfo(const std::string& version, const std::string& architecture,
+                                const std::string& precision, int layers, int hidden, int heads) {
+  std::lock_guard<std::mutex> lock(info_mutex_);
+  if (current_model_info_ != nullptr) metrics_->model_info_.Remove(current_model_info_);
+  current_model_info_ = &metrics_->model_info_.Add({{"model", model_},
+                                                    {"version", version},
+                                                    {"architecture", architecture},
+                                                    {"precision", precision},
+                                                    {"layers", std::to_string(layers)},
+                                                    {"hidden_size", std::to_string(hidden)},
+                                                    {"heads", std::to_string(heads)}});
   current_model_info_->Set(1);
 }
 
-void Metrics::RecordFineTuneStep(int64_t examples, double loss) {
+void ModelMetrics::RecordFineTuneStep(int64_t examples, double loss) {
   finetune_steps_.Increment();
   finetune_examples_.Increment(static_cast<double>(examples));
   finetune_loss_.Set(loss);
 }
 
-void Metrics::RecordFineTuneJob(std::string_view outcome) {
-  finetune_jobs_.Add({{"outcome", std::string(outcome)}}).Increment();
+void ModelMetrics::RecordFineTuneJob(std::string_view outcome) {
+  metrics_->finetune_jobs_.Add({{"model", model_}, {"outcome", std::string(outcome)}}).Increment();
 }
 
-void Metrics::RecordVersionPublished() { versions_published_.Increment(); }
+void ModelMetrics::RecordVersionPublished() { versions_published_.Increment(); }
 
-void Metrics::SetServingVersion(const std::string& version) {
-  std::lock_guard<std::mutex> lock(g_model_info_mutex);
-  if (current_serving_version_ != nullptr) serving_version_info_.Remove(current_serving_version_);
-  current_serving_version_ = &serving_version_info_.Add({{"version", version}});
+void ModelMetrics::SetServingVersion(const std::string& version) {
+  std::lock_guard<std::mutex> lock(info_mutex_);
+  if (current_serving_version_ != nullptr) {
+    metrics_->serving_version_info_.Remove(current_serving_version_);
+  }
+  current_serving_version_ =
+      &metrics_->serving_version_info_.Add({{"model", model_}, {"version", version}});
   current_serving_version_->Set(1);
 }
 

@@ -1,5 +1,7 @@
 // Every Prometheus metric the server exports is declared here, with its help text, and nowhere
-// else. Prefix attnserve_. Thread-safe.
+// else. Prefix attnserve_. Thread-safe. What one served model does carries its name as the
+// label `model` (ModelMetrics); calls by protocol and method, and the shared memory budget, are
+// server-wide.
 #pragma once
 
 #include <grpcpp/support/status.h>
@@ -10,7 +12,9 @@
 #include <prometheus/registry.h>
 
 #include <cstdint>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <string_view>
 
@@ -18,11 +22,63 @@
 
 namespace attn::server {
 
-class Metrics final : public ServingMetrics, public TrainingMetrics {
+class Metrics;
+
+// One served model's series (label model="<name>"): what its batcher, its share of the serving
+// core and its fine-tuning jobs report. Made by Metrics::ForModel, owned by the Metrics.
+class ModelMetrics final : public ServingMetrics, public TrainingMetrics {
+ public:
+  ModelMetrics(Metrics* metrics, const std::string& model);
+
+  void RecordQueueTime(double seconds) override;
+  void RecordTokenizationTime(double seconds) override;
+  void RecordInferenceTime(double seconds) override;
+  void RecordBatch(int64_t inputs, int64_t tokens) override;
+  void SetQueueDepth(int64_t requests) override;
+  void AddTokens(int64_t tokens) override;
+  void RecordDropped(std::string_view reason, std::string_view stage) override;
+  // Server-wide: the models share one memory budget.
+  void SetMemoryInFlight(int64_t bytes) override;
+  void RecordMemoryRefusal(std::string_view limit) override;
+  // attnserve_model_info{model, version, architecture, precision, ...} 1 for the served version
+  // (replaces the model's previous series).
+  void SetModelInfo(const std::string& version, const std::string& architecture,
+                    const std::string& precision, int layers, int hidden, int heads);
+
+  void RecordFineTuneStep(int64_t examples, double loss) override;
+  void RecordFineTuneJob(std::string_view outcome) override;
+  void RecordVersionPublished() override;
+  // attnserve_serving_version_info{model, version} 1 for the version the model serves by
+  // default (replaces the model's previous series).
+  void SetServingVersion(const std::string& version);
+
+ private:
+  Metrics* const metrics_;
+  const std::string model_;
+  prometheus::Histogram& queue_duration_;
+  prometheus::Histogram& tokenization_duration_;
+  prometheus::Histogram& inference_duration_;
+  prometheus::Histogram& batch_size_;
+  prometheus::Histogram& batch_tokens_;
+  prometheus::Gauge& queue_depth_;
+  prometheus::Counter& tokens_;
+  prometheus::Counter& finetune_steps_;
+  prometheus::Gauge& finetune_loss_;
+  prometheus::Counter& finetune_examples_;
+  prometheus::Counter& versions_published_;
+  std::mutex info_mutex_;
+  prometheus::Gauge* current_model_info_ = nullptr;
+  prometheus::Gauge* current_serving_version_ = nullptr;
+};
+
+class Metrics {
  public:
   Metrics();
 
   const std::shared_ptr<prometheus::Registry>& registry() const { return registry_; }
+
+  // The series of the served model `model` (created on the first call; the same object after).
+  ModelMetrics* ForModel(const std::string& model);
 
   // One finished call: attnserve_requests_total{protocol,method,code} and
   // attnserve_request_duration_seconds{protocol,method}. `protocol` is "grpc" or "http"; `code`
@@ -31,52 +87,34 @@ class Metrics final : public ServingMetrics, public TrainingMetrics {
                      double seconds);
   // A gRPC call (protocol "grpc").
   void RecordRequest(std::string_view method, grpc::StatusCode code, double seconds);
-  void RecordQueueTime(double seconds) override;
-  void RecordTokenizationTime(double seconds) override;
-  void RecordInferenceTime(double seconds) override;
-  // One packed engine batch.
-  void RecordBatch(int64_t inputs, int64_t tokens) override;
-  void SetQueueDepth(int64_t requests) override;
-  void AddTokens(int64_t tokens) override;
-  void RecordDropped(std::string_view reason, std::string_view stage) override;
-  void SetMemoryInFlight(int64_t bytes) override;
-  void RecordMemoryRefusal(std::string_view limit) override;
-  // attnserve_model_info{version, model_dir, precision, ...} 1 for the served version.
-  void SetModelInfo(const std::string& version, const std::string& architecture,
-                    const std::string& precision, int layers, int hidden, int heads);
-
-  // Fine-tuning: one completed optimisation step over `examples` examples with loss `loss`.
-  void RecordFineTuneStep(int64_t examples, double loss) override;
-  // A finished fine-tuning job: outcome "committed", "aborted", "failed" or "cancelled".
-  void RecordFineTuneJob(std::string_view outcome) override;
-  void RecordVersionPublished() override;
-  // attnserve_serving_version_info{version} 1 for the version served by default (replaces the
-  // previous series).
-  void SetServingVersion(const std::string& version);
+  // A call dropped before its request named a model (no `model` label).
+  void RecordDropped(std::string_view reason, std::string_view stage);
 
  private:
+  friend class ModelMetrics;
+
   std::shared_ptr<prometheus::Registry> registry_;
   prometheus::Family<prometheus::Counter>& requests_;
   prometheus::Family<prometheus::Histogram>& request_duration_;
-  prometheus::Histogram& queue_duration_;
-  prometheus::Histogram& tokenization_duration_;
-  prometheus::Histogram& inference_duration_;
-  prometheus::Histogram& batch_size_;
-  prometheus::Histogram& batch_tokens_;
-  prometheus::Gauge& queue_depth_;
-  prometheus::Counter& tokens_;
+  prometheus::Family<prometheus::Histogram>& queue_duration_;
+  prometheus::Family<prometheus::Histogram>& tokenization_duration_;
+  prometheus::Family<prometheus::Histogram>& inference_duration_;
+  prometheus::Family<prometheus::Histogram>& batch_size_;
+  prometheus::Family<prometheus::Histogram>& batch_tokens_;
+  prometheus::Family<prometheus::Gauge>& queue_depth_;
+  prometheus::Family<prometheus::Counter>& tokens_;
   prometheus::Family<prometheus::Counter>& dropped_;
   prometheus::Gauge& memory_in_flight_;
   prometheus::Family<prometheus::Counter>& memory_refusals_;
   prometheus::Family<prometheus::Gauge>& model_info_;
-  prometheus::Gauge* current_model_info_ = nullptr;
-  prometheus::Counter& finetune_steps_;
-  prometheus::Gauge& finetune_loss_;
-  prometheus::Counter& finetune_examples_;
+  prometheus::Family<prometheus::Counter>& finetune_steps_;
+  prometheus::Family<prometheus::Gauge>& finetune_loss_;
+  prometheus::Family<prometheus::Counter>& finetune_examples_;
   prometheus::Family<prometheus::Counter>& finetune_jobs_;
-  prometheus::Counter& versions_published_;
+  prometheus::Family<prometheus::Counter>& versions_published_;
   prometheus::Family<prometheus::Gauge>& serving_version_info_;
-  prometheus::Gauge* current_serving_version_ = nullptr;
+  std::mutex models_mutex_;
+  std::map<std::string, std::unique_ptr<ModelMetrics>> models_;
 };
 
 }  // namespace attn::server

@@ -1,11 +1,18 @@
 // Every attnserve flag, its default (taken from ServerOptions) and its validation.
 #include "server/options.h"
 
+#include <algorithm>
+#include <cmath>
+#include <string_view>
+
 #include "absl/flags/flag.h"
 #include "absl/status/status.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "engine/log.h"
+#include "engine/quote.h"
 #include "server/core/cost_model.h"
+#include "server/core/model_set.h"
 
 namespace {
 const attn::server::ServerOptions kDefaults;
@@ -13,7 +20,16 @@ const attn::server::ServerOptions kDefaults;
 
 ABSL_FLAG(std::string, model_dir, ATTN_DEFAULT_MODEL_DIR,
           "Hugging Face model directory to serve (config.json, model.safetensors, vocab.txt, "
-          "...). Default: the model installed by scripts/setup.sh.");
+          "...) as the one model, named by --model-name. Default: the model installed by "
+          "scripts/setup.sh. Use --model instead to serve several.");
+ABSL_FLAG(std::vector<std::string>, model, {},
+          "NAME=DIR: serve the Hugging Face model directory DIR under the name NAME (letters, "
+          "digits, '.', '_', '-'; clients pick it with the request field `model`, attnctl "
+          "--model, HTTP \"model\"). Repeatable (or comma-separated); the first is the default "
+          "model, answering requests that name none. Replaces --model-dir/--model-name. Each "
+          "model has its own versions, batcher queue and token budget (see --max-batch-tokens); "
+          "--model-dir is ignored when --model is given; "
+          "with several models, --model-store DIR keeps each model's versions in DIR/NAME/.");
 ABSL_FLAG(std::string, host, kDefaults.host, "Address to listen on for gRPC.");
 ABSL_FLAG(int, port, kDefaults.port, "gRPC port; 0 picks a free port (see --ready-file).");
 ABSL_FLAG(int, metrics_port, kDefaults.metrics_port,
@@ -35,8 +51,9 @@ ABSL_FLAG(double, http_request_timeout_s, kDefaults.http_request_timeout_s,
           "Deadline of one HTTP call, from receipt to answer (HTTP has no client deadline); "
           "beyond it the call is dropped and answered 504.");
 ABSL_FLAG(std::string, model_name, "",
-          "The model's name in the OpenAI API (`model` in /v1/embeddings, /v1/models); a name "
-          "ending in /<model-name> is accepted too. Empty: the basename of --model-dir.");
+          "The --model-dir model's name: the request field `model` (gRPC) and the OpenAI API's "
+          "`model` (/v1/embeddings, /v1/models; a name ending in /<model-name> is accepted too). "
+          "Empty: the basename of --model-dir.");
 ABSL_FLAG(std::string, api_key_file, "",
           "Requires 'authorization: Bearer <key>' on Encoder calls (gRPC) and every HTTP route "
           "but /health: a file holding the key (surrounding whitespace ignored). Empty: open.");
@@ -46,7 +63,11 @@ ABSL_FLAG(std::string, ready_file, "",
           "(atomically; -1 for an endpoint that is off).");
 ABSL_FLAG(int64_t, max_batch_tokens, kDefaults.max_batch_tokens,
           "Token budget of one packed engine batch; concurrent requests are merged up to it "
-          "(at least 512).");
+          "(at least 512). With several --model: the budget of the cheapest model; a model whose "
+          "per-token cost (layers x (4 hidden^2 + 2 hidden x intermediate) multiply-adds) is k "
+          "times the cheapest's gets max(512, this / k) tokens (all-mpnet-base-v2 next to "
+          "all-MiniLM-L6-v2: k = 8, 1024 tokens at the default), so a batch of each model takes "
+          "about as long.");
 ABSL_FLAG(int, max_concurrent_requests, kDefaults.max_concurrent_requests,
           "Requests admitted at once (queued or running); more get RESOURCE_EXHAUSTED.");
 ABSL_FLAG(int, max_inputs_per_request, kDefaults.max_inputs_per_request,
@@ -112,6 +133,73 @@ ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls-cert.");
 
 namespace attn::server {
 
+absl::StatusOr<std::vector<ModelSpec>> ParseModelSpecs(const std::vector<std::string>& entries) {
+  std::vector<ModelSpec> models;
+  for (const std::string& entry : entries) {
+    const size_t equals = entry.find('=');
+    if (equals == std::string::npos || equals == 0 || equals + 1 == entry.size()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--model ", QuoteInput(entry),
+                       ": expected NAME=DIR, e.g. --model minilm=models/all-MiniLM-L6-v2"));
+    }
+    ModelSpec spec{entry.substr(0, equals), entry.substr(equals + 1)};
+    if (absl::Status valid = ValidateModelName(spec.name); !valid.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("--model: ", valid.message()));
+    }
+    for (const ModelSpec& other : models) {
+      if (other.name == spec.name) {
+        return absl::InvalidArgumentError(absl::StrCat("--model: the name '", spec.name,
+                                                       "' is given twice; name each model once"));
+      }
+    }
+    models.push_back(std::move(spec));
+  }
+  return models;
+}
+
+int64_t ScaledBatchTokens(int64_t max_batch_tokens, double model_cost, double cheapest_cost) {
+  if (!(model_cost > cheapest_cost) || !(cheapest_cost > 0)) return max_batch_tokens;
+  const double scaled =
+      std::floor(static_cast<double>(max_batch_tokens) * cheapest_cost / model_cost);
+  return std::max<int64_t>(std::min<int64_t>(512, max_batch_tokens), static_cast<int64_t>(scaled));
+}
+
+std::vector<char*> MergeRepeatedModelFlags(int argc, char** argv,
+                                           std::vector<std::string>* storage) {
+  std::vector<char*> merged;
+  std::string values;
+  int merged_at = -1;
+  storage->reserve(storage->size() + 1);  // no reallocation: merged points into it
+  for (int i = 0; i < argc; ++i) {
+    absl::string_view arg = argv[i];
+    absl::string_view name = arg;
+    if (i > 0 && absl::StartsWith(name, "-"))
+      name.remove_prefix(absl::StartsWith(name, "--") ? 2 : 1);
+    const bool separate = i > 0 && arg != name && name == "model" && i + 1 < argc;
+    const bool joined = i > 0 && arg != name && absl::StartsWith(name, "model=");
+    if (arg == "--") {  // the rest are positional arguments
+      for (; i < argc; ++i) merged.push_back(argv[i]);
+      break;
+    }
+    if (!separate && !joined) {
+      merged.push_back(argv[i]);
+      continue;
+    }
+    absl::string_view value = separate ? absl::string_view(argv[++i]) : name.substr(6);
+    if (value.empty()) value = "=";  // refused by ParseModelSpecs, not read as "no --model"
+    absl::StrAppend(&values, values.empty() && merged_at < 0 ? "" : ",", value);
+    if (merged_at < 0) {
+      merged_at = static_cast<int>(merged.size());
+      merged.push_back(nullptr);
+    }
+  }
+  if (merged_at >= 0) {
+    storage->push_back(absl::StrCat("--model=", values));
+    merged[merged_at] = storage->back().data();
+  }
+  return merged;
+}
+
 absl::StatusOr<ServerOptions> OptionsFromFlags() {
   ServerOptions options;
   options.model_dir = absl::GetFlag(FLAGS_model_dir);
@@ -125,12 +213,37 @@ absl::StatusOr<ServerOptions> OptionsFromFlags() {
   options.http_request_timeout_s = absl::GetFlag(FLAGS_http_request_timeout_s);
   options.model_name = absl::GetFlag(FLAGS_model_name);
   options.api_key_file = absl::GetFlag(FLAGS_api_key_file);
-  if (options.model_name.empty()) {
-    std::string_view dir = options.model_dir;
-    while (dir.size() > 1 && dir.back() == '/') dir.remove_suffix(1);
-    const size_t slash = dir.rfind('/');
-    options.model_name = std::string(slash == std::string_view::npos ? dir : dir.substr(slash + 1));
+  const std::vector<std::string> model_entries = absl::GetFlag(FLAGS_model);
+  if (!model_entries.empty()) {
+    if (!options.model_name.empty()) {
+      return absl::InvalidArgumentError(
+          "--model NAME=DIR names each model itself: give either --model (one or more) or "
+          "--model-dir [--model-name], not --model-name with --model");
+    }
+    const absl::CommandLineFlag& model_dir = absl::GetFlagReflectionHandle(FLAGS_model_dir);
+    if (model_dir.CurrentValue() != model_dir.DefaultValue()) {
+      Log(LogLevel::kWarning, "--model-dir %s is ignored: --model NAME=DIR gives the models",
+          options.model_dir);
+    }
+    absl::StatusOr<std::vector<ModelSpec>> models = ParseModelSpecs(model_entries);
+    if (!models.ok()) return models.status();
+    options.models = *std::move(models);
+  } else {
+    if (options.model_name.empty()) {
+      std::string_view dir = options.model_dir;
+      while (dir.size() > 1 && dir.back() == '/') dir.remove_suffix(1);
+      const size_t slash = dir.rfind('/');
+      options.model_name =
+          std::string(slash == std::string_view::npos ? dir : dir.substr(slash + 1));
+    }
+    if (absl::Status valid = ValidateModelName(options.model_name); !valid.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--model-name (or the basename of --model-dir): ", valid.message()));
+    }
+    options.models = {{options.model_name, options.model_dir}};
   }
+  options.model_dir = options.models.front().dir;
+  options.model_name = options.models.front().name;
   options.ready_file = absl::GetFlag(FLAGS_ready_file);
   options.max_batch_tokens = absl::GetFlag(FLAGS_max_batch_tokens);
   options.max_concurrent_requests = absl::GetFlag(FLAGS_max_concurrent_requests);

@@ -4,14 +4,25 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "engine/precision.h"
 
 namespace attn::server {
 
+// One served model: its name (clients pick it with the `model` request field) and the Hugging
+// Face directory its version "base" loads from.
+struct ModelSpec {
+  std::string name;
+  std::string dir;
+};
+
 struct ServerOptions {
-  std::string model_dir;  // Hugging Face model directory to serve as version "base"
+  // The served models, the default first: --model NAME=DIR..., else one model from --model-dir
+  // named by --model-name (or the directory's basename). Never empty after OptionsFromFlags.
+  std::vector<ModelSpec> models;
+  std::string model_dir;  // the default model's directory (models[0].dir)
   std::string host = "0.0.0.0";
   int port = 50051;                 // 0 = pick a free port
   int metrics_port = 9464;          // 0 = pick a free port, -1 = no metrics endpoint
@@ -51,7 +62,7 @@ struct ServerOptions {
   int http_max_connections = 1024;     // open HTTP connections; more are closed at once
   double http_header_timeout_s = 10;   // a whole request head (line + headers) must arrive in it
   double http_request_timeout_s = 60;  // deadline of one HTTP call (gRPC clients set their own)
-  std::string model_name;              // name clients give as `model`; "" = model_dir's basename
+  std::string model_name;              // the default model's name (models[0].name)
 
   // Inference authentication: a bearer token for the Encoder service and every HTTP route but
   // /health ("" = open).
@@ -65,5 +76,22 @@ struct ServerOptions {
 // The options given by the command-line flags (parsed already), validated: INVALID_ARGUMENT
 // naming the flag and its allowed values otherwise.
 absl::StatusOr<ServerOptions> OptionsFromFlags();
+
+// The --model entries ("NAME=DIR", comma-separated lists allowed) as specs, in order; the
+// first one is the default. INVALID_ARGUMENT quoting (shortly) the malformed entry or naming
+// the repeated name.
+absl::StatusOr<std::vector<ModelSpec>> ParseModelSpecs(const std::vector<std::string>& entries);
+
+// A model's token budget (`--max-batch-tokens` scaled by cost): `max_batch_tokens` is the budget
+// of the cheapest served model; a model whose per-token cost (ModelTokenCost) is k times that
+// gets max_batch_tokens / k tokens, at least 512 (one full-length sequence), so a batch of any
+// model takes about as long as a full batch of the cheapest one.
+int64_t ScaledBatchTokens(int64_t max_batch_tokens, double model_cost, double cheapest_cost);
+
+// argv with every "--model V" / "--model=V" (one or two dashes) merged into one "--model=V1,V2"
+// at the first one's place: absl flags keep only the last occurrence of a flag, and --model is
+// repeatable. The strings live in `storage`.
+std::vector<char*> MergeRepeatedModelFlags(int argc, char** argv,
+                                           std::vector<std::string>* storage);
 
 }  // namespace attn::server

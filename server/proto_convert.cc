@@ -130,6 +130,7 @@ core::TokenizationOptions ToCore(const v1::TokenizationOptions& options) {
 
 core::EncodeRequest ToCore(const v1::EncodeRequest& request) {
   core::EncodeRequest out;
+  out.model = request.model();
   out.model_version = request.model_version();
   out.inputs = ToCore(request.inputs());
   out.tokenization = ToCore(request.tokenization());
@@ -146,6 +147,7 @@ core::EncodeRequest ToCore(const v1::EncodeRequest& request) {
 
 core::AttentionRequest ToCore(const v1::AttentionMapRequest& request) {
   core::AttentionRequest out;
+  out.model = request.model();
   out.model_version = request.model_version();
   out.inputs = ToCore(request.inputs());
   out.tokenization = ToCore(request.tokenization());
@@ -163,6 +165,7 @@ core::AttentionRequest ToCore(const v1::AttentionMapRequest& request) {
 
 core::TokenizeRequest ToCore(const v1::TokenizeRequest& request) {
   core::TokenizeRequest out;
+  out.model = request.model();
   out.model_version = request.model_version();
   out.inputs = ToCore(request.inputs());
   out.tokenization = ToCore(request.tokenization());
@@ -171,6 +174,7 @@ core::TokenizeRequest ToCore(const v1::TokenizeRequest& request) {
 
 core::ExplainRequest ToCore(const v1::ExplainRequest& request) {
   core::ExplainRequest out;
+  out.model = request.model();
   out.model_version = request.model_version();
   out.query = request.query();
   out.documents.assign(request.documents().begin(), request.documents().end());
@@ -184,6 +188,7 @@ core::ExplainRequest ToCore(const v1::ExplainRequest& request) {
 
 core::ClassifyRequest ToCore(const v1::ClassifyRequest& request) {
   core::ClassifyRequest out;
+  out.model = request.model();
   out.model_version = request.model_version();
   out.inputs = ToCore(request.inputs());
   out.tokenization = ToCore(request.tokenization());
@@ -193,6 +198,7 @@ core::ClassifyRequest ToCore(const v1::ClassifyRequest& request) {
 
 core::RerankRequest ToCore(const v1::RerankRequest& request) {
   core::RerankRequest out;
+  out.model = request.model();
   out.model_version = request.model_version();
   out.query = request.query();
   out.documents.assign(request.documents().begin(), request.documents().end());
@@ -204,7 +210,10 @@ core::RerankRequest ToCore(const v1::RerankRequest& request) {
 }
 
 core::ModelInfoRequest ToCore(const v1::GetModelInfoRequest& request) {
-  return {request.model_version()};
+  core::ModelInfoRequest out;
+  out.model = request.model();
+  out.model_version = request.model_version();
+  return out;
 }
 
 void ToProto(const core::EncodeResponse& response, v1::EncodeResponse* out) {
@@ -370,6 +379,8 @@ void ToProto(const core::TokenizeResponse& response, v1::TokenizeResponse* out) 
 }
 
 void ToProto(const core::ModelInfo& info, v1::ModelInfo* out) {
+  out->set_name(info.name);
+  out->set_is_default(info.is_default);
   out->set_architecture(info.architecture);
   out->set_model_type(info.model_type);
   out->set_hidden_size(info.hidden_size);

@@ -32,7 +32,11 @@ core::CallControl UnaryCall::Control() const {
 
 grpc::ServerUnaryReactor* UnaryCall::FinishEarly(const absl::Status& status) {
   if (!answer_dropped_) return Finish(status);
-  return Finish(core::UnlessDropped(Control(), status, "queue", metrics_));
+  Metrics* metrics = metrics_;
+  return Finish(core::UnlessDropped(Control(), status, "queue",
+                                    [metrics](std::string_view reason, std::string_view stage) {
+                                      metrics->RecordDropped(reason, stage);
+                                    }));
 }
 
 grpc::ServerUnaryReactor* UnaryCall::Finish(const absl::Status& status) {

@@ -17,11 +17,15 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "engine/log.h"
 #include "engine/model.h"
+#include "engine/model_config.h"
+#include "engine/model_store.h"
 #include "server/core/batcher.h"
 #include "server/core/cost_model.h"
 #include "server/core/model_registry.h"
+#include "server/core/model_set.h"
 #include "server/core/serving_core.h"
 #include "server/core/store_versions.h"
 #include "server/encoder_service.h"
@@ -80,6 +84,69 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeCredentials(
   return grpc::SslServerCredentials(ssl);
 }
 
+// One served model's parts (model_set.h's ServedModel points into it).
+struct ModelSlot {
+  ModelSpec spec;
+  std::string store;  // its directory of the model store ("" = none)
+  BertConfig config;
+  int64_t batch_tokens = 0;  // its batcher's token budget (ScaledBatchTokens)
+  ModelMetrics* metrics = nullptr;
+  std::unique_ptr<ModelRegistry> registry;
+  std::unique_ptr<Batcher> batcher;
+};
+
+// The models' configs (config.json only), token budgets and store directories. The model store
+// layout: one served model keeps its versions in --model-store itself (as before); with several,
+// each keeps them in <store>/<name>/, and a store holding versions at its top (made by a
+// one-model server) is refused with how to move them, so no version is served by the wrong
+// model.
+absl::StatusOr<std::vector<ModelSlot>> MakeModelSlots(const ServerOptions& options) {
+  std::vector<ModelSlot> slots;
+  double cheapest = 0;
+  for (const ModelSpec& spec : options.models) {
+    ModelSlot slot;
+    slot.spec = spec;
+    absl::StatusOr<BertConfig> config =
+        LoadBertConfig((std::filesystem::path(spec.dir) / "config.json").string());
+    if (!config.ok()) {
+      return absl::Status(
+          config.status().code(),
+          absl::StrCat("cannot load the model", options.models.size() > 1 ? " " : "",
+                       options.models.size() > 1 ? spec.name : "", ": ", config.status().message(),
+                       " (run scripts/setup.sh for the default model, or pass "
+                       "--model-dir or --model NAME=DIR)"));
+    }
+    slot.config = *config;
+    const double cost = ModelTokenCost(slot.config);
+    cheapest = cheapest == 0 ? cost : std::min(cheapest, cost);
+    if (!options.model_store.empty()) {
+      slot.store = options.models.size() == 1
+                       ? options.model_store
+                       : (std::filesystem::path(options.model_store) / spec.name).string();
+    }
+    slots.push_back(std::move(slot));
+  }
+  for (ModelSlot& slot : slots) {
+    slot.batch_tokens =
+        ScaledBatchTokens(options.max_batch_tokens, ModelTokenCost(slot.config), cheapest);
+  }
+  if (slots.size() > 1 && !options.model_store.empty()) {
+    absl::StatusOr<std::vector<StoredVersion>> top = ListStore(options.model_store, nullptr);
+    if (top.ok() && !top->empty()) {
+      const std::string& store = options.model_store;
+      const std::string& first = options.models.front().name;
+      return absl::FailedPreconditionError(absl::StrCat(
+          "--model-store ", store, " holds versions at its top (", top->front().version,
+          ", ...), the layout of a one-model server; with several --model each model keeps its "
+          "versions in ",
+          store, "/<name>/. Move them to the model they belong to, e.g. mkdir ", store, "/", first,
+          " && mv ", store, "/ft-* ", store, "/serving.json ", store, "/", first,
+          "/ (or serve one model with this store)"));
+    }
+  }
+  return slots;
+}
+
 }  // namespace
 
 int RunServer(const ServerOptions& options, std::optional<std::string> trainer_token,
@@ -111,36 +178,51 @@ int RunServer(const ServerOptions& options, std::optional<std::string> trainer_t
   absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials = MakeCredentials(options);
   if (!credentials.ok()) return Fail(std::string(credentials.status().message()));
 
-  ModelRegistry registry(options.max_loaded_versions, [&options](const ModelVersion& version) {
-    return LoadVersion(options.model_dir, options.model_store, options.precision, version);
-  });
-  registry.SetEvictionListener([](const std::string& version) {
-    Log(LogLevel::kInfo,
-        "unloaded version %s (--max-loaded-versions reached; it loads again "
-        "when a request pins it)",
-        version);
-  });
-  // Every change of the default version (start-up, commit, Rollback, SetServingVersion) shows
-  // in the metrics.
-  registry.SetServingListener([&metrics](const ModelVersion& served) {
-    const BertConfig& c = served.model->config();
-    metrics.SetModelInfo(served.version, "bert", PrecisionName(served.model->precision()),
-                         c.num_hidden_layers, c.hidden_size, c.num_attention_heads);
-    metrics.SetServingVersion(served.version);
-  });
-  Batcher batcher({options.max_batch_tokens, options.max_concurrent_requests, options.threads},
-                  &metrics);
+  // Each served model: its own versions, batcher queue (token budget scaled by its cost) and
+  // metrics series. Only config.json is read here (the weights load once the ports are up).
+  absl::StatusOr<std::vector<ModelSlot>> slots = MakeModelSlots(options);
+  if (!slots.ok()) return Fail(std::string(slots.status().message()));
+  ModelSet models;
+  for (ModelSlot& slot : *slots) {
+    const ModelSpec spec = slot.spec;
+    const std::string store = slot.store;
+    slot.metrics = metrics.ForModel(spec.name);
+    slot.registry = std::make_unique<ModelRegistry>(
+        options.max_loaded_versions, [spec, store, &options](const ModelVersion& version) {
+          return LoadVersion(spec.dir, store, options.precision, version);
+        });
+    slot.registry->SetEvictionListener([name = spec.name](const std::string& version) {
+      Log(LogLevel::kInfo,
+          "model %s: unloaded version %s (--max-loaded-versions reached; it loads again "
+          "when a request pins it)",
+          name, version);
+    });
+    // Every change of the default version (start-up, commit, Rollback, SetServingVersion) shows
+    // in the metrics.
+    slot.registry->SetServingListener([model_metrics = slot.metrics](const ModelVersion& served) {
+      const BertConfig& c = served.model->config();
+      model_metrics->SetModelInfo(served.version, c.model_type,
+                                  PrecisionName(served.model->precision()), c.num_hidden_layers,
+                                  c.hidden_size, c.num_attention_heads);
+      model_metrics->SetServingVersion(served.version);
+    });
+    slot.batcher = std::make_unique<Batcher>(
+        BatcherOptions{slot.batch_tokens, options.max_concurrent_requests, options.threads},
+        slot.metrics);
+    models.Add({spec.name, spec.dir, store, slot.registry.get(), slot.batcher.get(), slot.metrics})
+        .IgnoreError();  // names checked unique by OptionsFromFlags
+  }
   MemoryBudget memory_budget(options.memory_budget_bytes);
   core::ServingCore serving_core({{options.max_inputs_per_request, options.max_explain_documents},
                                   options.max_message_bytes,
-                                  options.max_request_memory_bytes, options.model_store},
-                                 &registry, &batcher, &memory_budget, &metrics);
+                                  options.max_request_memory_bytes},
+                                 &models, &memory_budget, models.models().front().metrics);
   EncoderService encoder(&serving_core, options.max_message_bytes, &metrics, api_key);
   // The HTTP/JSON front end: the same core calls, its own worker pool (server/http/).
   http::HttpRoutes http_routes(
       {options.model_name, options.http_request_timeout_s, options.max_message_bytes},
       &serving_core, api_key, &metrics);
-  TrainerService trainer(options, std::move(trainer_token), &registry, &metrics);
+  TrainerService trainer(options, std::move(trainer_token), &models, &metrics);
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
@@ -185,51 +267,77 @@ int RunServer(const ServerOptions& options, std::optional<std::string> trainer_t
   // the model loads.
   health->SetServingStatus(false);
   health->SetServingStatus(kEncoderServiceName, false);
+  std::vector<std::string> loading;
+  for (const ModelSlot& slot : *slots)
+    loading.push_back(absl::StrCat(slot.spec.name, "=", slot.spec.dir));
   Log(LogLevel::kInfo, "listening on %s:%d (gRPC), %d (HTTP), metrics on port %d; loading %s",
-      options.host, grpc_port, http_port, metrics_port, options.model_dir);
+      options.host, grpc_port, http_port, metrics_port, absl::StrJoin(loading, ", "));
 
   ModelOptions model_options;
   model_options.precision = options.precision;
-  auto model = Model::Load(options.model_dir, model_options);
-  if (!model.ok()) {
-    server->Shutdown();
-    return Fail(absl::StrCat("cannot load the model: ", model.status().message(),
-                             " (run scripts/setup.sh for the default model, or pass --model-dir)"));
+  // Every model loads before any serves: a server never starts half-loaded.
+  std::vector<std::shared_ptr<const Model>> loaded;
+  for (const ModelSlot& slot : *slots) {
+    auto model = Model::Load(slot.spec.dir, model_options);
+    if (!model.ok()) {
+      server->Shutdown();
+      return Fail(absl::StrCat("cannot load the model", slots->size() > 1 ? " " : "",
+                               slots->size() > 1 ? slot.spec.name : "", ": ",
+                               model.status().message(),
+                               " (run scripts/setup.sh for the default model, or pass "
+                               "--model-dir or --model NAME=DIR)"));
+    }
+    loaded.push_back(*model);
   }
-  const BertConfig& config = (*model)->config();
-  // The engine's per-thread workspace lives as long as the server: off the budget once.
-  memory_budget.Reserve(EngineWorkspaceBytes(config, options.max_batch_tokens));
+  int64_t workspace_bytes = 0;
+  for (size_t i = 0; i < slots->size(); ++i) {
+    // The engine's per-thread workspace lives as long as the server: off the budget once.
+    workspace_bytes += EngineWorkspaceBytes(loaded[i]->config(), (*slots)[i].batch_tokens);
+  }
+  memory_budget.Reserve(workspace_bytes);
   Log(LogLevel::kInfo,
       "memory: %d bytes per call at most (--max-request-memory-bytes), %d bytes for calls in "
       "flight (--memory-budget-bytes %d less the engine workspace)",
       options.max_request_memory_bytes, memory_budget.budget(), options.memory_budget_bytes);
-  ModelVersion base;
-  base.version = "base";
-  base.origin = absl::StrCat("loaded from ", options.model_dir);
-  base.model = *model;
-  registry.Add(std::move(base));
-  if (!options.model_store.empty()) {
-    absl::StatusOr<int64_t> next_sequence =
-        LoadModelStore(options.model_store, options.watch_store_s == 0, &registry);
-    if (!next_sequence.ok()) {
-      server->Shutdown();
-      return Fail(absl::StrCat("cannot use the model store: ", next_sequence.status().message()));
+  std::vector<std::unique_ptr<StoreWatcher>> watchers;
+  for (size_t i = 0; i < slots->size(); ++i) {
+    ModelSlot& slot = (*slots)[i];
+    ModelVersion base;
+    base.version = "base";
+    base.origin = absl::StrCat("loaded from ", slot.spec.dir);
+    base.model = loaded[i];
+    slot.registry->Add(std::move(base));
+    if (!slot.store.empty()) {
+      absl::StatusOr<int64_t> next_sequence =
+          LoadModelStore(slot.store, options.watch_store_s == 0, slot.registry.get());
+      if (!next_sequence.ok()) {
+        server->Shutdown();
+        return Fail(absl::StrCat("cannot use the model store: ", next_sequence.status().message()));
+      }
+      trainer.SetNextSequence(slot.spec.name, *next_sequence);
     }
-    trainer.SetNextSequence(*next_sequence);
+    if (options.watch_store_s > 0) {
+      watchers.push_back(
+          std::make_unique<StoreWatcher>(slot.store, options.watch_store_s, slot.registry.get()));
+      Log(LogLevel::kInfo, "watching model store %s every %g s for new versions", slot.store,
+          options.watch_store_s);
+    }
   }
-  std::unique_ptr<StoreWatcher> watcher;
-  if (options.watch_store_s > 0) {
-    watcher = std::make_unique<StoreWatcher>(options.model_store, options.watch_store_s, &registry);
-    Log(LogLevel::kInfo, "watching model store %s every %g s for new versions", options.model_store,
-        options.watch_store_s);
-  }
-  absl::StatusOr<ModelVersion> served = registry.Get("");
+  loaded.clear();
   health->SetServingStatus(true);
   health->SetServingStatus(kEncoderServiceName, true);
   http_routes.SetServing(true);
-  Log(LogLevel::kInfo, "SERVING model version %s (%d layers, hidden %d, %d heads)%s%s",
-      served.ok() ? served->version : "?", config.num_hidden_layers, config.hidden_size,
-      config.num_attention_heads, options.tls_cert.empty() ? "" : " over TLS",
+  for (const ModelSlot& slot : *slots) {
+    absl::StatusOr<ModelVersion> served = slot.registry->Get("");
+    const BertConfig& config = slot.config;
+    Log(LogLevel::kInfo,
+        "SERVING model %s%s version %s (%s, %d layers, hidden %d, %d heads; batches of up to %d "
+        "tokens)",
+        slot.spec.name, &slot == &slots->front() ? " (default)" : "",
+        served.ok() ? served->version : "?", config.model_type, config.num_hidden_layers,
+        config.hidden_size, config.num_attention_heads, slot.batch_tokens);
+  }
+  Log(LogLevel::kInfo, "%s%s", options.tls_cert.empty() ? "no TLS" : "over TLS",
       options.trainer_token_file.empty() ? "; fine-tuning disabled (no --trainer-token-file)"
                                          : "; fine-tuning enabled");
   if (!options.ready_file.empty()) {
@@ -256,8 +364,8 @@ int RunServer(const ServerOptions& options, std::optional<std::string> trainer_t
   server->Shutdown(std::chrono::system_clock::now() +
                    std::chrono::milliseconds(static_cast<int64_t>(options.drain_timeout_s * 1e3)));
   http_drain.join();
-  batcher.Stop();
-  if (watcher != nullptr) watcher->Stop();
+  for (ModelSlot& slot : *slots) slot.batcher->Stop();
+  for (auto& watcher : watchers) watcher->Stop();
   Log(LogLevel::kInfo, "drained; exiting");
   return 0;
 }

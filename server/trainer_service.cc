@@ -25,14 +25,14 @@ absl::Status CheckVersionName(const std::string& name, const char* field) {
 }  // namespace
 
 TrainerService::TrainerService(const ServerOptions& options, std::optional<std::string> token,
-                               ModelRegistry* registry, Metrics* metrics)
-    : options_(options),
-      token_(std::move(token)),
-      registry_(registry),
-      metrics_(metrics),
-      fine_tuning_(core::FineTuningOptions{options.max_inputs_per_request, options.model_store,
-                                           options.trainer_threads, options.trainer_nice},
-                   registry, metrics) {
+                               const ModelSet* models, Metrics* metrics)
+    : options_(options), token_(std::move(token)), models_(models), metrics_(metrics) {
+  for (const ServedModel& served : models->models()) {
+    fine_tuning_[served.name] = std::make_unique<core::FineTuning>(
+        core::FineTuningOptions{options.max_inputs_per_request, served.store,
+                                options.trainer_threads, options.trainer_nice},
+        served.registry, metrics->ForModel(served.name));
+  }
   const google::protobuf::FileDescriptor& file = *v1::FineTuneRequest::descriptor()->file();
   // FineTune takes raw bytes (see FineTuneReactor).
   MarkMethodRawCallback(MethodIndex(file, "Trainer", "FineTune"),
@@ -61,7 +61,15 @@ void TrainerService::ServeVersionsMethod(const char* method, VersionsHandler<Req
           }));
 }
 
-void TrainerService::SetNextSequence(int64_t sequence) { fine_tuning_.SetNextSequence(sequence); }
+void TrainerService::SetNextSequence(const std::string& model, int64_t sequence) {
+  fine_tuning_.at(model)->SetNextSequence(sequence);
+}
+
+absl::StatusOr<TrainerService::ModelJobs> TrainerService::Find(const std::string& model) const {
+  absl::StatusOr<const ServedModel*> served = models_->Find(model);
+  if (!served.ok()) return served.status();
+  return ModelJobs{*served, fine_tuning_.at((*served)->name).get()};
+}
 
 absl::Status TrainerService::Authorize(const grpc::CallbackServerContext& context) const {
   if (!token_.has_value()) {
@@ -72,9 +80,10 @@ absl::Status TrainerService::Authorize(const grpc::CallbackServerContext& contex
   return BearerTokenStatus(context, *token_);
 }
 
-void TrainerService::FillVersions(v1::ListVersionsResponse* response) const {
+void TrainerService::FillVersions(const ModelRegistry& registry,
+                                  v1::ListVersionsResponse* response) {
   std::string serving;
-  for (const ModelVersion& version : registry_->List(&serving)) {
+  for (const ModelVersion& version : registry.List(&serving)) {
     v1::VersionInfo* info = response->add_versions();
     info->set_version(version.version);
     info->set_origin(version.origin);
@@ -86,9 +95,11 @@ void TrainerService::FillVersions(v1::ListVersionsResponse* response) const {
   response->set_serving_version(serving);
 }
 
-absl::Status TrainerService::HandleListVersions(const v1::ListVersionsRequest& /*request*/,
+absl::Status TrainerService::HandleListVersions(const v1::ListVersionsRequest& request,
                                                 v1::ListVersionsResponse* response) {
-  FillVersions(response);
+  absl::StatusOr<ModelJobs> model = Find(request.model());
+  if (!model.ok()) return model.status();
+  FillVersions(*model->served->registry, response);
   return absl::OkStatus();
 }
 
@@ -99,15 +110,19 @@ absl::Status TrainerService::HandleRollback(const v1::RollbackRequest& request,
       return name;
     }
   }
-  const std::string previous = fine_tuning_.ServedVersion();
-  absl::StatusOr<ModelVersion> served = registry_->Rollback(request.version());
+  absl::StatusOr<ModelJobs> model = Find(request.model());
+  if (!model.ok()) return model.status();
+  const std::string previous = model->fine_tuning->ServedVersion();
+  absl::StatusOr<ModelVersion> served = model->served->registry->Rollback(request.version());
   if (!served.ok()) return served.status();
-  if (absl::Status recorded = fine_tuning_.RecordOrRevert("rollback", previous, served->version);
+  if (absl::Status recorded =
+          model->fine_tuning->RecordOrRevert("rollback", previous, served->version);
       !recorded.ok()) {
     return recorded;
   }
-  Log(LogLevel::kInfo, "Rollback: now serving version %s", served->version);
-  FillVersions(response);
+  Log(LogLevel::kInfo, "Rollback: model %s now serves version %s", model->served->name,
+      served->version);
+  FillVersions(*model->served->registry, response);
   return absl::OkStatus();
 }
 
@@ -116,15 +131,20 @@ absl::Status TrainerService::HandleSetServingVersion(const v1::SetServingVersion
   if (absl::Status name = CheckVersionName(request.version(), "version"); !name.ok()) {
     return name;
   }
-  const std::string previous = fine_tuning_.ServedVersion();
-  if (absl::Status set = registry_->SetServing(request.version()); !set.ok()) return set;
+  absl::StatusOr<ModelJobs> model = Find(request.model());
+  if (!model.ok()) return model.status();
+  const std::string previous = model->fine_tuning->ServedVersion();
+  if (absl::Status set = model->served->registry->SetServing(request.version()); !set.ok()) {
+    return set;
+  }
   if (absl::Status recorded =
-          fine_tuning_.RecordOrRevert("set-serving", previous, request.version());
+          model->fine_tuning->RecordOrRevert("set-serving", previous, request.version());
       !recorded.ok()) {
     return recorded;
   }
-  Log(LogLevel::kInfo, "SetServingVersion: now serving version %s", request.version());
-  FillVersions(response);
+  Log(LogLevel::kInfo, "SetServingVersion: model %s now serves version %s", model->served->name,
+      request.version());
+  FillVersions(*model->served->registry, response);
   return absl::OkStatus();
 }
 

@@ -8,6 +8,8 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
+#include <memory>
 #include <optional>
 #include <string>
 
@@ -16,6 +18,7 @@
 #include "attnserve/v1/trainer.grpc.pb.h"
 #include "server/core/fine_tuning.h"
 #include "server/core/model_registry.h"
+#include "server/core/model_set.h"
 #include "server/metrics.h"
 #include "server/options.h"
 
@@ -26,18 +29,29 @@ class TrainerService final : public attnserve::v1::Trainer::CallbackService {
   // `token` unset = the service is disabled (every call answers UNIMPLEMENTED). Starts the
   // training thread (core::FineTuning); destroying the service stops it, so destroy it after
   // the gRPC server has shut down. FineTune streams are served by fine_tune_reactor.cc.
+  // Each served model in `models` gets its own jobs (one at a time per model), versions and
+  // model store directory (ServedModel::store).
   TrainerService(const ServerOptions& options, std::optional<std::string> token,
-                 ModelRegistry* registry, Metrics* metrics);
+                 const ModelSet* models, Metrics* metrics);
 
-  // The sequence number the next commit gets (1 + the highest one in the model store).
-  void SetNextSequence(int64_t sequence);
+  // The sequence number the next commit of `model` gets (1 + the highest one in its store).
+  void SetNextSequence(const std::string& model, int64_t sequence);
 
  private:
   friend class FineTuneReactor;
 
+  // A request's model (empty = the default): its registry and its jobs; NOT_FOUND naming the
+  // served models.
+  struct ModelJobs {
+    const ServedModel* served = nullptr;
+    core::FineTuning* fine_tuning = nullptr;
+  };
+  absl::StatusOr<ModelJobs> Find(const std::string& model) const;
+
   // OK, or UNIMPLEMENTED (no token configured), UNAUTHENTICATED or PERMISSION_DENIED.
   absl::Status Authorize(const grpc::CallbackServerContext& context) const;
-  void FillVersions(attnserve::v1::ListVersionsResponse* response) const;
+  static void FillVersions(const ModelRegistry& registry,
+                           attnserve::v1::ListVersionsResponse* response);
 
   // ListVersions, Rollback and SetServingVersion: each registered by the constructor (through
   // ServeVersionsMethod) in place of the generated typed handler, so that request bytes gRPC
@@ -57,11 +71,11 @@ class TrainerService final : public attnserve::v1::Trainer::CallbackService {
 
   const ServerOptions options_;
   const std::optional<std::string> token_;
-  ModelRegistry* const registry_;
+  const ModelSet* const models_;
   Metrics* const metrics_;
-  // Last: destroyed first, its training thread running the tasks still queued while the
-  // members they use live.
-  core::FineTuning fine_tuning_;
+  // Last: destroyed first, their training threads running the tasks still queued while the
+  // members they use live. One per served model, by name.
+  std::map<std::string, std::unique_ptr<core::FineTuning>> fine_tuning_;
 };
 
 }  // namespace attn::server

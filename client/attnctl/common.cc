@@ -30,6 +30,9 @@ ABSL_FLAG(bool, json, false, "print the response as JSON, one line per response"
 // Inputs (encode, attention, tokenize); --model-version also for info, --max-length and
 // --truncation also for finetune.
 ABSL_FLAG(std::string, model_version, "", "use this model version (default: the one being served)");
+ABSL_FLAG(std::string, model, "",
+          "the served model to use, by name (attnserve --model NAME=DIR; 'attnctl models' lists "
+          "them); default: the server's default model");
 ABSL_FLAG(std::string, text, "",
           "the input text; without --text, one text per line is read from stdin (empty lines "
           "skipped), each line one input of the batch");
@@ -65,6 +68,7 @@ FlagGroup InputFlags() {
            {"pair", "TEXT"},
            {"max_length", "N"},
            {"truncation", "MODE"},
+           {"model", "NAME"},
            {"model_version", "V"}}};
 }
 

@@ -20,6 +20,7 @@ ABSL_DECLARE_FLAG(int, timeout_ms);
 ABSL_DECLARE_FLAG(bool, wait_for_ready);
 ABSL_DECLARE_FLAG(bool, json);
 ABSL_DECLARE_FLAG(std::string, model_version);
+ABSL_DECLARE_FLAG(std::string, model);
 ABSL_DECLARE_FLAG(std::string, text);
 ABSL_DECLARE_FLAG(std::string, pair);
 ABSL_DECLARE_FLAG(int, max_length);
@@ -97,6 +98,7 @@ absl::StatusOr<std::vector<InputText>> FillSharedRequestFields(Request* request)
   auto dtype = DTypeFromFlag();
   if (!dtype.ok()) return dtype.status();
   request->set_output_dtype(*dtype);
+  request->set_model(absl::GetFlag(FLAGS_model));
   request->set_model_version(absl::GetFlag(FLAGS_model_version));
   return texts;
 }

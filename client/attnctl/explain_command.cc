@@ -100,6 +100,7 @@ int RunExplain(const Command& command) {
   request.set_layer(absl::GetFlag(FLAGS_at_layer));
   const bool words = absl::GetFlag(FLAGS_words);
   request.set_word_level(words);
+  request.set_model(absl::GetFlag(FLAGS_model));
   request.set_model_version(absl::GetFlag(FLAGS_model_version));
 
   EncoderClient client(ServerAddress(), OptionsFromFlags());
@@ -227,6 +228,7 @@ score) and the pair matrix as a heatmap. Pairwise with 32 steps takes seconds to
          {"words", ""},
          {"svg", "PATH", "write the picture as SVG"},
          {"html", "PATH", "write the picture as a self-contained HTML page"},
+         {"model", "NAME", "explain with this served model (default: the server's default)"},
          {"model_version", "V", "explain with this version (default: the one served)"}}},
        CommonFlags()},
       R"(  attnctl explain --text "A man is playing a guitar." --pair "Someone plays the guitar on stage." --svg why.svg

@@ -238,6 +238,7 @@ absl::StatusOr<FineTunePlan> PlanFineTune(const Command& command, int* exit_code
   config.set_seed(plan.seed);
   config.set_disable_dropout(absl::GetFlag(FLAGS_no_dropout));
   config.set_base_version(absl::GetFlag(FLAGS_base_version));
+  config.set_model(absl::GetFlag(FLAGS_model));
   *config.mutable_tokenization() = *tokenization;
   if (has_head) {
     const int labels = num_labels > 0         ? num_labels
@@ -530,26 +531,28 @@ Data, one JSON object per line (other fields ignored, blank lines skipped):
 A classification job's version has a head 'attnctl classify' uses; commit it with
 --do-not-serve so the embeddings every other client gets stay as they are.
 )",
-          {{"Flags", {{"data", "FILE"},
-                      {"objective", "OBJ"},
-                      {"epochs", "N"},
-                      {"lr", "X"},
-                      {"batch_size", "N"},
-                      {"warmup_steps", "N"},
-                      {"num_labels", "K"},
-                      {"label_names", "A,B,..."},
-                      {"parameters", "P"},
-                      {"seed", "S"},
-                      {"no_dropout", ""},
-                      {"max_length", "N", "max tokens per text; 0 = the model's default"},
-                      {"truncation", "MODE"},
-                      {"base_version", "V"},
-                      {"commit", ""},
-                      {"do_not_serve", ""},
-                      {"description", "TEXT"},
-                      {"token_file", "PATH"},
-                      {"log_every", "N"},
-                      {"dry_run", ""}}},
+          {{"Flags",
+            {{"data", "FILE"},
+             {"objective", "OBJ"},
+             {"epochs", "N"},
+             {"lr", "X"},
+             {"batch_size", "N"},
+             {"warmup_steps", "N"},
+             {"num_labels", "K"},
+             {"label_names", "A,B,..."},
+             {"parameters", "P"},
+             {"seed", "S"},
+             {"no_dropout", ""},
+             {"max_length", "N", "max tokens per text; 0 = the model's default"},
+             {"truncation", "MODE"},
+             {"base_version", "V"},
+             {"model", "NAME", "fine-tune this served model (default: the server's default)"},
+             {"commit", ""},
+             {"do_not_serve", ""},
+             {"description", "TEXT"},
+             {"token_file", "PATH"},
+             {"log_every", "N"},
+             {"dry_run", ""}}},
            CommonFlags({{"timeout_ms", "N",
                          "longest wait for the server's next message in milliseconds; 0 = none"},
                         {"json", "", "every progress message as a JSON line on stdout"}})},

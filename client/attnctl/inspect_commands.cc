@@ -171,6 +171,7 @@ int RunEncode(const Command& command) {
   int per_call = std::max(total, 1);
   if (total > 1) {
     v1::GetModelInfoRequest info_request;
+    info_request.set_model(request.model());
     info_request.set_model_version(request.model_version());
     auto info = client.GetModelInfo(info_request);
     if (!info.ok()) return RpcError(info.status(), client.target());
@@ -222,6 +223,7 @@ int RunTokenize(const Command& command) {
   auto tokenization = TokenizationFromFlags();
   if (!tokenization.ok()) return UsageError(std::string(tokenization.status().message()), &command);
   *request.mutable_tokenization() = *tokenization;
+  request.set_model(absl::GetFlag(FLAGS_model));
   request.set_model_version(absl::GetFlag(FLAGS_model_version));
 
   auto response = client.Tokenize(request);
@@ -255,11 +257,32 @@ int RunTokenize(const Command& command) {
   return kExitOk;
 }
 
+// models
+
+int RunModels(const Command&) {
+  EncoderClient client(ServerAddress(), OptionsFromFlags());
+  auto response = client.ListModels();
+  if (!response.ok()) return RpcError(response.status(), client.target());
+  if (absl::GetFlag(FLAGS_json)) return PrintJson(*response) ? kExitOk : kExitFailure;
+  const std::vector<std::string> header = {"",       "model",     "type",    "layers",
+                                           "hidden", "precision", "version", "versions"};
+  std::vector<std::vector<std::string>> rows;
+  for (const v1::ModelInfo& info : response->models()) {
+    rows.push_back({info.is_default() ? "*" : "", info.name(), info.model_type(),
+                    absl::StrCat(info.num_layers()), absl::StrCat(info.hidden_size()),
+                    info.precision(), info.version(),
+                    absl::StrCat(info.available_versions_size())});
+  }
+  PrintTable(header, rows, "  ");
+  return kExitOk;
+}
+
 // info
 
 int RunInfo(const Command&) {
   EncoderClient client(ServerAddress(), OptionsFromFlags());
   v1::GetModelInfoRequest request;
+  request.set_model(absl::GetFlag(FLAGS_model));
   request.set_model_version(absl::GetFlag(FLAGS_model_version));
   auto info = client.GetModelInfo(request);
   if (!info.ok()) return RpcError(info.status(), client.target());
@@ -388,10 +411,20 @@ the server takes per request (its --max-inputs-per-request) are sent in several 
        "attnctl info [flags]",
        "Prints the model's architecture, sizes, defaults and versions as \"key: value\" lines.\n",
        {{"Flags",
-         {{"model_version", "V", "describe this version (default: the one being served)"}}},
+         {{"model", "NAME", "describe this served model (default: the server's default one)"},
+          {"model_version", "V", "describe this version (default: the one being served)"}}},
         CommonFlags()},
-       "  attnctl info\n  attnctl info --json\n",
+       "  attnctl info\n  attnctl info --model mpnet\n  attnctl info --json\n",
        RunInfo});
+  group.commands.push_back(
+      {"models",
+       "the served models (attnserve --model NAME=DIR), the default first",
+       "attnctl models [flags]",
+       "Prints a table: name, '*' for the default model, type, layers, hidden size, precision, "
+       "the served version and how many versions there are.\n",
+       {CommonFlags()},
+       "  attnctl models\n  attnctl models --json\n",
+       RunModels});
   group.commands.push_back(
       {"health",
        "grpc.health.v1 check; exits 0 only if SERVING (for Docker HEALTHCHECK)",

@@ -42,7 +42,7 @@ int RunVersions(const Command&) {
   int exit_code = kExitOk;
   auto client = MakeTrainerClient(&exit_code);
   if (client == nullptr) return exit_code;
-  auto response = client->ListVersions();
+  auto response = client->ListVersions(absl::GetFlag(FLAGS_model));
   if (!response.ok()) return TrainerRpcError(response.status(), client->target());
   if (absl::GetFlag(FLAGS_json)) return PrintJson(*response) ? kExitOk : kExitFailure;
   PrintVersionsTable(*response);
@@ -58,7 +58,9 @@ int RunServingChange(const Command& command) {
   int exit_code = kExitOk;
   auto client = MakeTrainerClient(&exit_code);
   if (client == nullptr) return exit_code;
-  auto response = rollback ? client->Rollback(version) : client->SetServingVersion(version);
+  const std::string model = absl::GetFlag(FLAGS_model);
+  auto response =
+      rollback ? client->Rollback(version, model) : client->SetServingVersion(version, model);
   if (!response.ok()) return TrainerRpcError(response.status(), client->target());
   if (absl::GetFlag(FLAGS_json)) return PrintJson(*response) ? kExitOk : kExitFailure;
   std::printf("%s %s\n\n", rollback ? "rolled back: now serving" : "now serving",
@@ -71,6 +73,7 @@ int RunServingChange(const Command& command) {
 
 CommandGroup TrainCommands() {
   const FlagUse token_file{"token_file", "PATH"};
+  const FlagUse model{"model", "NAME", "the served model (default: the server's default one)"};
   CommandGroup group{
       "Fine-tuning and versions (Trainer service; token from --token-file PATH or "
       "$ATTNSERVE_TOKEN)",
@@ -84,8 +87,8 @@ CommandGroup TrainCommands() {
 the base version, objective and steps of a fine-tune) and description; '*' marks the version
 served by default.
 )",
-       {{"Flags", {token_file}}, CommonFlags()},
-       "  attnctl versions\n  attnctl versions --json\n",
+       {{"Flags", {model, token_file}}, CommonFlags()},
+       "  attnctl versions\n  attnctl versions --model mpnet --json\n",
        RunVersions});
   // --version V: the model version (Abseil's own --version, the program's, is for the others).
   group.commands.push_back(
@@ -96,7 +99,9 @@ served by default.
 version and the versions table. Requests that pin a version keep it.
 )",
        {{"Flags",
-         {{"model_version", "V", "serve this (older) version instead", "version"}, token_file}},
+         {{"model_version", "V", "serve this (older) version instead", "version"},
+          model,
+          token_file}},
         CommonFlags()},
        "  attnctl rollback\n  attnctl rollback --version base\n",
        RunServingChange});
@@ -108,6 +113,7 @@ version and the versions table. Requests that pin a version keep it.
        {{"Flags",
          {{"model_version", "V", "the version to serve, required (see 'attnctl versions')",
            "version"},
+          model,
           token_file}},
         CommonFlags()},
        "  attnctl serve-version --version ft-000002-20261122T041900Z\n",

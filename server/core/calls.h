@@ -96,6 +96,7 @@ struct MatrixView {
 // ---- Encode ---------------------------------------------------------------------------------
 
 struct EncodeRequest {
+  std::string_view model;          // a served model's name (model_set.h); empty = the default
   std::string_view model_version;  // empty = the served version
   std::vector<Input> inputs;
   TokenizationOptions tokenization;
@@ -133,6 +134,7 @@ struct EncodeResponse {
 // ---- AttentionMap ---------------------------------------------------------------------------
 
 struct AttentionRequest {
+  std::string_view model;  // a served model's name (model_set.h); empty = the default
   std::string_view model_version;
   std::vector<Input> inputs;
   TokenizationOptions tokenization;
@@ -190,6 +192,7 @@ enum class ExplainMethod : int {
 enum class ExplainBaseline : int { kUnspecified = 0, kPadTokens = 1, kMaskTokens = 2, kZero = 3 };
 
 struct ExplainRequest {
+  std::string_view model;  // a served model's name (model_set.h); empty = the default
   std::string_view model_version;
   std::string_view query;                   // text a
   std::vector<std::string_view> documents;  // texts b, each explained against the query
@@ -218,6 +221,7 @@ struct ExplainResponse {
 // ---- Classify -------------------------------------------------------------------------------
 
 struct ClassifyRequest {
+  std::string_view model;          // a served model's name (model_set.h); empty = the default
   std::string_view model_version;  // must have a classification head
   std::vector<Input> inputs;       // texts (CLASSIFICATION head) or pairs (PAIR_CLASSIFICATION)
   TokenizationOptions tokenization;
@@ -243,6 +247,7 @@ struct ClassifyResponse {
 enum class RerankMethod : int { kUnspecified = 0, kCosine = 1, kCrossEncoder = 2 };
 
 struct RerankRequest {
+  std::string_view model;  // a served model's name (model_set.h); empty = the default
   std::string_view model_version;
   std::string_view query;
   std::vector<std::string_view> documents;
@@ -269,6 +274,7 @@ struct RerankResponse {
 // ---- Tokenize -------------------------------------------------------------------------------
 
 struct TokenizeRequest {
+  std::string_view model;  // a served model's name (model_set.h); empty = the default
   std::string_view model_version;
   std::vector<Input> inputs;
   TokenizationOptions tokenization;
@@ -284,10 +290,13 @@ struct TokenizeResponse {
 // ---- GetModelInfo ---------------------------------------------------------------------------
 
 struct ModelInfoRequest {
+  std::string_view model;  // a served model's name (model_set.h); empty = the default
   std::string_view model_version;
 };
 
 struct ModelInfo {
+  std::string name;  // the served model's name (--model NAME=DIR)
+  bool is_default = false;
   std::string architecture;
   std::string model_type;
   int hidden_size = 0, num_layers = 0, num_heads = 0, head_dim = 0, intermediate_size = 0;

@@ -16,11 +16,12 @@ namespace attn::server::core {
 
 namespace {
 
-// The Encode of `inputs` that the head (or the cosine) reads, pinned to `version` so a change of
-// the served default between the head's lookup and the engine run cannot mix versions.
-EncodeRequest PooledEncode(const std::string& version, std::vector<Input> inputs,
-                           const TokenizationOptions& tokenization) {
+// The Encode of `inputs` that the head (or the cosine) reads, pinned to `model`'s `version` so a
+// change of the served default between the head's lookup and the engine run cannot mix versions.
+EncodeRequest PooledEncode(const std::string& model, const std::string& version,
+                           std::vector<Input> inputs, const TokenizationOptions& tokenization) {
   EncodeRequest encode;
+  encode.model = model;
   encode.model_version = version;
   encode.inputs = std::move(inputs);
   encode.tokenization = tokenization;
@@ -61,10 +62,12 @@ void ServingCore::Classify(const ClassifyRequest& request, const CallControl& co
   auto answer = [&](absl::Status status) {
     done(UnlessDropped(control, std::move(status), "queue", metrics_));
   };
-  absl::StatusOr<ModelVersion> version = registry_->Get(std::string(request.model_version));
-  if (!version.ok()) return answer(version.status());
+  absl::StatusOr<Resolved> resolved = Resolve(request.model, request.model_version);
+  if (!resolved.ok()) return answer(resolved.status());
+  const ServedModel& served = *resolved->served;
+  const ModelVersion* const version = &resolved->version;
   absl::StatusOr<std::shared_ptr<const VersionHead>> head =
-      heads_.Get(version->version, version->model->config().hidden_size);
+      heads_.Get(served.store, version->version, version->model->config().hidden_size);
   if (!head.ok()) return answer(head.status());
   if (request.top_k < 0) {
     return answer(absl::InvalidArgumentError(
@@ -86,7 +89,7 @@ void ServingCore::Classify(const ClassifyRequest& request, const CallControl& co
   }
   const int64_t labels = (*head)->head.num_labels();
   const int64_t top_k = request.top_k == 0 ? labels : std::min<int64_t>(request.top_k, labels);
-  Encode(PooledEncode(version->version, request.inputs, request.tokenization), control,
+  Encode(PooledEncode(served.name, version->version, request.inputs, request.tokenization), control,
          [head = *head, top_k, done = std::move(done)](absl::StatusOr<EncodeResponse> encoded) {
            if (!encoded.ok()) return done(encoded.status());
            ClassifyResponse response;
@@ -119,8 +122,10 @@ void ServingCore::Rerank(const RerankRequest& request, const CallControl& contro
   auto answer = [&](absl::Status status) {
     done(UnlessDropped(control, std::move(status), "queue", metrics_));
   };
-  absl::StatusOr<ModelVersion> version = registry_->Get(std::string(request.model_version));
-  if (!version.ok()) return answer(version.status());
+  absl::StatusOr<Resolved> resolved = Resolve(request.model, request.model_version);
+  if (!resolved.ok()) return answer(resolved.status());
+  const ServedModel& served = *resolved->served;
+  const ModelVersion* const version = &resolved->version;
   const int max_documents = options_.limits.max_inputs_per_request - 1;  // the query takes one
   const size_t documents = request.documents.size();
   if (request.query.empty()) return answer(absl::InvalidArgumentError("query is empty"));
@@ -146,7 +151,7 @@ void ServingCore::Rerank(const RerankRequest& request, const CallControl& contro
     case RerankMethod::kUnspecified:
     case RerankMethod::kCrossEncoder: {
       absl::StatusOr<std::shared_ptr<const VersionHead>> found =
-          heads_.Get(version->version, version->model->config().hidden_size);
+          heads_.Get(served.store, version->version, version->model->config().hidden_size);
       const bool cross_encoder = found.ok() && (*found)->pairs;
       if (method == RerankMethod::kUnspecified) {
         // A head that cannot be read is an error even here: silently falling back to cosine
@@ -190,7 +195,8 @@ void ServingCore::Rerank(const RerankRequest& request, const CallControl& contro
   const int64_t top_n = request.top_n == 0 ? static_cast<int64_t>(documents)
                                            : std::min<int64_t>(request.top_n, documents);
   const bool pairs = head != nullptr;
-  Encode(PooledEncode(version->version, std::move(inputs), request.tokenization), control,
+  Encode(PooledEncode(served.name, version->version, std::move(inputs), request.tokenization),
+         control,
          [head, method, top_n, texts = std::move(texts), pairs,
           done = std::move(done)](absl::StatusOr<EncodeResponse> encoded) mutable {
            if (!encoded.ok()) {

@@ -199,6 +199,12 @@ RequestCost EstimateAttentionCost(const BertConfig& config, const WordPieceToken
   return Finish(t, inputs.size());
 }
 
+double ModelTokenCost(const BertConfig& config) {
+  const double hidden = config.hidden_size;
+  return config.num_hidden_layers *
+         (4 * hidden * hidden + 2 * hidden * static_cast<double>(config.intermediate_size));
+}
+
 int64_t EngineWorkspaceBytes(const BertConfig& config, int64_t max_batch_tokens) {
   // engine/encoder.cc ForwardWorkspace: embeddings, hidden, context, linear_out, attn_out (M, H),
   // qkv (M, 3H), intermediate (M, I); int8 inputs and s32 accumulators fit the same again.

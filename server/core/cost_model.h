@@ -68,6 +68,11 @@ RequestCost EstimateAttentionCost(const BertConfig& config, const WordPieceToken
 // The engine's per-thread forward buffers for batches of up to `max_batch_tokens` tokens.
 int64_t EngineWorkspaceBytes(const BertConfig& config, int64_t max_batch_tokens);
 
+// Multiply-adds per token of the model's linear layers (Q, K, V, O and the FFN of every layer):
+// layers x (4 H^2 + 2 H I). What sets one batch's time at ordinary lengths (all-MiniLM-L6-v2
+// 10.6 M, all-mpnet-base-v2 84.9 M); scales the per-model token budget (options.h).
+double ModelTokenCost(const BertConfig& config);
+
 // Memory the server may use: the cgroup limit of this process (cgroup v2 memory.max of its
 // cgroup and every ancestor, or v1 memory.limit_in_bytes) when there is one, else physical
 // memory.

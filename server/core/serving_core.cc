@@ -6,6 +6,7 @@
 #include <string_view>
 #include <utility>
 
+#include "absl/strings/str_cat.h"
 #include "engine/ops/pooling.h"
 #include "server/core/explain.h"
 #include "server/core/results.h"
@@ -65,26 +66,67 @@ void Admission::Release() {
 
 absl::Status UnlessDropped(const CallControl& control, absl::Status status, const char* stage,
                            ServingMetrics* metrics) {
+  return UnlessDropped(control, std::move(status), stage,
+                       [metrics](std::string_view reason, std::string_view where) {
+                         metrics->RecordDropped(reason, where);
+                       });
+}
+
+absl::Status UnlessDropped(
+    const CallControl& control, absl::Status status, const char* stage,
+    const std::function<void(std::string_view, std::string_view)>& record_dropped) {
   if (status.code() == absl::StatusCode::kCancelled ||
       status.code() == absl::StatusCode::kDeadlineExceeded) {
     return status;  // dropped already (and counted where)
   }
   const char* reason = control.DropReason();
   if (reason == nullptr) return status;
-  metrics->RecordDropped(reason, stage);
+  record_dropped(reason, stage);
   return std::string_view(reason) == "deadline"
              ? absl::DeadlineExceededError("the call's deadline passed before the server answered")
              : absl::CancelledError("the client cancelled the call");
 }
 
+namespace {
+ModelSet OneModel(ModelRegistry* registry, Batcher* batcher, ServingMetrics* metrics,
+                  const std::string& store) {
+  ModelSet models;
+  models.Add({"default", "", store, registry, batcher, metrics}).IgnoreError();  // the only name
+  return models;
+}
+}  // namespace
+
 ServingCore::ServingCore(CoreOptions options, ModelRegistry* registry, Batcher* batcher,
                          MemoryBudget* memory_budget, ServingMetrics* metrics)
     : options_(options),
+      own_models_(OneModel(registry, batcher, metrics, options.model_store)),
+      models_(&own_models_),
       registry_(registry),
       batcher_(batcher),
       memory_budget_(memory_budget),
-      metrics_(metrics),
-      heads_(options_.model_store) {}
+      metrics_(metrics) {}
+
+ServingCore::ServingCore(CoreOptions options, const ModelSet* models, MemoryBudget* memory_budget,
+                         ServingMetrics* metrics)
+    : options_(options),
+      models_(models),
+      registry_(models->models().front().registry),
+      batcher_(models->models().front().batcher),
+      memory_budget_(memory_budget),
+      metrics_(metrics) {}
+
+absl::StatusOr<ServingCore::Resolved> ServingCore::Resolve(std::string_view model,
+                                                           std::string_view version) const {
+  absl::StatusOr<const ServedModel*> served = models_->Find(model);
+  if (!served.ok()) return served.status();
+  absl::StatusOr<ModelVersion> found = (*served)->registry->Get(std::string(version));
+  if (!found.ok()) {
+    if (models_->models().size() == 1) return found.status();
+    return absl::Status(found.status().code(),
+                        absl::StrCat("model '", (*served)->name, "': ", found.status().message()));
+  }
+  return Resolved{*served, *std::move(found)};
+}
 
 // The shared path of Encode, AttentionMap and Explain: version, `prepare` (validate + tokenize),
 // drop check, cost and admission, submit; `build` makes the response on the batcher thread.
@@ -94,8 +136,11 @@ void ServingCore::RunEngineCall(const Request& request, const CallControl& contr
   auto answer = [&](absl::Status status) {
     done(UnlessDropped(control, std::move(status), "queue", metrics_));
   };
-  absl::StatusOr<ModelVersion> version = registry_->Get(std::string(request.model_version));
-  if (!version.ok()) return answer(version.status());
+  absl::StatusOr<Resolved> resolved = Resolve(request.model, request.model_version);
+  if (!resolved.ok()) return answer(resolved.status());
+  ServingMetrics* const metrics = resolved->served->metrics;
+  Batcher* const batcher = resolved->served->batcher;
+  const ModelVersion* const version = &resolved->version;
   const int64_t version_bytes = static_cast<int64_t>(version->version.size());
   // Admission, against the per-request limits and the budget: first on a lower bound of the
   // cost before tokenizing (a call far over a limit is refused without the work), then on the
@@ -108,7 +153,7 @@ void ServingCore::RunEngineCall(const Request& request, const CallControl& contr
       affordable = lower_bound ? memory_budget_->CheckFits(cost.working_bytes)
                                : memory_budget_->Acquire(cost.working_bytes);
     }
-    if (!affordable.ok()) metrics_->RecordMemoryRefusal(limit);
+    if (!affordable.ok()) metrics->RecordMemoryRefusal(limit);
     return affordable;
   };
   const LowerBoundCheck<Plan> lower_bound_check = [&](const Plan& lower_bound) {
@@ -118,12 +163,12 @@ void ServingCore::RunEngineCall(const Request& request, const CallControl& contr
   auto plan = std::make_shared<absl::StatusOr<Plan>>(
       prepare(*version->model, request, options_.limits, lower_bound_check));
   const double tokenization_ms = MillisSince(tokenize_start);
-  metrics_->RecordTokenizationTime(tokenization_ms / 1e3);
+  metrics->RecordTokenizationTime(tokenization_ms / 1e3);
   if (!plan->ok()) return answer(plan->status());
   if (control.DropReason() != nullptr) return answer(absl::OkStatus());  // answered dropped
   const RequestCost cost = EstimateCost(*version->model, **plan, version_bytes);
   if (absl::Status affordable = admit(cost, false); !affordable.ok()) return answer(affordable);
-  auto admission = std::make_shared<Admission>(memory_budget_, cost.working_bytes, metrics_);
+  auto admission = std::make_shared<Admission>(memory_budget_, cost.working_bytes, metrics);
 
   auto job = std::make_shared<Job>();
   job->model = version->model;
@@ -133,11 +178,11 @@ void ServingCore::RunEngineCall(const Request& request, const CallControl& contr
   job->is_cancelled = control.is_cancelled;
   // `done` is shared: it is called here if Submit refuses the job, else by the job's callback.
   auto shared_done = std::make_shared<Done<Response>>(std::move(done));
-  job->done = [this, shared_done, plan, build, tokenization_ms, control, admission,
+  job->done = [shared_done, plan, build, tokenization_ms, control, admission, metrics,
                version = *version](absl::Status status, JobOutput output) {
     if (!status.ok()) {
       admission->Release();
-      return (*shared_done)(UnlessDropped(control, std::move(status), "compute", metrics_));
+      return (*shared_done)(UnlessDropped(control, std::move(status), "compute", metrics));
     }
     Response response;
     response.model_version = version.version;
@@ -147,7 +192,7 @@ void ServingCore::RunEngineCall(const Request& request, const CallControl& contr
     SetEngineTimes(output, &response.metadata);
     build(*version.model, **plan, output, &response);
     response.metadata.total_ms = MillisSince(control.received);
-    if (absl::Status dropped = UnlessDropped(control, absl::OkStatus(), "reply", metrics_);
+    if (absl::Status dropped = UnlessDropped(control, absl::OkStatus(), "reply", metrics);
         !dropped.ok()) {
       admission->Release();
       return (*shared_done)(dropped);
@@ -155,9 +200,9 @@ void ServingCore::RunEngineCall(const Request& request, const CallControl& contr
     response.admission = admission;
     (*shared_done)(std::move(response));
   };
-  if (absl::Status submitted = batcher_->Submit(job); !submitted.ok()) {
+  if (absl::Status submitted = batcher->Submit(job); !submitted.ok()) {
     admission->Release();
-    (*shared_done)(UnlessDropped(control, std::move(submitted), "queue", metrics_));
+    (*shared_done)(UnlessDropped(control, std::move(submitted), "queue", metrics));
   }
 }
 
@@ -202,13 +247,14 @@ void ServingCore::Explain(const ExplainRequest& request, const CallControl& cont
 
 absl::StatusOr<TokenizeResponse> ServingCore::Tokenize(const TokenizeRequest& request,
                                                        const CallControl& control) {
-  absl::StatusOr<ModelVersion> version = registry_->Get(std::string(request.model_version));
-  if (!version.ok()) return UnlessDropped(control, version.status(), "queue", metrics_);
+  absl::StatusOr<Resolved> resolved = Resolve(request.model, request.model_version);
+  if (!resolved.ok()) return UnlessDropped(control, resolved.status(), "queue", metrics_);
+  const ModelVersion* const version = &resolved->version;
   const auto start = Clock::now();
   absl::StatusOr<TokenizedInputs> inputs =
       TokenizeInputs(*version->model, request.inputs, request.tokenization, options_.limits);
   const double tokenization_ms = MillisSince(start);
-  metrics_->RecordTokenizationTime(tokenization_ms / 1e3);
+  resolved->served->metrics->RecordTokenizationTime(tokenization_ms / 1e3);
   if (!inputs.ok()) return UnlessDropped(control, inputs.status(), "queue", metrics_);
   TokenizeResponse response;
   response.model_version = version->version;
@@ -224,14 +270,13 @@ absl::StatusOr<TokenizeResponse> ServingCore::Tokenize(const TokenizeRequest& re
   return response;
 }
 
-absl::StatusOr<ModelInfo> ServingCore::GetModelInfo(const ModelInfoRequest& request,
-                                                    const CallControl& control) {
-  absl::StatusOr<ModelVersion> version = registry_->Get(std::string(request.model_version));
-  if (!version.ok()) return UnlessDropped(control, version.status(), "queue", metrics_);
-  const Model& model = *version->model;
+ModelInfo ServingCore::Info(const ServedModel& served, const ModelVersion& version) const {
+  const Model& model = *version.model;
   const BertConfig& config = model.config();
   ModelInfo info;
-  info.architecture = "BertModel";
+  info.name = served.name;
+  info.is_default = &served == &models_->models().front();
+  info.architecture = config.spec().model_class;
   info.model_type = config.model_type;
   info.hidden_size = config.hidden_size;
   info.num_layers = config.num_hidden_layers;
@@ -246,15 +291,37 @@ absl::StatusOr<ModelInfo> ServingCore::GetModelInfo(const ModelInfoRequest& requ
   info.default_normalize = model.sentence_config().normalize;
   info.parameter_count = model.weights().ParameterCount();
   info.precision = PrecisionName(model.precision());
-  info.version = version->version;
-  info.version_origin = version->origin;
-  info.available_versions = registry_->Versions();
+  info.version = version.version;
+  info.version_origin = version.origin;
+  info.available_versions = served.registry->Versions();
   info.max_inputs_per_request = options_.limits.max_inputs_per_request;
+  return info;
+}
+
+absl::StatusOr<ModelInfo> ServingCore::GetModelInfo(const ModelInfoRequest& request,
+                                                    const CallControl& control) {
+  absl::StatusOr<Resolved> resolved = Resolve(request.model, request.model_version);
+  if (!resolved.ok()) return UnlessDropped(control, resolved.status(), "queue", metrics_);
+  ModelInfo info = Info(*resolved->served, resolved->version);
   if (absl::Status dropped = UnlessDropped(control, absl::OkStatus(), "reply", metrics_);
       !dropped.ok()) {
     return dropped;
   }
   return info;
+}
+
+absl::StatusOr<std::vector<ModelInfo>> ServingCore::ListModels(const CallControl& control) {
+  std::vector<ModelInfo> models;
+  for (const ServedModel& served : models_->models()) {
+    absl::StatusOr<ModelVersion> version = served.registry->Get("");
+    if (!version.ok()) return UnlessDropped(control, version.status(), "queue", metrics_);
+    models.push_back(Info(served, *version));
+  }
+  if (absl::Status dropped = UnlessDropped(control, absl::OkStatus(), "reply", metrics_);
+      !dropped.ok()) {
+    return dropped;
+  }
+  return models;
 }
 
 }  // namespace attn::server::core

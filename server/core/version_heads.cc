@@ -9,10 +9,10 @@
 
 namespace attn::server::core {
 
-VersionHeads::VersionHeads(std::string model_store) : model_store_(std::move(model_store)) {}
-
-absl::StatusOr<std::shared_ptr<const VersionHead>> VersionHeads::Get(const std::string& version,
+absl::StatusOr<std::shared_ptr<const VersionHead>> VersionHeads::Get(const std::string& store,
+                                                                     const std::string& version,
                                                                      int64_t hidden_size) {
+  const std::pair<std::string, std::string> key(store, version);
   auto no_head = [&version] {
     return absl::FailedPreconditionError(absl::StrCat(
         "version ", version,
@@ -22,19 +22,19 @@ absl::StatusOr<std::shared_ptr<const VersionHead>> VersionHeads::Get(const std::
   };
   {
     absl::MutexLock lock(&mutex_);
-    if (auto it = heads_.find(version); it != heads_.end()) {
+    if (auto it = heads_.find(key); it != heads_.end()) {
       if (it->second == nullptr) return no_head();
       return it->second;
     }
   }
-  if (model_store_.empty()) return no_head();
+  if (store.empty()) return no_head();
   // Read outside the lock: a slow disk must not stall Classify calls of cached versions.
-  absl::StatusOr<StoredVersion> stored = ReadStoredVersion(model_store_, version);
+  absl::StatusOr<StoredVersion> stored = ReadStoredVersion(store, version);
   if (!stored.ok()) {
     // Versions the store does not hold ("base", or one loaded from elsewhere) have no head.
     if (absl::IsNotFound(stored.status())) {
       absl::MutexLock lock(&mutex_);
-      heads_.emplace(version, nullptr);
+      heads_.emplace(key, nullptr);
       return no_head();
     }
     return stored.status();
@@ -50,7 +50,7 @@ absl::StatusOr<std::shared_ptr<const VersionHead>> VersionHeads::Get(const std::
     head->label_names = stored->label_names;
   }
   absl::MutexLock lock(&mutex_);
-  heads_.emplace(version, head);
+  heads_.emplace(key, head);
   if (head == nullptr) return no_head();
   return std::shared_ptr<const VersionHead>(head);
 }

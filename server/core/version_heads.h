@@ -7,6 +7,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -27,20 +28,19 @@ struct VersionHead {
 
 class VersionHeads {
  public:
-  // `model_store`: where committed versions live ("" = none: then no version has a head).
-  explicit VersionHeads(std::string model_store);
-
-  // The head of `version` of a model with `hidden_size`. FAILED_PRECONDITION naming the version
-  // when it has none (the base model, a version trained with another objective); the store's
-  // error (DATA_LOSS for a damaged head file) when it cannot be read.
-  absl::StatusOr<std::shared_ptr<const VersionHead>> Get(const std::string& version,
+  // The head of `version` of a model with `hidden_size` whose versions live in `store` ("" =
+  // none: then no version has a head). FAILED_PRECONDITION naming the version when it has none
+  // (the base model, a version trained with another objective); the store's error (DATA_LOSS
+  // for a damaged head file) when it cannot be read.
+  absl::StatusOr<std::shared_ptr<const VersionHead>> Get(const std::string& store,
+                                                         const std::string& version,
                                                          int64_t hidden_size);
 
  private:
-  const std::string model_store_;
   absl::Mutex mutex_;
-  // Null for a version known to have no head.
-  std::map<std::string, std::shared_ptr<const VersionHead>> heads_ ABSL_GUARDED_BY(mutex_);
+  // By (store, version); null for a version known to have no head.
+  std::map<std::pair<std::string, std::string>, std::shared_ptr<const VersionHead>> heads_
+      ABSL_GUARDED_BY(mutex_);
 };
 
 // Softmax of `logits` (K values) into `probabilities`, computed in double and stable for any

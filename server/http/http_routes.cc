@@ -267,15 +267,12 @@ HttpReply HttpRoutes::Embeddings(const HttpRequest& http_request,
       !parsed.ok()) {
     return ErrorReply(parsed, param);
   }
-  // The model by its name ("all-MiniLM-L6-v2", or "sentence-transformers/all-MiniLM-L6-v2").
-  if (request.model.has_value() && *request.model != options_.model_name &&
-      !absl::EndsWith(*request.model, absl::StrCat("/", options_.model_name))) {
-    return ErrorReply(absl::NotFoundError(absl::StrCat("the model '", Quote(*request.model),
-                                                       "' does not exist here; this server "
-                                                       "serves '",
-                                                       options_.model_name, "'")),
-                      "model", "model_not_found");
-  }
+  // The model by its name ("all-MiniLM-L6-v2", or "sentence-transformers/all-MiniLM-L6-v2");
+  // none = the default model.
+  const absl::StatusOr<const ServedModel*> served =
+      core_->models().Find(request.model.value_or(""));
+  if (!served.ok()) return ErrorReply(served.status(), "model", "model_not_found");
+  request.encode.model = (*served)->name;
   const absl::StatusOr<core::EncodeResponse> result =
       Wait(&core::ServingCore::Encode, request.encode, control);
   if (!result.ok()) {
@@ -285,37 +282,40 @@ HttpReply HttpRoutes::Embeddings(const HttpRequest& http_request,
         absl::StartsWith(result.status().message(), "dimensions") ? "dimensions" : "input";
     return ErrorReply(result.status(), bad_input ? field : "");
   }
-  return JsonReply(EmbeddingsResponseJson(*result, options_.model_name, request.base64));
+  return JsonReply(EmbeddingsResponseJson(*result, (*served)->name, request.base64));
 }
 
 HttpReply HttpRoutes::Models(const HttpRequest& request, const core::CallControl& control) {
-  const absl::StatusOr<core::ModelInfo> info = core_->GetModelInfo({}, control);
-  if (!info.ok()) return ErrorReply(info.status());
-  v1::ModelInfo proto;
-  ToProto(*info, &proto);
-  std::string info_json;
-  if (!google::protobuf::util::MessageToJsonString(proto, &info_json).ok()) {
-    return ErrorReply(absl::InternalError("cannot write the model info as JSON"));
-  }
-  // OpenAI's model object; "info" is GetModelInfo's answer in protobuf's JSON mapping.
-  const json model = {{"id", options_.model_name},
-                      {"object", "model"},
-                      {"created", 0},
-                      {"owned_by", "attnserve"},
-                      {"info", json::parse(info_json)}};
   const std::string prefix = "/v1/models/";
+  std::string wanted;  // "" = the list
   if (absl::StartsWith(request.path, prefix)) {
-    const std::string name = request.path.substr(prefix.size());
-    if (name != options_.model_name && !absl::EndsWith(name, "/" + options_.model_name)) {
-      return ErrorReply(absl::NotFoundError(absl::StrCat("the model '", Quote(name),
-                                                         "' does not exist here; this server "
-                                                         "serves '",
-                                                         options_.model_name, "'")),
-                        "model", "model_not_found");
+    wanted = request.path.substr(prefix.size());
+    if (absl::StatusOr<const ServedModel*> served = core_->models().Find(wanted); !served.ok()) {
+      return ErrorReply(served.status(), "model", "model_not_found");
+    } else {
+      wanted = (*served)->name;
     }
-    return JsonReply(model.dump());
   }
-  return JsonReply(json{{"object", "list"}, {"data", json::array({model})}}.dump());
+  const absl::StatusOr<std::vector<core::ModelInfo>> infos = core_->ListModels(control);
+  if (!infos.ok()) return ErrorReply(infos.status());
+  json data = json::array();
+  for (const core::ModelInfo& info : *infos) {
+    if (!wanted.empty() && info.name != wanted) continue;
+    v1::ModelInfo proto;
+    ToProto(info, &proto);
+    std::string info_json;
+    if (!google::protobuf::util::MessageToJsonString(proto, &info_json).ok()) {
+      return ErrorReply(absl::InternalError("cannot write the model info as JSON"));
+    }
+    // OpenAI's model object; "info" is GetModelInfo's answer in protobuf's JSON mapping.
+    data.push_back({{"id", info.name},
+                    {"object", "model"},
+                    {"created", 0},
+                    {"owned_by", "attnserve"},
+                    {"info", json::parse(info_json)}});
+  }
+  if (!wanted.empty()) return JsonReply(data.at(0).dump());
+  return JsonReply(json{{"object", "list"}, {"data", data}}.dump());
 }
 
 }  // namespace attn::server::http

@@ -851,4 +851,41 @@ std::shared_ptr<grpc::Channel> TlsChannel(int port, const std::string& trusted_p
                                    args);
 }
 
+std::string CommitOneContrastiveStep(pb::Trainer::Stub* trainer, const CommitOptions& options) {
+  grpc::ClientContext context;
+  context.AddMetadata("authorization", "Bearer " + options.token);
+  context.set_deadline(std::chrono::system_clock::now() + ScaledSeconds(120));
+  auto stream = trainer->FineTune(&context);
+  pb::FineTuneRequest config;
+  config.mutable_config()->set_objective(pb::CONTRASTIVE);
+  config.mutable_config()->set_learning_rate(options.learning_rate);
+  config.mutable_config()->set_disable_dropout(true);
+  config.mutable_config()->set_seed(3);
+  config.mutable_config()->set_model(options.model);
+  EXPECT_TRUE(stream->Write(config));
+  pb::FineTuneRequest batch;
+  for (const auto& [anchor, positive] :
+       std::vector<std::pair<std::string, std::string>>{{"a red bicycle", "the tuesday meeting"},
+                                                        {"fresh bread", "a broken umbrella"},
+                                                        {"the violin concerto", "tax forms"}}) {
+    pb::TrainingExample* example = batch.mutable_batch()->add_examples();
+    example->set_anchor(anchor);
+    example->set_positive(positive);
+  }
+  pb::FineTuneProgress progress;
+  EXPECT_TRUE(stream->Write(batch) && stream->Read(&progress));
+  pb::FineTuneRequest commit;
+  commit.mutable_commit()->set_description(options.description);
+  commit.mutable_commit()->set_do_not_serve(options.do_not_serve);
+  EXPECT_TRUE(stream->Write(commit) && stream->Read(&progress));
+  stream->WritesDone();
+  pb::FineTuneProgress ignored;
+  while (stream->Read(&ignored)) {
+  }
+  const grpc::Status status = stream->Finish();
+  EXPECT_TRUE(status.ok()) << StatusString(status);
+  EXPECT_FALSE(progress.committed_version().empty());
+  return progress.committed_version();
+}
+
 }  // namespace attn::integration

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "attnserve/v1/encoder.grpc.pb.h"
+#include "attnserve/v1/trainer.grpc.pb.h"
 #include "nlohmann/json.hpp"
 #include "tests/time_scale.h"
 
@@ -128,6 +129,18 @@ ServerProcess& SharedServer();
 // A free TCP port on 127.0.0.1 (bound to port 0, then released: racy, but only for children
 // that need the port on their command line).
 int PickFreePort();
+
+// One contrastive FineTune step on three pairs the model does not know, committed (served unless
+// `do_not_serve`) with `description`; `model` picks the served model ("" = the default). The new
+// version's name ("" and a test failure when the job fails).
+struct CommitOptions {
+  std::string token;
+  std::string model;
+  double learning_rate = 5e-5;
+  bool do_not_serve = false;
+  std::string description = "integration test";
+};
+std::string CommitOneContrastiveStep(pb::Trainer::Stub* trainer, const CommitOptions& options);
 
 // Whether a TCP connection to 127.0.0.1:port is accepted (a listener is open).
 bool AcceptsConnections(int port);

@@ -249,7 +249,8 @@ TEST_F(LifecycleTest, ReflectionListsServicesAndDescribesEncoder) {
       std::set<std::string> methods;
       for (const auto& method : service.method()) methods.insert(method.name());
       EXPECT_EQ(methods, (std::set<std::string>{"Encode", "AttentionMap", "Tokenize",
-                                                "GetModelInfo", "Explain"}));
+                                                "GetModelInfo", "Explain", "ListModels",
+                                                "Classify", "Rerank"}));
     }
   }
   EXPECT_TRUE(found) << "no attnserve.v1.Encoder service in the returned descriptors";

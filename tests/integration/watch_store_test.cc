@@ -108,39 +108,8 @@ double MaxDiff(const Embeddings& a, const Embeddings& b) {
 
 // One contrastive step on pairs the model does not know, committed; the new version's name.
 std::string TrainAndCommit(Server& server, double learning_rate, bool do_not_serve = false) {
-  grpc::ClientContext context;
-  context.AddMetadata("authorization", std::string("Bearer ") + kToken);
-  context.set_deadline(std::chrono::system_clock::now() + ScaledSeconds(120));
-  auto stream = server.trainer->FineTune(&context);
-  pb::FineTuneRequest config;
-  config.mutable_config()->set_objective(pb::CONTRASTIVE);
-  config.mutable_config()->set_learning_rate(learning_rate);
-  config.mutable_config()->set_disable_dropout(true);
-  config.mutable_config()->set_seed(3);
-  EXPECT_TRUE(stream->Write(config));
-  pb::FineTuneRequest batch;
-  for (const auto& [anchor, positive] :
-       std::vector<std::pair<std::string, std::string>>{{"a red bicycle", "the tuesday meeting"},
-                                                        {"fresh bread", "a broken umbrella"},
-                                                        {"the violin concerto", "tax forms"}}) {
-    pb::TrainingExample* example = batch.mutable_batch()->add_examples();
-    example->set_anchor(anchor);
-    example->set_positive(positive);
-  }
-  pb::FineTuneProgress progress;
-  EXPECT_TRUE(stream->Write(batch) && stream->Read(&progress));
-  pb::FineTuneRequest commit;
-  commit.mutable_commit()->set_description("watch-store test");
-  commit.mutable_commit()->set_do_not_serve(do_not_serve);
-  EXPECT_TRUE(stream->Write(commit) && stream->Read(&progress));
-  stream->WritesDone();
-  pb::FineTuneProgress ignored;
-  while (stream->Read(&ignored)) {
-  }
-  const grpc::Status status = stream->Finish();
-  EXPECT_TRUE(status.ok()) << StatusString(status);
-  EXPECT_FALSE(progress.committed_version().empty());
-  return progress.committed_version();
+  return CommitOneContrastiveStep(server.trainer.get(),
+                                  {kToken, "", learning_rate, do_not_serve, "watch-store test"});
 }
 
 // Polls `server` until its default version is `version`; seconds it took, or -1 on timeout.

@@ -1006,6 +1006,62 @@ std::vector<HostileCase> Catalogue() {
        StatusCode::NOT_FOUND,
        {"base"},
        "GetModelInfo"});
+  // --- Models (the request field `model`, several models per server) ------------------------
+  add({"unknown_model",
+       "model 'bert-large' (this server serves one model)",
+       [](Clients& c) {
+         pb::EncodeRequest request = Texts({"models"});
+         request.set_model("bert-large");
+         return Encode(c, request);
+       },
+       StatusCode::NOT_FOUND,
+       {"'bert-large' is not served here", "served models:"},
+       "Encode"});
+  add({"model_name_of_10000_chars",
+       "model of 10,000 characters",
+       [](Clients& c) {
+         pb::EncodeRequest request = Texts({"models"});
+         request.set_model(std::string(10000, 'm'));
+         const grpc::Status status = Encode(c, request);
+         EXPECT_LT(status.error_message().size(), 400u) << status.error_message().substr(0, 200);
+         return status;
+       },
+       StatusCode::NOT_FOUND,
+       {"\u2026(10000 bytes)", "served models:"},
+       "Encode"});
+  add({"unknown_model_attention",
+       "AttentionMap with model 'nope'",
+       [](Clients& c) {
+         pb::AttentionMapRequest request;
+         request.add_inputs()->set_text("models");
+         request.set_model("nope");
+         pb::AttentionMapResponse response;
+         grpc::ClientContext context;
+         context.set_deadline(Deadline());
+         return c.encoder->AttentionMap(&context, request, &response);
+       },
+       StatusCode::NOT_FOUND,
+       {"'nope' is not served here"},
+       "AttentionMap"});
+  add({"unknown_model_list_versions",
+       "ListVersions of model 'nope'",
+       [](Clients& c) {
+         grpc::ClientContext context;
+         context.AddMetadata("authorization", std::string("Bearer ") + kToken);
+         pb::ListVersionsRequest request;
+         request.set_model("nope");
+         pb::ListVersionsResponse response;
+         return c.trainer->ListVersions(&context, request, &response);
+       },
+       StatusCode::NOT_FOUND,
+       {"'nope' is not served here"},
+       "ListVersions"});
+  add({"invalid_utf8_model",
+       "GetModelInfoRequest.model = FF FE",
+       [](Clients& c) { return Raw(c, kModelInfo, wire::Field(2, "\xff\xfe")); },
+       StatusCode::INVALID_ARGUMENT,
+       {"model", "UTF-8"},
+       "GetModelInfo"});
 
   // --- Garbage and malformed protobuf bytes through a raw channel ------------------------------
   add({"garbage_bytes",

@@ -345,7 +345,7 @@ std::vector<Shape> Sweep() {
 TEST(CostModelTest, EstimatesAgreeWithMeasuredWithinTenPercent) {
   ASSERT_NE(TestModel(), nullptr);
   Metrics metrics;
-  Batcher batcher({8192, 256, 0}, &metrics);
+  Batcher batcher({8192, 256, 0}, metrics.ForModel("test"));
   std::printf("%-44s %12s %12s %7s %12s %12s %7s\n", "shape", "resp est", "resp actual", "ratio",
               "mem est", "mem actual", "ratio");
   for (const Shape& shape : Sweep()) {
