@@ -158,6 +158,56 @@ TEST_F(MultiModelTest, EachModelAnswersWithItsOwnDimensionAndTheFirstIsTheDefaul
   EXPECT_EQ(info.num_layers(), 12);
 }
 
+// Rerank and Classify name their model like every call: the cosine is MPNet's when asked for,
+// and an unknown model is refused before anything else.
+TEST_F(MultiModelTest, RerankAndClassifyUseTheNamedModel) {
+  pb::RerankRequest rerank;
+  rerank.set_model("mpnet");
+  rerank.set_query("a kettle for tea");
+  rerank.add_documents("An electric kettle boils water.");
+  rerank.add_documents("The history of Rome.");
+  pb::RerankResponse reranked;
+  {
+    grpc::ClientContext context;
+    const grpc::Status status = encoder_->Rerank(&context, rerank, &reranked);
+    ASSERT_TRUE(status.ok()) << StatusString(status);
+  }
+  EXPECT_EQ(reranked.method(), pb::RERANK_COSINE);
+  ASSERT_EQ(reranked.results_size(), 2);
+  EXPECT_EQ(reranked.results(0).index(), 0);
+  // The score is the cosine of MPNet's embeddings (768 values), not MiniLM's.
+  std::vector<std::vector<float>> mpnet;
+  pb::EncodeRequest encode;
+  encode.set_model("mpnet");
+  encode.add_inputs()->set_text(rerank.query());
+  encode.add_inputs()->set_text(rerank.documents(0));
+  pb::EncodeResponse encoded;
+  {
+    grpc::ClientContext context;
+    ASSERT_TRUE(encoder_->Encode(&context, encode, &encoded).ok());
+  }
+  const auto& q = encoded.results(0).embedding();
+  const auto& d = encoded.results(1).embedding();
+  EXPECT_EQ(q.size(), 768);
+  EXPECT_NEAR(reranked.results(0).score(), Cosine({q.begin(), q.end()}, {d.begin(), d.end()}),
+              1e-5);
+
+  rerank.set_model("nope");
+  grpc::ClientContext unknown_context;
+  EXPECT_EQ(encoder_->Rerank(&unknown_context, rerank, &reranked).error_code(),
+            grpc::StatusCode::NOT_FOUND);
+  pb::ClassifyRequest classify;
+  classify.set_model("mpnet");
+  classify.add_inputs()->set_text("hello");
+  pb::ClassifyResponse classified;
+  grpc::ClientContext classify_context;
+  const grpc::Status status = encoder_->Classify(&classify_context, classify, &classified);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_NE(status.error_message().find("version base has no classification head"),
+            std::string::npos)
+      << status.error_message();
+}
+
 TEST_F(MultiModelTest, UnknownModelIsNotFoundNamingTheServedOnes) {
   std::vector<std::vector<float>> out;
   grpc::Status status = Embed("bert-large", "", &out);
