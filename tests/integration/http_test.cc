@@ -235,6 +235,37 @@ TEST_F(HttpTest, EncodeRouteIsTheProtobufJsonOfEncode) {
   EXPECT_EQ(answer.at("modelVersion"), "base");
 }
 
+// /v1/rerank scores are the cosines of the gRPC embeddings, best first; /v1/classify on a
+// version without a head is a 400 naming it.
+TEST_F(HttpTest, RerankAndClassifyRoutes) {
+  const std::vector<std::string> documents = {"The history of Rome.",
+                                              "An electric kettle boils water fast."};
+  const json answer = Post("/v1/rerank", {{"query", "a kettle for tea"},
+                                          {"documents", documents},
+                                          {"topN", 2},
+                                          {"returnDocuments", true}});
+  EXPECT_EQ(answer.at("method"), "RERANK_COSINE");
+  const json& results = answer.at("results");
+  ASSERT_EQ(results.size(), 2u);
+  const auto grpc = GrpcEmbeddings({"a kettle for tea", documents[0], documents[1]}, std::nullopt);
+  ASSERT_EQ(grpc.size(), 3u);
+  float previous = 2;
+  for (const json& result : results) {
+    const int index = result.value("index", 0);  // protobuf's JSON leaves out index 0
+    EXPECT_NEAR(result.at("score").get<double>(), Cosine(grpc[0], grpc[index + 1]), 1e-5);
+    EXPECT_EQ(result.at("document"), documents[index]);
+    EXPECT_LE(result.at("score").get<float>(), previous);
+    previous = result.at("score").get<float>();
+  }
+  EXPECT_EQ(results.at(0).value("index", 0), 1) << "the kettle first";
+
+  const json refused = Post("/v1/classify", {{"inputs", {{{"text", "hello"}}}}}, 400);
+  EXPECT_NE(refused.at("error").at("message").get<std::string>().find(
+                "version base has no classification head"),
+            std::string::npos)
+      << refused.dump();
+}
+
 TEST_F(HttpTest, AttentionTokenizeAndModelsRoutes) {
   const json attention = Post(
       "/v1/attention", {{"inputs", {{{"text", "the cat sat"}}}}, {"layers", {0}}, {"heads", {1}}});
