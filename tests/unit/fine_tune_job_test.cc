@@ -98,7 +98,8 @@ TEST_F(FineTuneJobTest, ConfigErrorsOneWordingEach) {
   // The protocol's: enums and options of another objective.
   config.set_objective(v1::OBJECTIVE_UNSPECIFIED);
   EXPECT_EQ(ConfigError(config),
-            "config.objective is not set; use CONTRASTIVE, COSINE_SIMILARITY or CLASSIFICATION");
+            "config.objective is not set; use CONTRASTIVE, COSINE_SIMILARITY, CLASSIFICATION or "
+            "PAIR_CLASSIFICATION");
   config.set_objective(static_cast<v1::Objective>(7));
   EXPECT_EQ(ConfigError(config), "config.objective: unknown value 7");
   config = Config(v1::CONTRASTIVE);
@@ -144,6 +145,23 @@ TEST_F(FineTuneJobTest, ConfigErrorsOneWordingEach) {
   config.set_num_labels(1);
   EXPECT_EQ(ConfigError(config),
             "config: num_labels is 1; the classification objective needs 2 to 65536 classes");
+
+  // Label names: one distinct, non-empty name per label of a classification objective.
+  config = Config(v1::CLASSIFICATION);
+  config.set_num_labels(3);
+  config.add_label_names("a");
+  EXPECT_EQ(ConfigError(config),
+            "config.label_names has 1 names for num_labels 3; give one name per label, or none");
+  config.add_label_names("b");
+  config.add_label_names("a");
+  EXPECT_EQ(ConfigError(config), "config.label_names[2] repeats 'a'; names must differ");
+  config.set_label_names(2, std::string(300, 'x'));
+  EXPECT_EQ(ConfigError(config), "config.label_names[2] is 300 bytes; give 1 to 256 bytes");
+  config = Config(v1::CONTRASTIVE);
+  config.add_label_names("a");
+  EXPECT_EQ(ConfigError(config),
+            "config.label_names is set but the contrastive objective has no labels; label names "
+            "are for CLASSIFICATION and PAIR_CLASSIFICATION");
 }
 
 TEST_F(FineTuneJobTest, BatchErrorsNameTheBatchAndTheExample) {
