@@ -242,6 +242,14 @@ int RunServer(const ServerOptions& options, std::optional<std::string> trainer_t
     return Fail(absl::StrCat("cannot listen for gRPC on ", options.host, ":", options.port,
                              " (port in use or address not available)"));
   }
+  grpc::HealthCheckServiceInterface* health = server->GetHealthCheckService();
+  // Register both names as NOT_SERVING at once: gRPC's default health service answers SERVING
+  // for "" from the moment the server listens, and starting the HTTP front end first left that
+  // window open long enough for a probe to see SERVING before the model was loaded (seen by
+  // LifecycleTest.HealthNeverServingBeforeReady on a loaded host). A name set only later would
+  // answer NOT_FOUND while the model loads.
+  health->SetServingStatus(false);
+  health->SetServingStatus(kEncoderServiceName, false);
   std::unique_ptr<http::HttpServer> http_server;
   int http_port = -1;
   if (options.http_port >= 0) {
@@ -262,11 +270,6 @@ int RunServer(const ServerOptions& options, std::optional<std::string> trainer_t
     }
     http_port = *listening;
   }
-  grpc::HealthCheckServiceInterface* health = server->GetHealthCheckService();
-  // Register both names as NOT_SERVING now: a name set only later would answer NOT_FOUND while
-  // the model loads.
-  health->SetServingStatus(false);
-  health->SetServingStatus(kEncoderServiceName, false);
   std::vector<std::string> loading;
   for (const ModelSlot& slot : *slots)
     loading.push_back(absl::StrCat(slot.spec.name, "=", slot.spec.dir));
