@@ -201,6 +201,15 @@ ClassificationHead MakeClassificationHead(int64_t num_labels, int64_t hidden, He
   return head;  // bias stays 0, as both PyTorch recipes
 }
 
+ClassificationHead MakePairHead(int64_t num_labels, int64_t hidden, float scale) {
+  ClassificationHead head{Tensor({num_labels, hidden}), Tensor({num_labels})};
+  for (int64_t k = 0; k < num_labels; ++k) {
+    const float row = scale * (static_cast<float>(k) / static_cast<float>(num_labels - 1) - 0.5f);
+    std::fill(head.weight.data() + k * hidden, head.weight.data() + (k + 1) * hidden, row);
+  }
+  return head;
+}
+
 ClassificationHead ZerosLike(const ClassificationHead& head) {
   return ClassificationHead{Tensor(head.weight.shape()), Tensor(head.bias.shape())};
 }

@@ -91,6 +91,14 @@ enum class HeadInit {
 ClassificationHead MakeClassificationHead(int64_t num_labels, int64_t hidden, HeadInit init,
                                           uint64_t seed, float normal_std = 0.02f);
 
+// The initial head of a pair classifier (engine/ops/segment_product.h): every row constant,
+// weight[k][.] = scale * (k / (K - 1) - 1/2), bias 0, so logit(K-1) - logit(0) = scale * the
+// cosine of the two texts' segments: label K-1 ("relevant" for K = 2) starts as the more
+// similar pair. `scale` as the contrastive objective's cosine scale (20): the cosines of
+// jointly encoded texts lie close together, and a unit scale would start every pair at the
+// label prior.
+ClassificationHead MakePairHead(int64_t num_labels, int64_t hidden, float scale = 20.0f);
+
 // A zero head shaped like `head` (for gradients).
 ClassificationHead ZerosLike(const ClassificationHead& head);
 

@@ -1,11 +1,13 @@
 #include "engine/training/trainer.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "engine/ops/pooling.h"
+#include "engine/ops/segment_product.h"
 #include "engine/training/encoder_training.h"
 #include "engine/training/optimizer.h"
 
@@ -20,6 +22,27 @@ int64_t CountTokens(const std::vector<SequenceInput>& sequences) {
 
 void Append(std::vector<SequenceInput>* out, const std::vector<SequenceInput>& more) {
   out->insert(out->end(), more.begin(), more.end());
+}
+
+// A fresh pair head ranks by cosine (MakePairHead) but the cosines of jointly encoded texts sit
+// far from 0, so its logits start many nats away from the labels' frequencies (a loss of 10 at
+// step 1 on the catalogue example) and the first steps only move the bias. Set the bias once, at
+// the first step, from that batch: bias_k = log(smoothed frequency of k) - mean_b(W_k · f_b),
+// so the head starts at the label prior on average and training shapes the ranking at once.
+void CenterPairHead(const float* features, int64_t rows, const std::vector<int64_t>& labels,
+                    ClassificationHead* head) {
+  const int64_t K = head->num_labels();
+  std::vector<float> logits(rows * K);
+  std::fill(head->bias.values().begin(), head->bias.values().end(), 0.0f);
+  ClassificationHeadForward(*head, features, rows, logits.data());
+  for (int64_t k = 0; k < K; ++k) {
+    double mean = 0.0;
+    for (int64_t b = 0; b < rows; ++b) mean += logits[b * K + k];
+    mean /= static_cast<double>(rows);
+    const auto count = std::count(labels.begin(), labels.end(), k);
+    const double frequency = (count + 1.0) / (static_cast<double>(labels.size()) + K);
+    head->bias.data()[k] = static_cast<float>(std::log(frequency) - mean);
+  }
 }
 
 }  // namespace
@@ -146,8 +169,11 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(std::shared_ptr<const M
   ClassificationHead* head = nullptr;
   ClassificationHead* head_grads = nullptr;
   if (HasClassificationHead(options.objective)) {
-    trainer->head_ = MakeClassificationHead(options.num_labels, base->config().hidden_size,
-                                            HeadInit::kNormal, options.seed);
+    const int64_t hidden = base->config().hidden_size;
+    trainer->head_ =
+        options.objective == Objective::kPairClassification
+            ? MakePairHead(options.num_labels, hidden)
+            : MakeClassificationHead(options.num_labels, hidden, HeadInit::kNormal, options.seed);
     trainer->head_grads_ = ZerosLike(*trainer->head_);
     head = &*trainer->head_;
     head_grads = &*trainer->head_grads_;
@@ -199,12 +225,35 @@ absl::StatusOr<StepResult> Trainer::Step(const TrainingBatch& batch) {
   }
   const TrainingForward* forward = &forward_;
 
-  // pooled (B, H) by the model's pooling; embedding (B, H) = pooled / |pooled|
+  // The head's or the loss's input, (B, H): a pair head reads the segment product of each
+  // jointly encoded pair; every other objective the pooled embedding, L2-normalised.
+  const bool pair_feature = options_.objective == Objective::kPairClassification;
   const PoolingMode pooling = base_->sentence_config().pooling;
   Tensor pooled({B, H});
-  PoolForward(forward->output.data(), H, forward->seq_offsets, pooling, pooled.data());
-  Tensor embedding = pooled;
-  L2NormalizeRows(embedding.data(), B, H);
+  Tensor embedding({B, H});
+  std::vector<int32_t> type_ids;  // (M) for the pair feature
+  SegmentProductContext segments;
+  if (pair_feature) {
+    type_ids.reserve(forward->seq_offsets.back());
+    for (const SequenceInput& sequence : sequences) {
+      if (sequence.type_ids.empty()) {
+        type_ids.insert(type_ids.end(), sequence.token_ids.size(), 0);
+      } else {
+        type_ids.insert(type_ids.end(), sequence.type_ids.begin(), sequence.type_ids.end());
+      }
+    }
+    if (absl::Status status = SegmentProductForward(forward->output.data(), H, forward->seq_offsets,
+                                                    type_ids.data(), embedding.data(), &segments);
+        !status.ok()) {
+      return status;
+    }
+  } else {
+    PoolForward(forward->output.data(), H, forward->seq_offsets, pooling, pooled.data());
+    embedding = pooled;
+    L2NormalizeRows(embedding.data(), B, H);
+  }
+
+  if (pair_feature && steps_ == 0) CenterPairHead(embedding.data(), B, batch.labels, &*head_);
 
   // Loss and d_embedding (B, H).
   Tensor d_embedding({B, H});
@@ -237,13 +286,18 @@ absl::StatusOr<StepResult> Trainer::Step(const TrainingBatch& batch) {
                      "; training diverged (lower the learning rate); the weights are unchanged"));
   }
 
-  // Backward: normalisation -> pooling -> encoder.
+  // Backward: (normalisation -> pooling | segment product) -> encoder.
   if (train_encoder) {
-    Tensor d_pooled({B, H});
-    L2NormalizeBackward(pooled.data(), d_embedding.data(), B, H, d_pooled.data());
     Tensor d_output(forward->output.shape());
-    PoolBackward(forward->output.data(), H, forward->seq_offsets, pooling, d_pooled.data(),
-                 d_output.data());
+    if (pair_feature) {
+      SegmentProductBackward(segments, H, forward->seq_offsets, type_ids.data(), d_embedding.data(),
+                             d_output.data());
+    } else {
+      Tensor d_pooled({B, H});
+      L2NormalizeBackward(pooled.data(), d_embedding.data(), B, H, d_pooled.data());
+      PoolBackward(forward->output.data(), H, forward->seq_offsets, pooling, d_pooled.data(),
+                   d_output.data());
+    }
     const bool embedding_grads = options_.trainable == TrainableSet::kAll;
     if (absl::Status status = EncoderBackward(config, weights_, *forward, d_output.data(), &grads_,
                                               embedding_grads, &backward_);

@@ -1,7 +1,8 @@
 // Classify and Rerank: an Encode of the inputs pinned to one version, then the version's
-// classification head (or a cosine) per input on the batcher thread. The head was trained on
-// the model's pooled embedding L2-normalised (engine/training/trainer.cc), so that is what both
-// ask Encode for, whatever the model's default normalisation.
+// classification head (or a cosine) per input on the batcher thread. A head reads what it was
+// trained on (engine/training/trainer.cc): a text head the model's pooled embedding
+// L2-normalised, whatever the model's default normalisation; a pair head the segment product
+// of the jointly encoded pair's last layer (engine/ops/segment_product.h).
 #include <algorithm>
 #include <memory>
 #include <string>
@@ -10,6 +11,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "engine/ops/segment_product.h"
 #include "server/core/serving_core.h"
 
 namespace attn::server::core {
@@ -18,9 +20,11 @@ namespace {
 
 // The Encode of `inputs` that the head (or the cosine) reads, pinned to `model`'s `version` so a
 // change of the served default between the head's lookup and the engine run cannot mix versions.
-EncodeRequest PooledEncode(const std::string& model, const std::string& version,
-                           std::vector<Input> inputs, const TokenizationOptions& tokenization) {
+EncodeRequest HeadInputEncode(const std::string& model, const std::string& version,
+                              std::vector<Input> inputs, const TokenizationOptions& tokenization,
+                              bool pair_head) {
   EncodeRequest encode;
+  encode.token_embeddings = pair_head;
   encode.model = model;
   encode.model_version = version;
   encode.inputs = std::move(inputs);
@@ -45,14 +49,30 @@ Input PairInput(std::string_view first, std::string_view second) {
   return input;
 }
 
-// logits (K) and probabilities (K) of `embedding` (H) through `head`.
-void HeadProbabilities(const ClassificationHead& head, const std::vector<float>& embedding,
-                       std::vector<float>* logits, std::vector<float>* probabilities) {
-  const int64_t k = head.num_labels();
+// logits (K) and probabilities (K) of one encoded input through `head`.
+absl::Status HeadProbabilities(const VersionHead& head, const EncodeResult& result,
+                               std::vector<float>* logits, std::vector<float>* probabilities) {
+  const int64_t k = head.head.num_labels();
   logits->resize(k);
   probabilities->resize(k);
-  ClassificationHeadForward(head, embedding.data(), 1, logits->data());
+  const float* input = result.embedding.data();
+  std::vector<float> feature;  // (H)
+  if (head.pairs) {
+    const MatrixView& tokens = result.token_embeddings;
+    feature.resize(tokens.cols);
+    if (absl::Status status =
+            SegmentProductForward(tokens.data, tokens.cols, {0, tokens.rows},
+                                  result.encoding.type_ids.data(), feature.data(), nullptr);
+        !status.ok()) {
+      // Truncation can cut the second text away entirely.
+      return absl::InvalidArgumentError(absl::StrCat(
+          status.message(), "; if the first text fills the maximum length, shorten it"));
+    }
+    input = feature.data();
+  }
+  ClassificationHeadForward(head.head, input, 1, logits->data());
   Softmax(logits->data(), k, probabilities->data());
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -89,7 +109,9 @@ void ServingCore::Classify(const ClassifyRequest& request, const CallControl& co
   }
   const int64_t labels = (*head)->head.num_labels();
   const int64_t top_k = request.top_k == 0 ? labels : std::min<int64_t>(request.top_k, labels);
-  Encode(PooledEncode(served.name, version->version, request.inputs, request.tokenization), control,
+  Encode(HeadInputEncode(served.name, version->version, request.inputs, request.tokenization,
+                         (*head)->pairs),
+         control,
          [head = *head, top_k, done = std::move(done)](absl::StatusOr<EncodeResponse> encoded) {
            if (!encoded.ok()) return done(encoded.status());
            ClassifyResponse response;
@@ -99,7 +121,10 @@ void ServingCore::Classify(const ClassifyRequest& request, const CallControl& co
            std::vector<float> logits, probabilities;
            std::vector<int32_t> order(head->head.num_labels());
            for (const EncodeResult& result : encoded->results) {
-             HeadProbabilities(head->head, result.embedding, &logits, &probabilities);
+             if (absl::Status status = HeadProbabilities(*head, result, &logits, &probabilities);
+                 !status.ok()) {
+               return done(status);
+             }
              for (size_t k = 0; k < order.size(); ++k) order[k] = static_cast<int32_t>(k);
              // Most probable first; ties by label index, so answers are deterministic.
              std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
@@ -195,7 +220,8 @@ void ServingCore::Rerank(const RerankRequest& request, const CallControl& contro
   const int64_t top_n = request.top_n == 0 ? static_cast<int64_t>(documents)
                                            : std::min<int64_t>(request.top_n, documents);
   const bool pairs = head != nullptr;
-  Encode(PooledEncode(served.name, version->version, std::move(inputs), request.tokenization),
+  Encode(HeadInputEncode(served.name, version->version, std::move(inputs), request.tokenization,
+                         pairs),
          control,
          [head, method, top_n, texts = std::move(texts), pairs,
           done = std::move(done)](absl::StatusOr<EncodeResponse> encoded) mutable {
@@ -218,7 +244,10 @@ void ServingCore::Rerank(const RerankRequest& request, const CallControl& contro
            if (pairs) {
              std::vector<float> logits, probabilities;
              for (const EncodeResult& result : results) {
-               HeadProbabilities(head->head, result.embedding, &logits, &probabilities);
+               if (absl::Status status = HeadProbabilities(*head, result, &logits, &probabilities);
+                   !status.ok()) {
+                 return done(status);
+               }
                scores.push_back(probabilities[1]);  // label 1 = relevant
              }
            } else {

@@ -5,8 +5,8 @@
 //  * a CONTRASTIVE job makes Rerank by cosine put each held-out query's item first among all
 //    100 item names;
 //  * a PAIR_CLASSIFICATION job (a cross-encoder over (query, item name)) gives a version whose
-//    pair head Rerank uses by default, its scores being Classify's "relevant" probability; how
-//    well it ranks is printed, not asserted (see the test: it does not learn this task).
+//    pair head Rerank uses by default and which puts each held-out query's item first, its
+//    scores being Classify's "relevant" probability.
 // Every job commits with do_not_serve, so the default version stays "base" throughout (checked
 // at the end), and each call pins the version it is about.
 
@@ -384,8 +384,8 @@ TEST_F(ClassifyRerankTest, RerankByCrossEncoderAfterPairClassification) {
     return candidates[rng() % candidates.size()];
   };
   std::vector<CatalogQuery> queries = catalog.train_queries();
-  // A few steps: enough for a version with a pair head (the ranking is not asserted, below).
-  constexpr int kSteps = 5, kQueriesPerBatch = 8;
+  // 40 steps at 3e-4 measured held-out top-1 1.000 (20 steps: 0.15; 60 steps: 1.000).
+  constexpr int kSteps = 40, kQueriesPerBatch = 8;
   std::vector<std::vector<pb::TrainingExample>> batches;
   size_t next = queries.size();
   for (int step = 0; step < kSteps; ++step) {
@@ -418,7 +418,7 @@ TEST_F(ClassifyRerankTest, RerankByCrossEncoderAfterPairClassification) {
   config.set_num_labels(2);
   config.add_label_names("irrelevant");
   config.add_label_names("relevant");
-  config.set_learning_rate(1e-3);
+  config.set_learning_rate(3e-4);
   config.set_warmup_steps(3);
   config.set_total_steps(kSteps);
   config.set_disable_dropout(true);
@@ -426,14 +426,13 @@ TEST_F(ClassifyRerankTest, RerankByCrossEncoderAfterPairClassification) {
   const std::string version = TrainAndCommit(config, batches, "pair classification");
   ASSERT_FALSE(version.empty());
 
-  // Not asserted: this cross-encoder does not learn the catalogue. Its loss stays at the label
-  // prior (0.562 for 1 positive in 4) with 60 to 150 steps at learning rates 2e-4 to 1e-3, from
-  // base or from the contrastive version, and its held-out top-1 at 0.000-0.033: a linear head on
-  // the mean-pooled pair embedding must first learn query-document interactions in attention,
-  // which this little data does not teach. The measurement is printed for the record; the
-  // issue's >= 0.8 goal for the cross-encoder stays open.
+  // The pair head reads the segment product of the jointly encoded pair and starts at the label
+  // prior (engine/ops/segment_product.h, MakePairHead): a linear head on the pooled pair instead
+  // stayed at the prior (loss 0.562) and top-1 0.00-0.03 whatever the steps and rate.
+  // (Every third held-out query, as the base premise above: 20 queries x 100 items.)
   pb::RerankMethod used = pb::RERANK_METHOD_UNSPECIFIED;
-  RerankTop1(catalog, version, pb::RERANK_METHOD_UNSPECIFIED, &used, /*stride=*/3);
+  EXPECT_GE(RerankTop1(catalog, version, pb::RERANK_METHOD_UNSPECIFIED, &used, /*stride=*/3),
+            kRerankTop1Bound);
   EXPECT_EQ(used, pb::RERANK_CROSS_ENCODER) << "a pair head is used by default";
 
   // Classify on the same version reads pairs; its "relevant" probability is Rerank's score.

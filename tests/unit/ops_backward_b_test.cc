@@ -22,6 +22,7 @@
 #include "engine/ops/attention.h"
 #include "engine/ops/embedding.h"
 #include "engine/ops/pooling.h"
+#include "engine/ops/segment_product.h"
 #include "engine/ops/softmax.h"
 #include "tests/test_util.h"
 
@@ -551,6 +552,76 @@ TEST(L2NormalizeBackwardTest, ZeroRowUsesTheClampedConstantNorm) {
   EXPECT_NEAR(dx[0], 0.1f, 1e-6);
   EXPECT_NEAR(dx[1], -0.2f, 1e-6);
   EXPECT_EQ(dx[2], 0.0f);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Segment product (the pair head's input)
+
+// feature[b] = normalise(mean of segment 0 rows) * normalise(mean of segment 1 rows), in double.
+std::vector<double> NaiveSegmentProduct(const std::vector<double>& hidden, int64_t h,
+                                        const std::vector<int64_t>& offsets,
+                                        const std::vector<int32_t>& types) {
+  const int64_t batch = static_cast<int64_t>(offsets.size()) - 1;
+  std::vector<double> feature(batch * h, 1.0);
+  for (int64_t b = 0; b < batch; ++b) {
+    for (int32_t segment : {0, 1}) {
+      std::vector<double> mean(h, 0.0);
+      double count = 0;
+      for (int64_t t = offsets[b]; t < offsets[b + 1]; ++t) {
+        if (types[t] != segment) continue;
+        count += 1;
+        for (int64_t j = 0; j < h; ++j) mean[j] += hidden[t * h + j];
+      }
+      double norm = 0;
+      for (double& v : mean) norm += (v /= count) * v;
+      for (int64_t j = 0; j < h; ++j) feature[b * h + j] *= mean[j] / std::sqrt(norm);
+    }
+  }
+  return feature;
+}
+
+TEST(SegmentProductTest, ForwardAndBackwardMatchANaiveReferenceAndFiniteDifferences) {
+  std::mt19937 rng(43);
+  // Pairs of different lengths, segments of 1 to 4 rows.
+  const std::vector<int64_t> offsets = {0, 2, 7, 12};
+  const std::vector<int32_t> types = {0, 1, 0, 0, 0, 1, 1, 0, 1, 1, 1, 1};
+  for (int64_t h : {1, 3, 8}) {
+    const int64_t rows = offsets.back(), batch = 3;
+    const std::vector<float> hidden = RandomVector(rows * h, rng, 1.0f);
+    const std::vector<float> dfeature = RandomVector(batch * h, rng);
+    std::vector<float> feature(batch * h);
+    SegmentProductContext context;
+    ASSERT_TRUE(
+        SegmentProductForward(hidden.data(), h, offsets, types.data(), feature.data(), &context)
+            .ok());
+    const std::vector<double> want = NaiveSegmentProduct(ToDouble(hidden), h, offsets, types);
+    for (size_t i = 0; i < feature.size(); ++i) EXPECT_NEAR(feature[i], want[i], 1e-6);
+
+    std::vector<float> dhidden(rows * h, 99.0f);  // overwritten
+    SegmentProductBackward(context, h, offsets, types.data(), dfeature.data(), dhidden.data());
+    const std::vector<double> fd = NumericalGradient(
+        [&](const std::vector<double>& x) {
+          return Dot(NaiveSegmentProduct(x, h, offsets, types), dfeature);
+        },
+        ToDouble(hidden));
+    EXPECT_LE(RelError(dhidden, fd), kMaxRelError) << "h " << h;
+  }
+}
+
+TEST(SegmentProductTest, ASequenceThatIsNotAPairIsRefused) {
+  const std::vector<float> hidden(6, 1.0f);
+  std::vector<float> feature(2);
+  const std::vector<int32_t> single = {0, 0, 0};
+  absl::Status status =
+      SegmentProductForward(hidden.data(), 2, {0, 3}, single.data(), feature.data(), nullptr);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(status.message(),
+            "sequence 0 is not a text pair (no token of its second text); a pair head reads both "
+            "texts");
+  const std::vector<int32_t> third = {0, 2, 1};
+  EXPECT_EQ(SegmentProductForward(hidden.data(), 2, {0, 3}, third.data(), feature.data(), nullptr)
+                .message(),
+            "sequence 0 has token type 2; a pair head reads types 0 and 1");
 }
 
 }  // namespace

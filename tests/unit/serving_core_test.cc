@@ -305,7 +305,8 @@ class ClassifyRerankCoreTest : public ServingCoreTest {
     std::filesystem::remove_all(store_);
     // Large weights so the probabilities differ clearly between labels and inputs.
     text_head_ = MakeClassificationHead(3, 384, HeadInit::kNormal, /*seed=*/11, 2.0f);
-    pair_head_ = MakeClassificationHead(2, 384, HeadInit::kNormal, /*seed=*/12, 2.0f);
+    // The pair feature is ~1/H per element (its sum is a cosine): larger weights again.
+    pair_head_ = MakeClassificationHead(2, 384, HeadInit::kNormal, /*seed=*/12, 40.0f);
     Commit("ft-000001-text", "classification", text_head_, {"red", "green", "blue"});
     Commit("ft-000002-pair", "pair_classification", pair_head_, {});
     CoreOptions options;
@@ -332,15 +333,37 @@ class ClassifyRerankCoreTest : public ServingCoreTest {
     registry_->Add(entry);
   }
 
-  ForwardResult PairForward(const std::string& a, const std::string& b) {
+  // What a pair head reads (engine/ops/segment_product.h), in double in plain loops: the mean of
+  // the last layer over each text's tokens (type 0: [CLS] a [SEP]; type 1: b [SEP]), each
+  // normalised, multiplied element-wise.
+  std::vector<float> PairFeature(const std::string& a, const std::string& b) {
     TruncationOptions truncation;
     truncation.max_length = (*model_)->default_max_length();
     absl::StatusOr<Encoding> encoding = (*model_)->tokenizer().EncodePair(a, b, truncation);
     EXPECT_TRUE(encoding.ok());
-    absl::StatusOr<ForwardResult> result = (*model_)->Forward({{encoding->ids, encoding->type_ids}},
-                                                              (*model_)->DefaultForwardOptions());
+    ForwardOptions options = (*model_)->DefaultForwardOptions();
+    const int last = (*model_)->config().num_hidden_layers;
+    options.hidden_layers = {last};
+    absl::StatusOr<ForwardResult> result =
+        (*model_)->Forward({{encoding->ids, encoding->type_ids}}, options);
     EXPECT_TRUE(result.ok()) << result.status();
-    return std::move(*result);
+    const Tensor& hidden = *result->HiddenState(last);
+    const int64_t h = hidden.dim(1);
+    std::vector<double> segment[2] = {std::vector<double>(h), std::vector<double>(h)};
+    double count[2] = {0, 0};
+    for (size_t t = 0; t < encoding->type_ids.size(); ++t) {
+      const int type = encoding->type_ids[t];
+      count[type] += 1;
+      for (int64_t j = 0; j < h; ++j) segment[type][j] += hidden.data()[t * h + j];
+    }
+    for (int s = 0; s < 2; ++s) {
+      double norm = 0;
+      for (double& v : segment[s]) norm += (v /= count[s]) * v;
+      for (double& v : segment[s]) v /= std::sqrt(norm);
+    }
+    std::vector<float> feature(h);
+    for (int64_t j = 0; j < h; ++j) feature[j] = static_cast<float>(segment[0][j] * segment[1][j]);
+    return feature;
   }
 
   // softmax(W e + b), in double.
@@ -434,7 +457,7 @@ TEST_F(ClassifyRerankCoreTest, RerankScoresAreCosinesOrThePairHeadsProbability) 
   ASSERT_EQ(cross->results.size(), 2u);
   std::vector<double> expected;
   for (const std::string& d : documents) {
-    expected.push_back(NaiveProbabilities(pair_head_, PairForward(query, d).pooled.data())[1]);
+    expected.push_back(NaiveProbabilities(pair_head_, PairFeature(query, d).data())[1]);
   }
   for (const RerankResult& r : cross->results) EXPECT_NEAR(r.score, expected[r.index], 1e-5);
   EXPECT_EQ(cross->results[0].index,
