@@ -61,6 +61,7 @@ absl::StatusOr<core::FineTuneConfig> ToCore(const v1::FineTuneConfig& config) {
   out.label_names.assign(config.label_names().begin(), config.label_names().end());
   out.base_version = config.base_version();
   out.tokenization = ToCore(config.tokenization());
+  out.telemetry_every = config.telemetry_every();
   return out;
 }
 
@@ -97,6 +98,26 @@ void ToProto(const core::FineTuneProgress& progress, v1::FineTuneProgress* out) 
   out->set_committed_version(progress.committed_version);
   out->set_base_version(progress.base_version);
   for (const std::string& warning : progress.warnings) out->add_warnings(warning);
+  if (progress.telemetry) {
+    v1::TrainingTelemetry* telemetry = out->mutable_telemetry();
+    for (const GroupTelemetry& g : progress.telemetry->groups) {
+      v1::ParameterGroupTelemetry* group = telemetry->add_groups();
+      group->set_name(g.name);
+      group->set_kind(g.kind);
+      group->set_layer(g.layer);
+      group->set_trainable(g.trainable);
+      group->set_grad_norm(g.grad_norm);
+      group->set_update_norm(g.update_norm);
+      group->set_relative_change(g.relative_change);
+    }
+    telemetry->set_embedding_rows_touched(progress.telemetry->embedding_rows_touched);
+    for (const TokenChange& t : progress.telemetry->most_changed_tokens) {
+      v1::TokenChange* token = telemetry->add_most_changed_tokens();
+      token->set_id(t.id);
+      token->set_token(t.token);
+      token->set_relative_change(t.relative_change);
+    }
+  }
 }
 
 }  // namespace attn::server

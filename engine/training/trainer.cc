@@ -190,6 +190,12 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(std::shared_ptr<const M
   absl::StatusOr<AdamW> optimizer = AdamW::Create(std::move(*params), options.adamw);
   if (!optimizer.ok()) return optimizer.status();
   trainer->optimizer_.emplace(std::move(*optimizer));
+  if (options.telemetry_every > 0) {
+    std::vector<const Tensor*> trainable;
+    for (const ParamEntry& entry : trainer->optimizer_->params()) trainable.push_back(entry.param);
+    trainer->telemetry_.emplace(base->weights(), trainer->weights_, trainer->grads_, head,
+                                head_grads, trainable);
+  }
   return trainer;
 }
 
@@ -306,6 +312,15 @@ absl::StatusOr<StepResult> Trainer::Step(const TrainingBatch& batch) {
     }
   }
 
+  const int64_t step = steps_ + 1;
+  const bool telemetry_step =
+      telemetry_.has_value() &&
+      (step == 1 || step % options_.telemetry_every == 0 || step == options_.total_steps);
+  if (telemetry_.has_value() && train_encoder && options_.trainable == TrainableSet::kAll) {
+    telemetry_->MarkRows(backward_.word_rows);
+  }
+  if (telemetry_step) telemetry_->BeforeUpdate();
+
   StepResult result;
   float grad_scale = 1.0f;  // the clipping coefficient, applied as AdamW reads the gradients
   if (options_.max_grad_norm > 0) {
@@ -339,6 +354,7 @@ absl::StatusOr<StepResult> Trainer::Step(const TrainingBatch& batch) {
 
   ++steps_;
   result.step = steps_;
+  if (telemetry_step) result.telemetry = telemetry_->AfterUpdate(base_->tokenizer());
   result.loss = *loss;
   result.examples = batch.examples();
   result.tokens = batch.tokens();

@@ -16,6 +16,7 @@
 #include "engine/training/encoder_training.h"
 #include "engine/training/losses.h"
 #include "engine/training/optimizer.h"
+#include "engine/training/telemetry.h"
 
 namespace attn {
 
@@ -45,6 +46,9 @@ struct TrainerOptions {
   bool dropout = true;              // use config.json's dropout probabilities; false = off
   double contrastive_scale = 20.0;  // contrastive: cosine similarity x scale
   int num_labels = 0;  // classification objectives: number of classes (2 to kMaxLabels); else 0
+  // Training telemetry (engine/training/telemetry.h) on step 1, every telemetry_every-th step
+  // and the last (total_steps); 0 = off.
+  int64_t telemetry_every = 0;
 };
 
 constexpr int kMaxLabels = 1 << 16;
@@ -73,6 +77,7 @@ struct StepResult {
   int64_t examples = 0;
   int64_t tokens = 0;
   double seconds = 0;
+  std::optional<StepTelemetry> telemetry;  // on telemetry steps (TrainerOptions::telemetry_every)
 };
 
 // What Trainer::Create refuses, for callers that check a job's options before starting it (the
@@ -130,6 +135,7 @@ class Trainer {
   // The backward's buffers, and which word-embedding gradient rows are non-zero (the
   // optimizer's entry for the word embeddings points at backward_.word_rows).
   BackwardWorkspace backward_;
+  std::optional<TrainingTelemetry> telemetry_;  // when options_.telemetry_every > 0
 };
 
 }  // namespace attn

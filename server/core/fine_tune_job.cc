@@ -95,6 +95,12 @@ absl::StatusOr<JobSettings> ResolveJobConfig(const FineTuneConfig& config, const
   t.trainable = config.parameters;
   t.seed = config.seed;
   t.dropout = !config.disable_dropout;
+  if (config.telemetry_every < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("config.telemetry_every is ", config.telemetry_every,
+                     "; give 0 (no telemetry) or the number of steps between reports"));
+  }
+  t.telemetry_every = config.telemetry_every;
 
   if (config.contrastive_scale != 0) {  // 0 = the default
     if (t.objective != Objective::kContrastive) {

@@ -37,6 +37,7 @@ struct FineTuneConfig {
   std::vector<std::string> label_names;  // classification objectives: none or num_labels
   std::string base_version;              // empty = the served version
   TokenizationOptions tokenization;
+  int32_t telemetry_every = 0;  // 0 = no telemetry
 };
 
 // One example; which fields an objective uses: contrastive anchor/positive[/negative], cosine
@@ -71,6 +72,7 @@ struct FineTuneProgress {
   std::string committed_version;  // set by a commit
   std::string base_version;       // set in the first progress of a job only
   std::vector<std::string> warnings;
+  std::optional<StepTelemetry> telemetry;  // on telemetry steps
 };
 
 // What a FineTuneConfig asks for, checked and with defaults filled in.

@@ -210,6 +210,7 @@ void FineTuneJob::Step(TrainingBatchRequest batch, const CallControl& control, P
     steps_ = step->step;
     examples_seen_ += step->examples;
     last_ = *step;
+    last_.telemetry.reset();  // sent once, with this step's progress
     owner_->metrics_->RecordFineTuneStep(step->examples, step->loss);
     Log(LogLevel::kDebug, "job %s step %d: loss %.5f, grad norm %.4f, %d examples in %.3f s", id_,
         steps_, step->loss, step->grad_norm, step->examples, step->seconds);
@@ -222,6 +223,7 @@ void FineTuneJob::Step(TrainingBatchRequest batch, const CallControl& control, P
           "CONTRASTIVE, that batches hold several unrelated pairs"));
     }
     FineTuneProgress progress = Progress();
+    progress.telemetry = std::move(step->telemetry);
     Warn(warnings, &progress);
     done(std::move(progress));
   });

@@ -13,11 +13,13 @@
 //   zero grad 1.6e-8 x max |grad| (layer 5 key.bias)     -> 1e-7  (was 1e-5)
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <fstream>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -26,6 +28,7 @@
 #include "engine/safetensors.h"
 #include "engine/training/encoder_training.h"
 #include "engine/training/losses.h"
+#include "engine/training/trainer.h"
 #include "nlohmann/json.hpp"
 #include "tests/test_model.h"
 
@@ -229,6 +232,108 @@ std::shared_ptr<const Model>* GradParityTest::model_ = nullptr;
 nlohmann::json* GradParityTest::spec_ = nullptr;
 SafetensorsFile* GradParityTest::fixtures_ = nullptr;
 std::string* GradParityTest::setup_error_ = nullptr;
+
+// Training telemetry's per-group gradient norms (a matrix with its bias) against torch's
+// per-parameter norms (grad_norms, float64) combined as sqrt(sum of squares); its update norm and
+// relative change against naive loops over the trainer's weights before and after the step.
+TEST_F(GradParityTest, TelemetryGroupGradientNormsMatchTorch) {
+  const nlohmann::json& spec = Case("mnrl_pairs");
+  TrainerOptions options;
+  options.objective = Objective::kContrastive;
+  options.dropout = false;
+  options.telemetry_every = 1;
+  options.adamw.lr = 1e-3;
+  absl::StatusOr<std::unique_ptr<Trainer>> trainer = Trainer::Create(*model_, options);
+  ASSERT_TRUE(trainer.ok()) << trainer.status();
+  TrainingBatch batch;
+  for (const nlohmann::json& group : spec["groups"]) {
+    std::vector<SequenceInput>* into =
+        group["name"] == "anchors" ? &batch.anchors : &batch.positives;
+    for (const nlohmann::json& ids : group["input_ids"]) {
+      into->push_back({ids.get<std::vector<int32_t>>(), {}});
+    }
+  }
+  absl::StatusOr<StepResult> step = (*trainer)->Step(batch);
+  ASSERT_TRUE(step.ok()) << step.status();
+  ASSERT_TRUE(step->telemetry.has_value());
+
+  auto torch_group = [&](const std::string& group) -> std::vector<std::string> {
+    static const std::map<std::string, std::string> kLayerParts = {
+        {"query", "attention.self.query"},
+        {"key", "attention.self.key"},
+        {"value", "attention.self.value"},
+        {"attention_output", "attention.output.dense"},
+        {"attention_norm", "attention.output.LayerNorm"},
+        {"ffn_in", "intermediate.dense"},
+        {"ffn_out", "output.dense"},
+        {"ffn_norm", "output.LayerNorm"}};
+    if (group == "embeddings.word") return {"embeddings.word_embeddings.weight"};
+    if (group == "embeddings.position") return {"embeddings.position_embeddings.weight"};
+    if (group == "embeddings.token_type") return {"embeddings.token_type_embeddings.weight"};
+    if (group == "embeddings.norm")
+      return {"embeddings.LayerNorm.weight", "embeddings.LayerNorm.bias"};
+    const size_t dot = group.find('.', 7);  // "layers.<i>.<part>"
+    const std::string layer = group.substr(7, dot - 7),
+                      part = kLayerParts.at(group.substr(dot + 1));
+    const std::string prefix = "encoder.layer." + layer + "." + part;
+    return {prefix + ".weight", prefix + ".bias"};
+  };
+  const nlohmann::json& norms = spec["grad_norms"];
+  double worst = 0;
+  const std::vector<GroupTelemetry>& groups = step->telemetry->groups;
+  ASSERT_EQ(groups.size(), 4u + 6u * 8u) << "3 embedding tables, their LayerNorm, 8 per layer";
+  const BertWeights& initial = (*model_)->weights();
+  const BertWeights& now = (*trainer)->weights();
+  for (const GroupTelemetry& group : groups) {
+    double expected = 0;
+    for (const std::string& name : torch_group(group.name)) {
+      ASSERT_TRUE(norms.contains(name)) << name;
+      expected += std::pow(norms[name].get<double>(), 2);
+    }
+    expected = std::sqrt(expected);
+    const double relative = std::abs(group.grad_norm - expected) / expected;
+    EXPECT_LE(relative, 1e-4) << group.name << ": ours " << group.grad_norm << ", torch "
+                              << expected;
+    worst = std::max(worst, relative);
+    EXPECT_TRUE(group.trainable) << group.name;
+  }
+  // Naive: layer 2's W_K rows [H, 2H) of the fused qkv weight and bias, before (the base) and
+  // after the step.
+  const int64_t H = initial.layers[2].qkv_weight.dim(1);
+  double moved = 0, base = 0;
+  for (int64_t k = H * H; k < 2 * H * H; ++k) {
+    const double a = now.layers[2].qkv_weight.data()[k], b = initial.layers[2].qkv_weight.data()[k];
+    moved += (a - b) * (a - b);
+    base += b * b;
+  }
+  for (int64_t k = H; k < 2 * H; ++k) {
+    const double a = now.layers[2].qkv_bias.data()[k], b = initial.layers[2].qkv_bias.data()[k];
+    moved += (a - b) * (a - b);
+    base += b * b;
+  }
+  const auto key = std::find_if(groups.begin(), groups.end(),
+                                [](const GroupTelemetry& g) { return g.name == "layers.2.key"; });
+  ASSERT_NE(key, groups.end());
+  EXPECT_EQ(key->kind, "W_K");
+  EXPECT_EQ(key->layer, 2);
+  EXPECT_GT(key->update_norm, 0);
+  EXPECT_NEAR(key->update_norm, std::sqrt(moved), 1e-6 * std::sqrt(moved));  // the first step
+  EXPECT_NEAR(key->relative_change, std::sqrt(moved / base), 1e-6 * std::sqrt(moved / base));
+  // The batch's tokens, and nothing else, were touched.
+  std::set<int32_t> tokens;
+  for (const SequenceInput& s : batch.anchors)
+    tokens.insert(s.token_ids.begin(), s.token_ids.end());
+  for (const SequenceInput& s : batch.positives)
+    tokens.insert(s.token_ids.begin(), s.token_ids.end());
+  EXPECT_EQ(step->telemetry->embedding_rows_touched, static_cast<int64_t>(tokens.size()));
+  ASSERT_FALSE(step->telemetry->most_changed_tokens.empty());
+  for (const TokenChange& t : step->telemetry->most_changed_tokens) {
+    EXPECT_TRUE(tokens.count(t.id)) << t.token;
+    EXPECT_EQ(t.token, (*model_)->tokenizer().IdToToken(t.id));
+  }
+  std::printf("telemetry: %zu group gradient norms against torch, worst relative error %.3g\n",
+              groups.size(), worst);
+}
 
 TEST_F(GradParityTest, MultipleNegativesRankingPairs) { CheckCase("mnrl_pairs"); }
 TEST_F(GradParityTest, MultipleNegativesRankingHardNegatives) { CheckCase("mnrl_hard_negatives"); }
