@@ -861,6 +861,116 @@ TEST_F(TrainerTest, ParameterSelectionsLeaveFrozenTensorsBitIdentical) {
   }
 }
 
+// Training telemetry on the real model: what each parameter selection moves, and which
+// word-embedding rows training touches (the tokens of the data, counted with Tokenize; without
+// weight decay no other row changes at all in the committed checkpoint).
+TEST_F(TrainerTest, TelemetryShowsWhatTrainingMoved) {
+  {
+    SCOPED_TRACE("PARAMETERS_ATTENTION_ONLY");
+    auto job = OpenJob();
+    pb::FineTuneRequest config = ConfigRequest(pb::CONTRASTIVE, 1e-3);
+    config.mutable_config()->set_parameters(pb::PARAMETERS_ATTENTION_ONLY);
+    config.mutable_config()->set_telemetry_every(1);
+    ASSERT_TRUE(job->stream->Write(config));
+    pb::FineTuneProgress progress;
+    for (int step = 1; step <= 2; ++step) {
+      ASSERT_TRUE(job->Send(BatchRequest(ContrastiveBatch()), &progress))
+          << StatusString(job->Finish());
+      ASSERT_TRUE(progress.has_telemetry()) << "step " << step;
+    }
+    const pb::TrainingTelemetry& telemetry = progress.telemetry();
+    int attention = 0, frozen = 0;
+    for (const pb::ParameterGroupTelemetry& g : telemetry.groups()) {
+      const std::string& kind = g.kind();
+      if (kind == "W_Q" || kind == "W_K" || kind == "W_V" || kind == "W_O") {
+        ++attention;
+        EXPECT_TRUE(g.trainable()) << g.name();
+        EXPECT_GT(g.relative_change(), 0) << g.name();
+        EXPECT_GT(g.update_norm(), 0) << g.name();
+        EXPECT_GT(g.grad_norm(), 0) << g.name();
+      } else {
+        ++frozen;
+        EXPECT_FALSE(g.trainable()) << g.name();
+        EXPECT_EQ(g.relative_change(), 0.0) << g.name();
+        EXPECT_EQ(g.update_norm(), 0.0) << g.name();
+      }
+    }
+    EXPECT_EQ(attention, 6 * 4);
+    EXPECT_EQ(frozen, 4 + 6 * 4) << "embeddings, their LayerNorm, FFN in/out and 2 LayerNorms";
+    EXPECT_EQ(telemetry.embedding_rows_touched(), 0) << "the embeddings are frozen";
+    pb::FineTuneRequest abort;
+    abort.set_abort(true);
+    job->SendAndFinish(abort);  // nothing to keep
+  }
+
+  // PARAMETERS_ALL without weight decay: the rows touched are the data's tokens.
+  std::set<int32_t> data_tokens;
+  {
+    pb::TokenizeRequest tokenize;
+    const pb::TrainingBatch batch = ContrastiveBatch();
+    for (const pb::TrainingExample& e : batch.examples()) {
+      tokenize.add_inputs()->set_text(e.anchor());
+      tokenize.add_inputs()->set_text(e.positive());
+    }
+    pb::TokenizeResponse tokens;
+    grpc::ClientContext context;
+    ASSERT_TRUE(encoder_->Tokenize(&context, tokenize, &tokens).ok());
+    for (const pb::TokenizeResult& r : tokens.results()) {
+      for (const pb::Token& t : r.tokens()) data_tokens.insert(t.id());
+    }
+  }
+  auto job = OpenJob();
+  pb::FineTuneRequest config = ConfigRequest(pb::CONTRASTIVE, 1e-3);
+  config.mutable_config()->set_weight_decay(0);
+  config.mutable_config()->set_telemetry_every(2);
+  ASSERT_TRUE(job->stream->Write(config));
+  pb::FineTuneProgress progress;
+  std::vector<int64_t> telemetry_steps;
+  pb::TrainingTelemetry last;
+  for (int step = 1; step <= 3; ++step) {
+    ASSERT_TRUE(job->Send(BatchRequest(ContrastiveBatch()), &progress))
+        << StatusString(job->Finish());
+    if (!progress.has_telemetry()) continue;
+    telemetry_steps.push_back(progress.step());
+    last = progress.telemetry();
+  }
+  EXPECT_EQ(telemetry_steps, (std::vector<int64_t>{1, 2})) << "step 1, then every 2nd";
+  EXPECT_EQ(last.embedding_rows_touched(), static_cast<int64_t>(data_tokens.size()));
+  ASSERT_EQ(last.most_changed_tokens_size(), 10);
+  for (const pb::TokenChange& t : last.most_changed_tokens()) {
+    EXPECT_TRUE(data_tokens.count(t.id())) << t.token();
+    EXPECT_GT(t.relative_change(), 0) << t.token();
+  }
+  ASSERT_TRUE(job->Send(CommitRequest("telemetry", /*do_not_serve=*/true), &progress));
+  ASSERT_TRUE(job->Finish().ok());
+  const std::string version = progress.committed_version();
+  ASSERT_FALSE(version.empty());
+  auto base = SafetensorsFile::Open(TestModelDir() + "/model.safetensors");
+  auto tuned = SafetensorsFile::Open(*store_ + "/" + version + "/model.safetensors");
+  ASSERT_TRUE(base.ok() && tuned.ok());
+  auto word_table = [](SafetensorsFile& file) {
+    for (const char* name :
+         {"embeddings.word_embeddings.weight", "bert.embeddings.word_embeddings.weight"}) {
+      if (const TensorInfo* info = file.Find(name)) return file.RawBytes(*info);
+    }
+    return std::string_view();
+  };
+  const std::string_view before = word_table(**base), after = word_table(**tuned);
+  ASSERT_EQ(before.size(), after.size());
+  const size_t row_bytes = 384 * sizeof(float);
+  std::set<int32_t> changed;
+  for (size_t row = 0; row * row_bytes < before.size(); ++row) {
+    if (before.substr(row * row_bytes, row_bytes) != after.substr(row * row_bytes, row_bytes)) {
+      changed.insert(static_cast<int32_t>(row));
+    }
+  }
+  EXPECT_EQ(changed, data_tokens) << "rows changed in the checkpoint vs the data's tokens";
+  std::printf(
+      "[trainer] telemetry: %zu distinct tokens in the data, %zu word-embedding rows "
+      "changed\n",
+      data_tokens.size(), changed.size());
+}
+
 TEST_F(TrainerTest, DivergingJobFailsAndLeavesTheServedVersionAlone) {
   std::string served_before;
   const auto before = Embed("", &served_before);
