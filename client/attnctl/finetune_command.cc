@@ -51,7 +51,8 @@ ABSL_FLAG(std::string, label_names, "",
           "(Classify returns them)");
 ABSL_FLAG(std::string, description, "", "stored with the committed version (with --commit)");
 ABSL_FLAG(int, log_every, 0,
-          "without a terminal: a progress line every N steps; 0 = about 20 lines");
+          "without a terminal: a progress line every N steps; also how often the server reports "
+          "training telemetry (the matrices that moved most); 0 = about 20 per job");
 ABSL_FLAG(bool, dry_run, false, "check the data, print the plan, do not connect");
 
 namespace attn::client::attnctl {
@@ -86,6 +87,13 @@ struct FineTunePlan {
   std::string description;
   v1::FineTuneConfig config;
 };
+
+// Steps between progress lines (and telemetry): --log-every, else about 20 per job.
+int64_t LogEvery(const FineTunePlan& plan) {
+  const int log_every = absl::GetFlag(FLAGS_log_every);
+  return log_every > 0 ? log_every : std::max<int64_t>(1, (plan.total_steps + 19) / 20);
+}
+
 
 std::string DescribePlan(const FineTunePlan& plan) {
   const size_t n = plan.data.examples.size();
@@ -239,6 +247,8 @@ absl::StatusOr<FineTunePlan> PlanFineTune(const Command& command, int* exit_code
   config.set_disable_dropout(absl::GetFlag(FLAGS_no_dropout));
   config.set_base_version(absl::GetFlag(FLAGS_base_version));
   config.set_model(absl::GetFlag(FLAGS_model));
+  // Telemetry as often as progress lines: what each matrix did (--json has all of it).
+  config.set_telemetry_every(static_cast<int32_t>(LogEvery(plan)));
   *config.mutable_tokenization() = *tokenization;
   if (has_head) {
     const int labels = num_labels > 0         ? num_labels
@@ -254,6 +264,26 @@ absl::StatusOr<FineTunePlan> PlanFineTune(const Command& command, int* exit_code
   return plan;
 }
 
+// "most changed: layers.5.value 1.2e-03, layers.4.query 9.8e-04, ...; 212 embedding rows
+// touched": the groups that moved most since the job started, from a telemetry message.
+std::string MostChanged(const v1::TrainingTelemetry& telemetry, int count) {
+  std::vector<const v1::ParameterGroupTelemetry*> groups;
+  for (const v1::ParameterGroupTelemetry& g : telemetry.groups()) groups.push_back(&g);
+  const size_t shown = std::min<size_t>(count, groups.size());
+  std::partial_sort(
+      groups.begin(), groups.begin() + shown, groups.end(),
+      [](const auto* a, const auto* b) { return a->relative_change() > b->relative_change(); });
+  std::string line = "most changed:";
+  for (size_t i = 0; i < shown; ++i) {
+    absl::StrAppendFormat(&line, "%s %s %.1e", i == 0 ? "" : ",", groups[i]->name(),
+                          groups[i]->relative_change());
+  }
+  if (telemetry.embedding_rows_touched() > 0) {
+    absl::StrAppendFormat(&line, "; %d embedding rows touched", telemetry.embedding_rows_touched());
+  }
+  return line;
+}
+
 // Shows the job's progress on stderr (a live bar on a terminal, else a line every --log-every
 // steps) or every message as JSON on stdout, and the runner's events. The runner serialises the
 // calls.
@@ -261,9 +291,9 @@ class ProgressPrinter final : public FineTuneObserver {
  public:
   enum class Mode { kBar, kLines, kJson };
 
-  ProgressPrinter(const FineTunePlan& plan, Mode mode, int log_every)
+  ProgressPrinter(const FineTunePlan& plan, Mode mode)
       : plan_(plan), mode_(mode), start_(std::chrono::steady_clock::now()) {
-    log_every_ = log_every > 0 ? log_every : std::max<int64_t>(1, (plan.total_steps + 19) / 20);
+    log_every_ = LogEvery(plan);
   }
 
   Mode mode() const { return mode_; }
@@ -288,8 +318,10 @@ class ProgressPrinter final : public FineTuneObserver {
       if (step == 1 || step % log_every_ == 0 || step >= plan_.total_steps) {
         std::fprintf(stderr, "%s\n", Status(p, now).c_str());
       }
+      if (p.has_telemetry()) std::fprintf(stderr, "  %s\n", MostChanged(p.telemetry(), 5).c_str());
       return;
     }
+    if (p.has_telemetry()) most_changed_ = MostChanged(p.telemetry(), 3);
     // A bar: redraw at most 10 times a second, and always for the last step.
     if (step < plan_.total_steps && last_draw_ != std::chrono::steady_clock::time_point() &&
         now - last_draw_ < std::chrono::milliseconds(100)) {
@@ -312,7 +344,11 @@ class ProgressPrinter final : public FineTuneObserver {
     }
     absl::StrAppendFormat(&line, " %3d%%  %s", static_cast<int>(fraction * 100), status);
     if (DisplayWidth(line) > columns - 1) line = CodePointPrefix(line, columns - 1);
-    std::fprintf(stderr, "\r%s\033[K", line.c_str());
+    // The bar, and under it the matrices that moved most (redrawn in place).
+    std::string table = most_changed_;
+    if (DisplayWidth(table) > columns - 1) table = CodePointPrefix(table, columns - 1);
+    if (bar_visible_) std::fprintf(stderr, "\033[1A");
+    std::fprintf(stderr, "\r%s\033[K\n%s\033[K", line.c_str(), table.c_str());
     std::fflush(stderr);
     bar_visible_ = true;
   }
@@ -386,7 +422,8 @@ class ProgressPrinter final : public FineTuneObserver {
   int64_t first_step_ = -1;
   std::chrono::steady_clock::time_point first_time_;
   std::chrono::steady_clock::time_point last_draw_;
-  bool bar_visible_ = false;  // a progress bar is on the terminal's current line
+  bool bar_visible_ = false;  // a progress bar is on the terminal's line above the current one
+  std::string most_changed_;  // the last telemetry's summary, shown under the bar
 };
 
 // Set by SIGINT/SIGTERM: the runner to interrupt, and the last signal.
@@ -426,7 +463,7 @@ int RunFineTune(const Command& command) {
   const ProgressPrinter::Mode mode = json                    ? ProgressPrinter::Mode::kJson
                                      : isatty(STDERR_FILENO) ? ProgressPrinter::Mode::kBar
                                                              : ProgressPrinter::Mode::kLines;
-  ProgressPrinter printer(plan, mode, absl::GetFlag(FLAGS_log_every));
+  ProgressPrinter printer(plan, mode);
   std::unique_ptr<FineTuneSession> session = client->FineTune();
   FineTuneRunnerOptions options;
   const int timeout_ms = std::max(0, absl::GetFlag(FLAGS_timeout_ms));
