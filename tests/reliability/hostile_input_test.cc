@@ -1369,6 +1369,16 @@ std::vector<HostileCase> Catalogue() {
        StatusCode::INVALID_ARGUMENT,
        {"num_labels", "2147483647"},
        "FineTune"});
+  add({"telemetry_every_negative",
+       "config.telemetry_every = -1",
+       [](Clients& c) {
+         pb::FineTuneRequest config = Config(pb::CONTRASTIVE);
+         config.mutable_config()->set_telemetry_every(-1);
+         return FineTune(c, {config});
+       },
+       StatusCode::INVALID_ARGUMENT,
+       {"config.telemetry_every is -1", "0 (no telemetry)"},
+       "FineTune"});
   add({"config_max_length_negative",
        "config.tokenization.max_length = -3",
        [](Clients& c) {
