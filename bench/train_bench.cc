@@ -36,6 +36,8 @@ ABSL_FLAG(int, seq_len, 64, "One-shot: tokens per sequence, [CLS] and [SEP] incl
 ABSL_FLAG(int, runs, 5, "One-shot: timed steps; the median is reported.");
 ABSL_FLAG(int, warmup, 2, "One-shot: untimed steps first (primitive creation, optimiser state).");
 ABSL_FLAG(int, threads, 0, "OpenMP threads; 0 = all cores.");
+ABSL_FLAG(int, telemetry_every, 0,
+          "Training telemetry every N steps (TrainerOptions::telemetry_every); 0 = off.");
 ABSL_FLAG(bool, worker, false, "Serve the JSON-lines worker protocol on stdin/stdout.");
 
 namespace {
@@ -67,6 +69,7 @@ attn::TrainerOptions BenchTrainerOptions() {
   options.trainable = attn::TrainableSet::kAll;
   options.dropout = false;
   options.contrastive_scale = 20.0;
+  options.telemetry_every = absl::GetFlag(FLAGS_telemetry_every);
   return options;
 }
 
