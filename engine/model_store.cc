@@ -24,6 +24,7 @@
 #include "engine/quote.h"
 #include "engine/safetensors.h"
 #include "engine/serving_state.h"
+#include "engine/training/training_report.h"
 #include "nlohmann/json.hpp"
 
 namespace attn {
@@ -263,6 +264,10 @@ absl::Status WriteCheckpointFiles(const Model& base, const std::vector<OutputTen
   const std::string text = json.dump(2, ' ', false, Json::error_handler_t::replace) + "\n";
   status = WriteFileDurably(Join(dir, kVersionInfoFile), text);
   if (!status.ok()) return status;
+  if (!info.training_report_json.empty()) {
+    status = WriteFileDurably(Join(dir, kTrainingReportFile), info.training_report_json);
+    if (!status.ok()) return status;
+  }
   return FsyncDir(dir);
 }
 

@@ -7,6 +7,8 @@
 //                    1_Pooling/config.json     copied from the base (whichever exist)
 //                    head.safetensors          classifier.weight (K, H), classifier.bias (K)
 //                                              (classification fine-tunes only)
+//                    training_report.json      settings, loss curve, per-matrix change
+//                                              (fine-tunes that recorded one)
 //                    attnserve_version.json    {version, base_version, parent_dir, created_utc,
 //                                               objective, steps, final_loss, sequence,
 //                                               num_labels, description, format_version}
@@ -66,6 +68,8 @@ struct CheckpointInfo {
   int64_t sequence = 0;            // commit counter; ListStore orders by it
   std::string description;         // the committer's free text (CommitRequest.description)
   std::vector<std::string> notes;  // the server's warnings about the job (degenerate batches)
+  // Written as training_report.json (engine/training/training_report.h) when not empty.
+  std::string training_report_json;
 };
 
 // Writes `weights` (+ `head`, may be null) as the new version `version` in `store_dir`,

@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "engine/log.h"
 #include "engine/model_store.h"
+#include "engine/training/training_report.h"
 #include "server/auth.h"
 #include "server/fine_tune_reactor.h"
 #include "server/raw_method.h"
@@ -43,10 +44,13 @@ TrainerService::TrainerService(const ServerOptions& options, std::optional<std::
   ServeVersionsMethod<v1::RollbackRequest>("Rollback", &TrainerService::HandleRollback);
   ServeVersionsMethod<v1::SetServingVersionRequest>("SetServingVersion",
                                                     &TrainerService::HandleSetServingVersion);
+  ServeVersionsMethod<v1::GetTrainingReportRequest, v1::TrainingReport>(
+      "GetTrainingReport", &TrainerService::HandleGetTrainingReport);
 }
 
-template <typename Request>
-void TrainerService::ServeVersionsMethod(const char* method, VersionsHandler<Request> handler) {
+template <typename Request, typename Response>
+void TrainerService::ServeVersionsMethod(const char* method,
+                                         VersionsHandler<Request, Response> handler) {
   const google::protobuf::FileDescriptor& file = *v1::FineTuneRequest::descriptor()->file();
   MarkMethodRawCallback(
       MethodIndex(file, "Trainer", method),
@@ -56,7 +60,7 @@ void TrainerService::ServeVersionsMethod(const char* method, VersionsHandler<Req
           [this](const grpc::CallbackServerContext& context) { return Authorize(context); },
           [this, handler](std::shared_ptr<UnaryCall> call, grpc::CallbackServerContext*,
                           Request request) {
-            v1::ListVersionsResponse response;
+            Response response;
             call->Finish((this->*handler)(request, &response), response);
           }));
 }
@@ -145,6 +149,40 @@ absl::Status TrainerService::HandleSetServingVersion(const v1::SetServingVersion
   Log(LogLevel::kInfo, "SetServingVersion: model %s now serves version %s", model->served->name,
       request.version());
   FillVersions(*model->served->registry, response);
+  return absl::OkStatus();
+}
+
+absl::Status TrainerService::HandleGetTrainingReport(const v1::GetTrainingReportRequest& request,
+                                                     v1::TrainingReport* response) {
+  if (absl::Status name = CheckVersionName(request.version(), "version"); !name.ok()) {
+    return name;
+  }
+  absl::StatusOr<ModelJobs> model = Find(request.model());
+  if (!model.ok()) return model.status();
+  if (model->served->store.empty()) {
+    return absl::FailedPreconditionError(
+        "this server has no --model-store, so no version has a training report");
+  }
+  absl::StatusOr<TrainingReport> report =
+      ReadTrainingReport(model->served->store, request.version());
+  if (!report.ok()) return report.status();
+  response->set_version(request.version());
+  for (const auto& [name, value] : report->settings) (*response->mutable_settings())[name] = value;
+  for (const LossPoint& p : report->loss_curve) {
+    v1::LossPoint* point = response->add_loss_curve();
+    point->set_step(p.step);
+    point->set_loss(p.loss);
+    point->set_learning_rate(p.learning_rate);
+    point->set_grad_norm(p.grad_norm);
+  }
+  for (const GroupChange& c : report->changes) {
+    v1::ParameterGroupTelemetry* group = response->add_relative_change();
+    group->set_name(c.name);
+    group->set_kind(c.kind);
+    group->set_layer(c.layer);
+    group->set_relative_change(c.relative_change);
+  }
+  response->set_embedding_rows_changed(report->embedding_rows_changed);
   return absl::OkStatus();
 }
 

@@ -57,17 +57,19 @@ class TrainerService final : public attnserve::v1::Trainer::CallbackService {
   // ServeVersionsMethod) in place of the generated typed handler, so that request bytes gRPC
   // could not decode get INVALID_ARGUMENT naming the problem, not a bare UNIMPLEMENTED. Called
   // after authorization and parsing; they fill `response` when they return OK.
-  template <typename Request>
-  using VersionsHandler = absl::Status (TrainerService::*)(
-      const Request& request, attnserve::v1::ListVersionsResponse* response);
-  template <typename Request>
-  void ServeVersionsMethod(const char* method, VersionsHandler<Request> handler);
+  template <typename Request, typename Response>
+  using VersionsHandler = absl::Status (TrainerService::*)(const Request& request,
+                                                           Response* response);
+  template <typename Request, typename Response = attnserve::v1::ListVersionsResponse>
+  void ServeVersionsMethod(const char* method, VersionsHandler<Request, Response> handler);
   absl::Status HandleListVersions(const attnserve::v1::ListVersionsRequest& request,
                                   attnserve::v1::ListVersionsResponse* response);
   absl::Status HandleRollback(const attnserve::v1::RollbackRequest& request,
                               attnserve::v1::ListVersionsResponse* response);
   absl::Status HandleSetServingVersion(const attnserve::v1::SetServingVersionRequest& request,
                                        attnserve::v1::ListVersionsResponse* response);
+  absl::Status HandleGetTrainingReport(const attnserve::v1::GetTrainingReportRequest& request,
+                                       attnserve::v1::TrainingReport* response);
 
   const ServerOptions options_;
   const std::optional<std::string> token_;

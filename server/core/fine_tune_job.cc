@@ -27,6 +27,20 @@ const char* ObjectiveName(Objective objective) {
   return "unknown";
 }
 
+const char* TrainableSetName(TrainableSet set) {
+  switch (set) {
+    case TrainableSet::kAll:
+      return "all";
+    case TrainableSet::kAttentionOnly:
+      return "attention";
+    case TrainableSet::kAllButEmbeddings:
+      return "all_but_embeddings";
+    case TrainableSet::kHeadOnly:
+      return "head";
+  }
+  return "unknown";
+}
+
 absl::Status StepFailure(const absl::Status& step, const std::string& message) {
   return absl::Status(
       step.code() == absl::StatusCode::kOutOfRange ? absl::StatusCode::kAborted : step.code(),

@@ -87,6 +87,8 @@ inline constexpr size_t kMaxLabelNameBytes = 256;
 
 // "contrastive", "cosine_similarity", "classification", "pair_classification".
 const char* ObjectiveName(Objective objective);
+// "all", "attention", "all_but_embeddings", "head" (attnctl's --parameters values).
+const char* TrainableSetName(TrainableSet set);
 
 // A job's label_names for its settings `t`: none, or one distinct non-empty name (at most
 // kMaxLabelNameBytes) per label of a classification objective, within kMaxLabelNamesBytes.

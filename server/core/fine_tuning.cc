@@ -211,6 +211,7 @@ void FineTuneJob::Step(TrainingBatchRequest batch, const CallControl& control, P
     examples_seen_ += step->examples;
     last_ = *step;
     last_.telemetry.reset();  // sent once, with this step's progress
+    loss_curve_.push_back({step->step, step->loss, step->learning_rate, step->grad_norm});
     owner_->metrics_->RecordFineTuneStep(step->examples, step->loss);
     Log(LogLevel::kDebug, "job %s step %d: loss %.5f, grad norm %.4f, %d examples in %.3f s", id_,
         steps_, step->loss, step->grad_norm, step->examples, step->seconds);
@@ -257,6 +258,39 @@ FineTuneProgress FineTuneJob::Abort() {
   return Progress();
 }
 
+// What the job did, for training_report.json: its settings, the loss curve and how far each
+// parameter group moved from the version it started from.
+TrainingReport FineTuneJob::Report() const {
+  const TrainerOptions& t = settings_.trainer;
+  TrainingReport report;
+  auto setting = [&report](const char* name, auto value) {
+    report.settings.emplace_back(name, absl::StrCat(value));
+  };
+  report.settings.emplace_back("job_id", id_);
+  report.settings.emplace_back("base_version", base_.version);
+  report.settings.emplace_back("objective", ObjectiveName(t.objective));
+  report.settings.emplace_back("parameters", TrainableSetName(t.trainable));
+  setting("learning_rate", t.adamw.lr);
+  setting("beta1", t.adamw.beta1);
+  setting("beta2", t.adamw.beta2);
+  setting("epsilon", t.adamw.eps);
+  setting("weight_decay", t.adamw.weight_decay);
+  setting("warmup_steps", t.warmup_steps);
+  setting("total_steps", t.total_steps);
+  setting("max_grad_norm", t.max_grad_norm);
+  setting("seed", t.seed);
+  report.settings.emplace_back("dropout", t.dropout ? "true" : "false");
+  if (t.objective == Objective::kContrastive) setting("contrastive_scale", t.contrastive_scale);
+  if (t.num_labels > 0) setting("num_labels", t.num_labels);
+  setting("max_length", settings_.truncation.max_length);
+  setting("steps", steps_);
+  setting("examples_seen", examples_seen_);
+  report.loss_curve = loss_curve_;
+  report.changes = RelativeChanges(trainer_->base().weights(), trainer_->weights(),
+                                   &report.embedding_rows_changed);
+  return report;
+}
+
 // Checkpoint to the store (atomic: temp dir, fsync, rename), then add the version to the
 // registry and (unless do_not_serve) serve it, in one registry step.
 absl::StatusOr<ModelVersion> FineTuneJob::Publish(const CommitRequest& request) {
@@ -272,6 +306,7 @@ absl::StatusOr<ModelVersion> FineTuneJob::Publish(const CommitRequest& request) 
   info.sequence = sequence;
   info.description = request.description;
   info.notes = notes_;
+  info.training_report_json = TrainingReportJson(Report());
   const auto start = Clock::now();
   // Before the checkpoint appears: a --watch-store poll of this server may serve it as the
   // newest version before Publish does.

@@ -15,6 +15,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "engine/training/training_report.h"
 #include "server/core/calls.h"
 #include "server/core/fine_tune_job.h"
 #include "server/core/model_registry.h"
@@ -122,6 +123,7 @@ class FineTuneJob {
   // it is committed).
   void Warn(const std::vector<std::string>& warnings, FineTuneProgress* progress);
   absl::StatusOr<ModelVersion> Publish(const CommitRequest& request);
+  TrainingReport Report() const;
 
   FineTuning* const owner_;
   const std::string id_;
@@ -138,6 +140,7 @@ class FineTuneJob {
   static constexpr size_t kMaxNotes = 16;
   int zero_loss_steps_ = 0;
   std::vector<std::string> notes_;
+  std::vector<LossPoint> loss_curve_;  // for the training report stored with the version
 };
 
 }  // namespace attn::server::core

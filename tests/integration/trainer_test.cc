@@ -927,9 +927,11 @@ TEST_F(TrainerTest, TelemetryShowsWhatTrainingMoved) {
   pb::FineTuneProgress progress;
   std::vector<int64_t> telemetry_steps;
   pb::TrainingTelemetry last;
+  std::vector<double> losses;
   for (int step = 1; step <= 3; ++step) {
     ASSERT_TRUE(job->Send(BatchRequest(ContrastiveBatch()), &progress))
         << StatusString(job->Finish());
+    losses.push_back(progress.loss());
     if (!progress.has_telemetry()) continue;
     telemetry_steps.push_back(progress.step());
     last = progress.telemetry();
@@ -965,6 +967,37 @@ TEST_F(TrainerTest, TelemetryShowsWhatTrainingMoved) {
     }
   }
   EXPECT_EQ(changed, data_tokens) << "rows changed in the checkpoint vs the data's tokens";
+
+  // The training report stored with the version: the same loss curve, the changed rows, and
+  // every layer group moved (all parameters trained).
+  pb::GetTrainingReportRequest report_request;
+  report_request.set_version(version);
+  pb::TrainingReport report;
+  {
+    grpc::ClientContext context;
+    Authorize(&context);
+    const grpc::Status status = trainer_->GetTrainingReport(&context, report_request, &report);
+    ASSERT_TRUE(status.ok()) << StatusString(status);
+  }
+  ASSERT_EQ(report.loss_curve_size(), 3);
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(report.loss_curve(i).step(), i + 1);
+    EXPECT_EQ(report.loss_curve(i).loss(), losses[i]);
+  }
+  EXPECT_EQ(report.embedding_rows_changed(), static_cast<int64_t>(data_tokens.size()));
+  EXPECT_EQ(report.settings().at("weight_decay"), "0");
+  EXPECT_EQ(report.settings().at("objective"), "contrastive");
+  EXPECT_EQ(report.relative_change_size(), 4 + 6 * 8);
+  for (const pb::ParameterGroupTelemetry& g : report.relative_change()) {
+    EXPECT_GT(g.relative_change(), 0) << g.name();
+  }
+  report_request.set_version("base");
+  {
+    grpc::ClientContext context;
+    Authorize(&context);
+    EXPECT_EQ(trainer_->GetTrainingReport(&context, report_request, &report).error_code(),
+              grpc::StatusCode::NOT_FOUND);
+  }
   std::printf(
       "[trainer] telemetry: %zu distinct tokens in the data, %zu word-embedding rows "
       "changed\n",
