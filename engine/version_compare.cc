@@ -194,6 +194,14 @@ WeightComparison CompareWeights(const BertConfig& config, const BertWeights& a,
   return out;
 }
 
+bool AddHeadChange(const ClassificationHead& a, const ClassificationHead& b,
+                   WeightComparison* comparison) {
+  if (a.num_labels() == 0 || a.weight.shape() != b.weight.shape()) return false;
+  AddTensor(-1, "head", "weight", a.weight, b.weight, &comparison->tensors);
+  AddTensor(-1, "head", "bias", a.bias, b.bias, &comparison->tensors);
+  return true;
+}
+
 double SpearmanCorrelation(const std::vector<double>& x, const std::vector<double>& y) {
   const std::vector<double> rx = AverageRanks(x), ry = AverageRanks(y);
   const double n = static_cast<double>(x.size());

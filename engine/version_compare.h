@@ -23,6 +23,7 @@
 #include "absl/status/statusor.h"
 #include "engine/encoder.h"
 #include "engine/model.h"
+#include "engine/training/losses.h"
 
 namespace attn {
 
@@ -58,6 +59,12 @@ absl::Status CheckComparable(const Model& a, const Model& b);
 // comparable (CheckComparable).
 WeightComparison CompareWeights(const BertConfig& config, const BertWeights& a,
                                 const BertWeights& b);
+
+// Appends the classification heads' change (layer -1, matrix "head", weight and bias) when both
+// versions have a head of the same shape; returns whether it did (a head on one side only, or
+// heads of different label counts, have no meaningful difference).
+bool AddHeadChange(const ClassificationHead& a, const ClassificationHead& b,
+                   WeightComparison* comparison);
 
 struct ProbeComparison {
   int num_layers = 0, num_heads = 0;

@@ -90,6 +90,23 @@ void SubmitTask(const ServedModel& served, std::shared_ptr<const Model> model, i
   }
 }
 
+// A stored version's classification head, or nullopt ("base", no store, no head).
+absl::StatusOr<std::optional<ClassificationHead>> StoredHead(const ServedModel& served,
+                                                             const ModelVersion& version,
+                                                             int64_t hidden) {
+  if (served.store.empty() || version.version == "base") return std::nullopt;
+  absl::StatusOr<StoredVersion> stored = ReadStoredVersion(served.store, version.version);
+  if (!stored.ok()) {
+    // A version the registry knows but the store does not (added in memory only) has no head.
+    if (absl::IsNotFound(stored.status())) return std::nullopt;
+    return stored.status();
+  }
+  if (stored->num_labels <= 0) return std::nullopt;
+  absl::StatusOr<ClassificationHead> head = LoadStoredHead(*stored, hidden);
+  if (!head.ok()) return head.status();
+  return std::optional<ClassificationHead>(*std::move(head));
+}
+
 int64_t TotalTokens(const std::vector<SequenceInput>& sequences) {
   int64_t total = 0;
   for (const SequenceInput& sequence : sequences) total += sequence.token_ids.size();
@@ -140,6 +157,13 @@ void CompareVersions(const ModelSet& models, const CompareVersionsRequest& reque
         "model ", (*served_a)->name, " version ", version_a->version, " vs model ",
         (*served_b)->name, " version ", version_b->version, ": ", comparable.message())));
   }
+  const int64_t hidden = a->config().hidden_size;
+  absl::StatusOr<std::optional<ClassificationHead>> head_a =
+      StoredHead(**served_a, *version_a, hidden);
+  if (!head_a.ok()) return done(head_a.status());
+  absl::StatusOr<std::optional<ClassificationHead>> head_b =
+      StoredHead(**served_b, *version_b, hidden);
+  if (!head_b.ok()) return done(head_b.status());
   const bool default_probes = request.probes.empty();
   absl::StatusOr<std::vector<SequenceInput>> probes =
       TokenizeTexts(*a, default_probes ? DefaultProbes() : request.probes, "probes", nullptr);
@@ -154,9 +178,11 @@ void CompareVersions(const ModelSet& models, const CompareVersionsRequest& reque
   const int64_t tokens = 2 * TotalTokens(*probes);
   SubmitTask<CompareVersionsResponse>(
       **served_a, a, tokens, control,
-      [a, b, probes = *std::move(probes), top_heads, start](
-          const std::function<bool()>& yield, CompareVersionsResponse* out) -> absl::Status {
+      [a, b, probes = *std::move(probes), top_heads, start, head_a = *std::move(head_a),
+       head_b = *std::move(head_b)](const std::function<bool()>& yield,
+                                    CompareVersionsResponse* out) -> absl::Status {
         out->weights = CompareWeights(a->config(), a->weights(), b->weights());
+        if (head_a && head_b) AddHeadChange(*head_a, *head_b, &out->weights);
         absl::StatusOr<ProbeComparison> compared = CompareOnProbes(*a, *b, probes, yield);
         if (!compared.ok()) return compared.status();
         out->probes = *std::move(compared);

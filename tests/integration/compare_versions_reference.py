@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Independent numpy references for integration_compare_versions_test.
 
-  weights A.safetensors B.safetensors   per-tensor relative change ||B - A||_F / ||A||_F (float64),
+  weights A.safetensors B.safetensors [HEAD_A HEAD_B]
+                                        per-tensor relative change ||B - A||_F / ||A||_F (float64),
                                         one JSON object per line: layer, matrix, part, relative
   neighbours MODEL.safetensors ID...    the 10 rows of the word-embedding table most similar
                                         (cosine, float64) to the mean of rows ID..., those ids
@@ -59,6 +60,8 @@ EMBEDDING_PARTS = {
 
 def classify(name):
     stem, part = name.rsplit(".", 1)
+    if stem == "classifier":  # head.safetensors
+        return -1, "head", part
     if stem in EMBEDDING_PARTS:
         return -1, EMBEDDING_PARTS[stem], part
     match = re.fullmatch(r"encoder\.layer\.(\d+)\.(.+)", stem)
@@ -67,8 +70,11 @@ def classify(name):
     return None
 
 
-def weights(path_a, path_b):
+def weights(path_a, path_b, *heads):
     a, b = load(path_a), load(path_b)
+    if heads:  # the two versions' head.safetensors
+        a.update(load(heads[0]))
+        b.update(load(heads[1]))
     for name in sorted(a):
         where = classify(name)
         if where is None or name not in b:
@@ -94,7 +100,7 @@ def neighbours(path, ids):
 
 if __name__ == "__main__":
     if sys.argv[1] == "weights":
-        weights(sys.argv[2], sys.argv[3])
+        weights(*sys.argv[2:])
     elif sys.argv[1] == "neighbours":
         neighbours(sys.argv[2], [int(i) for i in sys.argv[3:]])
     else:

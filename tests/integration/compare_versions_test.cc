@@ -144,6 +144,42 @@ class CompareVersionsTest : public ::testing::Test {
     return catalogue_version_;
   }
 
+  // One CLASSIFICATION step (2 labels, seed `seed`) from base, committed without serving it.
+  static std::string ClassifierVersion(uint64_t seed) {
+    grpc::ClientContext context;
+    context.AddMetadata("authorization", std::string("Bearer ") + kToken);
+    context.set_deadline(std::chrono::system_clock::now() + ScaledSeconds(120));
+    auto stream = trainer_->FineTune(&context);
+    pb::FineTuneRequest config_request;
+    pb::FineTuneConfig* config = config_request.mutable_config();
+    config->set_objective(pb::CLASSIFICATION);
+    config->set_num_labels(2);
+    config->set_base_version("base");
+    config->set_seed(seed);
+    config->set_learning_rate(1e-4);
+    EXPECT_TRUE(stream->Write(config_request));
+    pb::FineTuneRequest batch;
+    for (const auto& [text, label] :
+         std::vector<std::pair<const char*, int>>{{"great product, works well", 1},
+                                                  {"broke after a day", 0},
+                                                  {"very happy with it", 1},
+                                                  {"a waste of money", 0}}) {
+      pb::TrainingExample* example = batch.mutable_batch()->add_examples();
+      example->set_text(text);
+      example->set_label(label);
+    }
+    pb::FineTuneProgress progress;
+    EXPECT_TRUE(stream->Write(batch) && stream->Read(&progress));
+    pb::FineTuneRequest commit;
+    commit.mutable_commit()->set_do_not_serve(true);
+    const bool committed = stream->Write(commit) && stream->Read(&progress);
+    stream->WritesDone();
+    const grpc::Status status = stream->Finish();
+    EXPECT_TRUE(status.ok()) << StatusString(status);
+    EXPECT_TRUE(committed);
+    return progress.committed_version();
+  }
+
   // The directory of `version` in the model store.
   static std::string VersionDir(const std::string& version) {
     for (const auto& entry : std::filesystem::recursive_directory_iterator(*work_ + "/store")) {
@@ -240,6 +276,48 @@ TEST_F(CompareVersionsTest, CatalogueVersionMatchesNumpyAndNeedsReindex) {
   }
   // Contrastive training with every parameter trainable moves every tensor.
   EXPECT_EQ(moved, response.matrices_size());
+}
+
+// Two classification versions: their heads are compared too (head.safetensors, numpy).
+TEST_F(CompareVersionsTest, ClassificationHeadsAreCompared) {
+  const std::string first = ClassifierVersion(1), second = ClassifierVersion(2);
+  ASSERT_FALSE(first.empty());
+  ASSERT_FALSE(second.empty());
+  pb::CompareVersionsRequest request;
+  request.set_version_a(first);
+  request.set_version_b(second);
+  pb::CompareVersionsResponse response;
+  const grpc::Status status = Compare(request, &response);
+  ASSERT_TRUE(status.ok()) << StatusString(status);
+  ASSERT_EQ(response.matrices_size(), 103);  // the 101 encoder tensors and the head's two
+  const std::string dir_a = VersionDir(first), dir_b = VersionDir(second);
+  const std::string output =
+      Reference("weights '" + dir_a + "/model.safetensors' '" + dir_b + "/model.safetensors' '" +
+                dir_a + "/head.safetensors' '" + dir_b + "/head.safetensors'");
+  std::map<std::tuple<int, std::string, std::string>, double> expected;
+  std::istringstream lines(output);
+  for (std::string line; std::getline(lines, line);) {
+    const nlohmann::json row = nlohmann::json::parse(line);
+    expected[{row.at("layer").get<int>(), row.at("matrix").get<std::string>(),
+              row.at("part").get<std::string>()}] = row.at("relative").get<double>();
+  }
+  ASSERT_EQ(expected.size(), 103u) << output;
+  int heads = 0;
+  for (const pb::MatrixChange& change : response.matrices()) {
+    const auto it = expected.find({change.layer(), change.matrix(), change.part()});
+    ASSERT_NE(it, expected.end()) << change.matrix();
+    EXPECT_NEAR(change.relative_change(), it->second, 1e-6 * std::max(it->second, 1e-12))
+        << change.layer() << " " << change.matrix() << " " << change.part();
+    if (change.matrix() == "head") {
+      ++heads;
+      EXPECT_GT(change.relative_change(), 0.1);  // different seeds, different initial heads
+    }
+  }
+  EXPECT_EQ(heads, 2);
+  // base has no head: the comparison leaves it out.
+  request.set_version_a("base");
+  ASSERT_TRUE(Compare(request, &response).ok());
+  EXPECT_EQ(response.matrices_size(), 101);
 }
 
 TEST_F(CompareVersionsTest, StaticNeighboursOfKingMatchNumpy) {
