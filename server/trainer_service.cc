@@ -127,35 +127,9 @@ TrainerService::TrainerService(const ServerOptions& options, std::optional<std::
   ServeAnalysisMethod<v1::NeighborsRequest, v1::NeighborsResponse>("Neighbors", &core::Neighbors);
 }
 
-template <typename Request, typename Response, typename CoreRequest, typename CoreResponse>
-void TrainerService::ServeAnalysisMethod(const char* method,
-                                         AnalysisCall<CoreRequest, CoreResponse> core_call) {
-  const google::protobuf::FileDescriptor& file = *v1::FineTuneRequest::descriptor()->file();
-  MarkMethodRawCallback(
-      MethodIndex(file, "Trainer", method),
-      RawMethods::Unary<Request>(
-          method, metrics_, options_.max_message_bytes,
-          [this](const grpc::CallbackServerContext& context) { return Authorize(context); },
-          [this, core_call](std::shared_ptr<UnaryCall> call, grpc::CallbackServerContext*,
-                            Request request) {
-            // The core answers on this thread when it refuses the request, else on the model's
-            // batcher thread once the work is done.
-            core_call(*models_, FromProto(request), call->Control(),
-                      [call](absl::StatusOr<CoreResponse> result) {
-                        if (!result.ok()) {
-                          call->Finish(result.status());
-                          return;
-                        }
-                        Response response;
-                        ToProto(*result, &response);
-                        call->Finish(absl::OkStatus(), response);
-                      });
-          },
-          /*answer_dropped=*/true));
-}
-
 template <typename Request>
-void TrainerService::ServeVersionsMethod(const char* method, VersionsHandler<Request> handler) {
+void TrainerService::ServeUnary(const char* method, UnaryHandler<Request> handle,
+                                bool answer_dropped) {
   const google::protobuf::FileDescriptor& file = *v1::FineTuneRequest::descriptor()->file();
   MarkMethodRawCallback(
       MethodIndex(file, "Trainer", method),
@@ -163,11 +137,41 @@ void TrainerService::ServeVersionsMethod(const char* method, VersionsHandler<Req
           method, metrics_, options_.max_message_bytes,
           // Authorization first: a caller without the token learns nothing about its bytes.
           [this](const grpc::CallbackServerContext& context) { return Authorize(context); },
-          [this, handler](std::shared_ptr<UnaryCall> call, grpc::CallbackServerContext*,
-                          Request request) {
-            v1::ListVersionsResponse response;
-            call->Finish((this->*handler)(request, &response), response);
-          }));
+          [handle = std::move(handle)](std::shared_ptr<UnaryCall> call,
+                                       grpc::CallbackServerContext*,
+                                       Request request) { handle(std::move(call), request); },
+          answer_dropped));
+}
+
+template <typename Request, typename Response, typename CoreRequest, typename CoreResponse>
+void TrainerService::ServeAnalysisMethod(const char* method,
+                                         AnalysisCall<CoreRequest, CoreResponse> core_call) {
+  ServeUnary<Request>(
+      method,
+      [this, core_call](std::shared_ptr<UnaryCall> call, const Request& request) {
+        // The core answers on this thread when it refuses the request, else on the model's
+        // batcher thread once the work is done.
+        core_call(*models_, FromProto(request), call->Control(),
+                  [call](absl::StatusOr<CoreResponse> result) {
+                    if (!result.ok()) {
+                      call->Finish(result.status());
+                      return;
+                    }
+                    Response response;
+                    ToProto(*result, &response);
+                    call->Finish(absl::OkStatus(), response);
+                  });
+      },
+      /*answer_dropped=*/true);
+}
+
+template <typename Request>
+void TrainerService::ServeVersionsMethod(const char* method, VersionsHandler<Request> handler) {
+  ServeUnary<Request>(method,
+                      [this, handler](std::shared_ptr<UnaryCall> call, const Request& request) {
+                        v1::ListVersionsResponse response;
+                        call->Finish((this->*handler)(request, &response), response);
+                      });
 }
 
 void TrainerService::SetNextSequence(const std::string& model, int64_t sequence) {

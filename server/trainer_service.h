@@ -24,6 +24,7 @@
 #include "server/core/model_set.h"
 #include "server/metrics.h"
 #include "server/options.h"
+#include "server/raw_method.h"
 
 namespace attn::server {
 
@@ -72,6 +73,12 @@ class TrainerService final : public attnserve::v1::Trainer::CallbackService {
   absl::Status HandleSetServingVersion(const attnserve::v1::SetServingVersionRequest& request,
                                        attnserve::v1::ListVersionsResponse* response);
 
+  // Registers `method` as a raw-bytes unary method: authorization, size check and parsing
+  // (server/raw_method.h), then `handle`, which must finish the call.
+  template <typename Request>
+  using UnaryHandler = std::function<void(std::shared_ptr<UnaryCall> call, const Request& request)>;
+  template <typename Request>
+  void ServeUnary(const char* method, UnaryHandler<Request> handle, bool answer_dropped = false);
   // CompareVersions and Neighbors (server/core/version_compare.h): read-only, authorized like
   // ListVersions; the core call finishes the call from the batcher thread.
   template <typename CoreRequest, typename CoreResponse>

@@ -61,6 +61,19 @@ std::string Reference(const std::string& args) {
   return output;
 }
 
+// The reference's relative change per (layer, matrix, part).
+using ReferenceChanges = std::map<std::tuple<int, std::string, std::string>, double>;
+ReferenceChanges ParseReference(const std::string& output) {
+  ReferenceChanges changes;
+  std::istringstream lines(output);
+  for (std::string line; std::getline(lines, line);) {
+    const nlohmann::json row = nlohmann::json::parse(line);
+    changes[{row.at("layer").get<int>(), row.at("matrix").get<std::string>(),
+             row.at("part").get<std::string>()}] = row.at("relative").get<double>();
+  }
+  return changes;
+}
+
 class CompareVersionsTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
@@ -104,80 +117,73 @@ class CompareVersionsTest : public ::testing::Test {
     return trainer_->Neighbors(&context, request, response);
   }
 
-  // The catalogue version, trained once for the suite.
-  static std::string CatalogueVersion() {
-    if (!catalogue_version_.empty()) return catalogue_version_;
-    const ProductCatalog catalog;
+  // A FineTune job: `config`, one step per batch, then a commit that leaves the default alone;
+  // the committed version ("" and a test failure when the job fails).
+  static std::string TrainAndCommit(const pb::FineTuneConfig& config,
+                                    const std::vector<pb::TrainingBatch>& batches) {
     grpc::ClientContext context;
     context.AddMetadata("authorization", std::string("Bearer ") + kToken);
     context.set_deadline(std::chrono::system_clock::now() + ScaledSeconds(400));
     auto stream = trainer_->FineTune(&context);
-    pb::FineTuneRequest config_request;
-    pb::FineTuneConfig* config = config_request.mutable_config();
-    config->set_objective(pb::CONTRASTIVE);
-    config->set_learning_rate(1e-4);
-    config->set_warmup_steps(2);
-    config->set_total_steps(kSteps);
-    config->set_disable_dropout(true);
-    config->set_seed(7);
-    EXPECT_TRUE(stream->Write(config_request));
-    for (const auto& batch : catalog.TrainingBatches(kSteps, kBatchSize, 1, false)) {
-      pb::FineTuneRequest request;
-      for (const CatalogExample& example : batch) {
-        pb::TrainingExample* out = request.mutable_batch()->add_examples();
-        out->set_anchor(example.anchor);
-        out->set_positive(example.positive);
-      }
-      pb::FineTuneProgress progress;
+    pb::FineTuneRequest request;
+    *request.mutable_config() = config;
+    EXPECT_TRUE(stream->Write(request));
+    pb::FineTuneProgress progress;
+    for (const pb::TrainingBatch& batch : batches) {
+      *request.mutable_batch() = batch;
       if (!stream->Write(request) || !stream->Read(&progress)) break;
     }
-    pb::FineTuneRequest commit;
-    commit.mutable_commit()->set_description("compare_versions_test: product catalogue");
-    commit.mutable_commit()->set_do_not_serve(true);
-    pb::FineTuneProgress final_progress;
-    const bool committed = stream->Write(commit) && stream->Read(&final_progress);
-    stream->WritesDone();
-    const grpc::Status status = stream->Finish();
-    EXPECT_TRUE(status.ok()) << StatusString(status);
-    EXPECT_TRUE(committed);
-    catalogue_version_ = final_progress.committed_version();
-    return catalogue_version_;
-  }
-
-  // One CLASSIFICATION step (2 labels, seed `seed`) from base, committed without serving it.
-  static std::string ClassifierVersion(uint64_t seed) {
-    grpc::ClientContext context;
-    context.AddMetadata("authorization", std::string("Bearer ") + kToken);
-    context.set_deadline(std::chrono::system_clock::now() + ScaledSeconds(120));
-    auto stream = trainer_->FineTune(&context);
-    pb::FineTuneRequest config_request;
-    pb::FineTuneConfig* config = config_request.mutable_config();
-    config->set_objective(pb::CLASSIFICATION);
-    config->set_num_labels(2);
-    config->set_base_version("base");
-    config->set_seed(seed);
-    config->set_learning_rate(1e-4);
-    EXPECT_TRUE(stream->Write(config_request));
-    pb::FineTuneRequest batch;
-    for (const auto& [text, label] :
-         std::vector<std::pair<const char*, int>>{{"great product, works well", 1},
-                                                  {"broke after a day", 0},
-                                                  {"very happy with it", 1},
-                                                  {"a waste of money", 0}}) {
-      pb::TrainingExample* example = batch.mutable_batch()->add_examples();
-      example->set_text(text);
-      example->set_label(label);
-    }
-    pb::FineTuneProgress progress;
-    EXPECT_TRUE(stream->Write(batch) && stream->Read(&progress));
-    pb::FineTuneRequest commit;
-    commit.mutable_commit()->set_do_not_serve(true);
-    const bool committed = stream->Write(commit) && stream->Read(&progress);
+    request.mutable_commit()->set_do_not_serve(true);
+    const bool committed = stream->Write(request) && stream->Read(&progress);
     stream->WritesDone();
     const grpc::Status status = stream->Finish();
     EXPECT_TRUE(status.ok()) << StatusString(status);
     EXPECT_TRUE(committed);
     return progress.committed_version();
+  }
+
+  // The catalogue version, trained once for the suite.
+  static std::string CatalogueVersion() {
+    if (!catalogue_version_.empty()) return catalogue_version_;
+    pb::FineTuneConfig config;
+    config.set_objective(pb::CONTRASTIVE);
+    config.set_learning_rate(1e-4);
+    config.set_warmup_steps(2);
+    config.set_total_steps(kSteps);
+    config.set_disable_dropout(true);
+    config.set_seed(7);
+    std::vector<pb::TrainingBatch> batches;
+    for (const auto& batch : ProductCatalog().TrainingBatches(kSteps, kBatchSize, 1, false)) {
+      pb::TrainingBatch& out = batches.emplace_back();
+      for (const CatalogExample& example : batch) {
+        pb::TrainingExample* pair = out.add_examples();
+        pair->set_anchor(example.anchor);
+        pair->set_positive(example.positive);
+      }
+    }
+    catalogue_version_ = TrainAndCommit(config, batches);
+    return catalogue_version_;
+  }
+
+  // One CLASSIFICATION step (2 labels, seed `seed`) from base, committed without serving it.
+  static std::string ClassifierVersion(uint64_t seed) {
+    pb::FineTuneConfig config;
+    config.set_objective(pb::CLASSIFICATION);
+    config.set_num_labels(2);
+    config.set_base_version("base");
+    config.set_seed(seed);
+    config.set_learning_rate(1e-4);
+    pb::TrainingBatch batch;
+    for (const auto& [text, label] :
+         std::vector<std::pair<const char*, int>>{{"great product, works well", 1},
+                                                  {"broke after a day", 0},
+                                                  {"very happy with it", 1},
+                                                  {"a waste of money", 0}}) {
+      pb::TrainingExample* example = batch.add_examples();
+      example->set_text(text);
+      example->set_label(label);
+    }
+    return TrainAndCommit(config, {batch});
   }
 
   // The directory of `version` in the model store.
@@ -258,13 +264,7 @@ TEST_F(CompareVersionsTest, CatalogueVersionMatchesNumpyAndNeedsReindex) {
   ASSERT_FALSE(dir.empty()) << "no directory for " << version << " under the store";
   const std::string output = Reference("weights '" + TestModelDir() + "/model.safetensors' '" +
                                        dir + "/model.safetensors'");
-  std::map<std::tuple<int, std::string, std::string>, double> expected;
-  std::istringstream lines(output);
-  for (std::string line; std::getline(lines, line);) {
-    const nlohmann::json row = nlohmann::json::parse(line);
-    expected[{row.at("layer").get<int>(), row.at("matrix").get<std::string>(),
-              row.at("part").get<std::string>()}] = row.at("relative").get<double>();
-  }
+  const ReferenceChanges expected = ParseReference(output);
   ASSERT_EQ(expected.size(), static_cast<size_t>(response.matrices_size())) << output;
   int moved = 0;
   for (const pb::MatrixChange& change : response.matrices()) {
@@ -294,13 +294,7 @@ TEST_F(CompareVersionsTest, ClassificationHeadsAreCompared) {
   const std::string output =
       Reference("weights '" + dir_a + "/model.safetensors' '" + dir_b + "/model.safetensors' '" +
                 dir_a + "/head.safetensors' '" + dir_b + "/head.safetensors'");
-  std::map<std::tuple<int, std::string, std::string>, double> expected;
-  std::istringstream lines(output);
-  for (std::string line; std::getline(lines, line);) {
-    const nlohmann::json row = nlohmann::json::parse(line);
-    expected[{row.at("layer").get<int>(), row.at("matrix").get<std::string>(),
-              row.at("part").get<std::string>()}] = row.at("relative").get<double>();
-  }
+  const ReferenceChanges expected = ParseReference(output);
   ASSERT_EQ(expected.size(), 103u) << output;
   int heads = 0;
   for (const pb::MatrixChange& change : response.matrices()) {
