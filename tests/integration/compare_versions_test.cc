@@ -258,6 +258,14 @@ TEST_F(CompareVersionsTest, CatalogueVersionMatchesNumpyAndNeedsReindex) {
   EXPECT_EQ(response.verdict().rfind("re-index: ", 0), 0u) << response.verdict();
   EXPECT_LT(response.drift().min_cosine(), 0.99);
   EXPECT_GT(response.most_changed_heads(0).attention_js(), 0.0);
+  // Read-only: loading the compared version did not change what is served.
+  {
+    grpc::ClientContext context;
+    context.AddMetadata("authorization", std::string("Bearer ") + kToken);
+    pb::ListVersionsResponse versions;
+    ASSERT_TRUE(trainer_->ListVersions(&context, pb::ListVersionsRequest(), &versions).ok());
+    EXPECT_EQ(versions.serving_version(), "base");
+  }
 
   // Every reported tensor against numpy over the two safetensors files.
   const std::string dir = VersionDir(version);
