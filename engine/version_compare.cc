@@ -26,6 +26,8 @@ void DiffNorms(const float* a, const float* b, int64_t count, double* norm_a, do
   *norm_diff = std::sqrt(sum_diff);
 }
 
+constexpr int64_t kChunkAttentionCells = 32768;
+
 double Relative(double norm_a, double norm_diff) {
   return norm_a > 0 ? norm_diff / norm_a : norm_diff;
 }
@@ -240,9 +242,19 @@ absl::StatusOr<ProbeComparison> CompareOnProbes(const Model& a, const Model& b,
   for (int l = 0; l < L; ++l) forward.attention_layers.push_back(l);
   forward.attention_probs = true;
   std::vector<float> emb_a(static_cast<size_t>(n) * H), emb_b(static_cast<size_t>(n) * H);
-  for (int begin = 0; begin < n; begin += chunk_sequences) {
+  for (int begin = 0, end = 0; begin < n; begin = end) {
     if (yield && yield()) return absl::CancelledError("the comparison was cancelled");
-    const int end = std::min(n, begin + chunk_sequences);
+    // Up to chunk_sequences probes whose attention maps (sum of T^2 per layer and head) stay
+    // within kChunkAttentionCells: a chunk's maps take at most ~10 MB per model at MiniLM's
+    // 72 layer-heads, more only for one probe longer than 181 tokens alone.
+    int64_t cells = 0;
+    end = begin;
+    while (end < n && end - begin < chunk_sequences) {
+      const int64_t T = static_cast<int64_t>(probes[end].token_ids.size());
+      if (end > begin && cells + T * T > kChunkAttentionCells) break;
+      cells += T * T;
+      ++end;
+    }
     const std::vector<SequenceInput> chunk(probes.begin() + begin, probes.begin() + end);
     absl::StatusOr<ForwardResult> ra = a.Forward(chunk, forward);
     if (!ra.ok()) return ra.status();

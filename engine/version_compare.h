@@ -79,9 +79,10 @@ struct ProbeComparison {
   double neighbour_overlap = 0;  // mean top-k overlap
 };
 
-// The probes (token ids, special tokens included) through both models in chunks of
-// `chunk_sequences`; `yield` is asked between chunks (true = stop: CANCELLED). At least 2
-// probes. Embeddings use `a`'s default pooling, L2-normalised.
+// The probes (token ids, special tokens included) through both models in chunks of at most
+// `chunk_sequences` (fewer when long: the chunk's attention maps are bounded); `yield` is asked
+// between chunks (true = stop: CANCELLED). At least 2 probes. Embeddings use `a`'s default pooling,
+// L2-normalised.
 absl::StatusOr<ProbeComparison> CompareOnProbes(const Model& a, const Model& b,
                                                 const std::vector<SequenceInput>& probes,
                                                 const std::function<bool()>& yield,

@@ -18,6 +18,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <sstream>
 #include <string>
@@ -371,6 +372,38 @@ TEST_F(CompareVersionsTest, ContextualBankSeparatesRiverFromMoney) {
   pb::NeighborsResponse static_response;
   ASSERT_TRUE(Neighbors(request, &static_response).ok());
   EXPECT_GT(static_response.contextual_cosine(0 * 4 + 2), cosine(0, 2));
+}
+
+// attnctl diff and neighbors against the same server: tables, verdict, the SVG.
+TEST_F(CompareVersionsTest, AttnctlDiffAndNeighbors) {
+  const std::string attnctl = ATTNCTL_BINARY;
+  const std::string env = "ATTNSERVE_TOKEN=" + std::string(kToken) +
+                          " ATTNSERVE_ADDR=" + server_->address() + " NO_PROXY='*' no_proxy='*' ";
+  const std::string svg = *work_ + "/diff.svg";
+  int code = -1;
+  const std::string diff = RunCommand(
+      env + "'" + attnctl + "' diff --from base --to base --timeout-ms 0 --svg '" + svg + "' 2>&1",
+      &code);
+  EXPECT_EQ(code, 0) << diff;
+  EXPECT_NE(diff.find("layer 5"), std::string::npos) << diff;
+  EXPECT_NE(diff.find("verdict: vectors from A can be mixed with B"), std::string::npos) << diff;
+  std::ifstream in(svg);
+  const std::string picture((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(picture.rfind("<svg", 0), 0u) << picture.substr(0, 200);
+  EXPECT_NE(picture.find("attention_output"), std::string::npos);
+  EXPECT_NE(picture.find("head 11"), std::string::npos);
+  const std::string neighbors = RunCommand(
+      env + "'" + attnctl + "' neighbors --word bank --version base --in 'the bank of the river' " +
+          "--in 'the bank lends money' 2>&1",
+      &code);
+  EXPECT_EQ(code, 0) << neighbors;
+  EXPECT_NE(neighbors.find("banks"), std::string::npos) << neighbors;
+  EXPECT_NE(neighbors.find("contextual cosine at layer 6"), std::string::npos) << neighbors;
+  EXPECT_NE(neighbors.find("[1] the bank lends money"), std::string::npos) << neighbors;
+  const std::string refused =
+      RunCommand(env + "'" + attnctl + "' diff --from base --to nope 2>&1", &code);
+  EXPECT_NE(code, 0);
+  EXPECT_NE(refused.find("nope"), std::string::npos) << refused;
 }
 
 }  // namespace
