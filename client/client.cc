@@ -334,4 +334,24 @@ absl::StatusOr<v1::ListVersionsResponse> TrainerClient::SetServingVersion(
   return response;
 }
 
+absl::StatusOr<v1::CompareVersionsResponse> TrainerClient::CompareVersions(
+    const v1::CompareVersionsRequest& request) {
+  ::grpc::ClientContext context;
+  SetUpContext(options_, /*with_deadline=*/true, &context);
+  v1::CompareVersionsResponse response;
+  ::grpc::Status status = trainer_->CompareVersions(&context, request, &response);
+  if (!status.ok()) return ToClientStatus(status, channel_.get(), target_);
+  return response;
+}
+
+absl::StatusOr<v1::NeighborsResponse> TrainerClient::Neighbors(
+    const v1::NeighborsRequest& request) {
+  ::grpc::ClientContext context;
+  SetUpContext(options_, /*with_deadline=*/true, &context);
+  v1::NeighborsResponse response;
+  ::grpc::Status status = trainer_->Neighbors(&context, request, &response);
+  if (!status.ok()) return ToClientStatus(status, channel_.get(), target_);
+  return response;
+}
+
 }  // namespace attn::client

@@ -172,6 +172,12 @@ class TrainerClient {
                                                                const std::string& model = "");
   absl::StatusOr<attnserve::v1::ListVersionsResponse> SetServingVersion(
       const std::string& version, const std::string& model = "");
+  // What changed between two versions (read-only).
+  absl::StatusOr<attnserve::v1::CompareVersionsResponse> CompareVersions(
+      const attnserve::v1::CompareVersionsRequest& request);
+  // A word's static and contextual neighbours in one version (read-only).
+  absl::StatusOr<attnserve::v1::NeighborsResponse> Neighbors(
+      const attnserve::v1::NeighborsRequest& request);
 
   const std::string& target() const { return target_; }
   const ClientOptions& options() const { return options_; }

@@ -7,6 +7,7 @@
 #include "engine/model_store.h"
 #include "engine/training/training_report.h"
 #include "server/auth.h"
+#include "server/core/version_compare.h"
 #include "server/fine_tune_reactor.h"
 #include "server/raw_method.h"
 
@@ -21,6 +22,84 @@ absl::Status CheckVersionName(const std::string& name, const char* field) {
     return absl::InvalidArgumentError(absl::StrCat(field, ": ", valid.message()));
   }
   return absl::OkStatus();
+}
+
+core::CompareVersionsRequest FromProto(const v1::CompareVersionsRequest& in) {
+  core::CompareVersionsRequest out;
+  out.model = in.model();
+  out.model_b = in.model_b();
+  out.version_a = in.version_a();
+  out.version_b = in.version_b();
+  out.probes.assign(in.probes().begin(), in.probes().end());
+  out.top_heads = in.top_heads();
+  return out;
+}
+
+void FillHead(const core::CompareVersionsResponse& in, int index, v1::HeadChange* out) {
+  const HeadWeightChange& weights = in.weights.heads[index];
+  out->set_layer(weights.layer);
+  out->set_head(weights.head);
+  out->set_query_change(weights.query);
+  out->set_key_change(weights.key);
+  out->set_value_change(weights.value);
+  out->set_attention_js(in.probes.attention_js[index]);
+}
+
+void ToProto(const core::CompareVersionsResponse& in, v1::CompareVersionsResponse* out) {
+  out->set_model(in.model);
+  out->set_version_a(in.version_a);
+  out->set_version_b(in.version_b);
+  for (const TensorChange& change : in.weights.tensors) {
+    v1::MatrixChange* matrix = out->add_matrices();
+    matrix->set_layer(change.layer);
+    matrix->set_matrix(change.matrix);
+    matrix->set_part(change.part);
+    matrix->set_relative_change(change.relative_change);
+    matrix->set_norm_a(change.norm_a);
+    matrix->set_norm_diff(change.norm_diff);
+  }
+  for (size_t i = 0; i < in.weights.heads.size(); ++i) {
+    FillHead(in, static_cast<int>(i), out->add_heads());
+  }
+  for (int index : in.most_changed_heads) FillHead(in, index, out->add_most_changed_heads());
+  v1::EmbeddingDrift* drift = out->mutable_drift();
+  drift->set_probes(in.probes.probes);
+  drift->set_mean_cosine(in.probes.mean_cosine);
+  drift->set_min_cosine(in.probes.min_cosine);
+  drift->set_min_cosine_probe(in.probes.min_cosine_probe);
+  drift->set_spearman(in.probes.spearman);
+  drift->set_neighbour_overlap(in.probes.neighbour_overlap);
+  drift->set_neighbours_k(in.probes.neighbours_k);
+  out->set_can_mix(in.verdict.can_mix);
+  out->set_verdict(in.verdict.text);
+  out->set_default_probes(in.default_probes);
+  out->set_seconds(in.seconds);
+}
+
+core::NeighborsRequest FromProto(const v1::NeighborsRequest& in) {
+  core::NeighborsRequest out;
+  out.model = in.model();
+  out.version = in.version();
+  out.word = in.word();
+  if (in.has_token_id()) out.token_id = in.token_id();
+  out.top_k = in.top_k();
+  out.sentences.assign(in.sentences().begin(), in.sentences().end());
+  if (in.has_layer()) out.layer = in.layer();
+  return out;
+}
+
+void ToProto(const core::NeighborsResponse& in, v1::NeighborsResponse* out) {
+  out->set_model_version(in.model_version);
+  for (int32_t id : in.word_ids) out->add_word_token_ids(id);
+  for (const std::string& token : in.word_tokens) out->add_word_tokens(token);
+  for (size_t i = 0; i < in.neighbours.size(); ++i) {
+    v1::TokenNeighbor* neighbour = out->add_static_neighbors();
+    neighbour->set_token_id(in.neighbours[i].id);
+    neighbour->set_token(in.neighbour_tokens[i]);
+    neighbour->set_cosine(in.neighbours[i].cosine);
+  }
+  out->set_layer(in.layer);
+  for (double cosine : in.contextual_cosine) out->add_contextual_cosine(cosine);
 }
 
 }  // namespace
@@ -46,11 +125,14 @@ TrainerService::TrainerService(const ServerOptions& options, std::optional<std::
                                                     &TrainerService::HandleSetServingVersion);
   ServeVersionsMethod<v1::GetTrainingReportRequest, v1::TrainingReport>(
       "GetTrainingReport", &TrainerService::HandleGetTrainingReport);
+  ServeAnalysisMethod<v1::CompareVersionsRequest, v1::CompareVersionsResponse>(
+      "CompareVersions", &core::CompareVersions);
+  ServeAnalysisMethod<v1::NeighborsRequest, v1::NeighborsResponse>("Neighbors", &core::Neighbors);
 }
 
-template <typename Request, typename Response>
-void TrainerService::ServeVersionsMethod(const char* method,
-                                         VersionsHandler<Request, Response> handler) {
+template <typename Request>
+void TrainerService::ServeUnary(const char* method, UnaryHandler<Request> handle,
+                                bool answer_dropped) {
   const google::protobuf::FileDescriptor& file = *v1::FineTuneRequest::descriptor()->file();
   MarkMethodRawCallback(
       MethodIndex(file, "Trainer", method),
@@ -58,11 +140,42 @@ void TrainerService::ServeVersionsMethod(const char* method,
           method, metrics_, options_.max_message_bytes,
           // Authorization first: a caller without the token learns nothing about its bytes.
           [this](const grpc::CallbackServerContext& context) { return Authorize(context); },
-          [this, handler](std::shared_ptr<UnaryCall> call, grpc::CallbackServerContext*,
-                          Request request) {
-            Response response;
-            call->Finish((this->*handler)(request, &response), response);
-          }));
+          [handle = std::move(handle)](std::shared_ptr<UnaryCall> call,
+                                       grpc::CallbackServerContext*,
+                                       Request request) { handle(std::move(call), request); },
+          answer_dropped));
+}
+
+template <typename Request, typename Response, typename CoreRequest, typename CoreResponse>
+void TrainerService::ServeAnalysisMethod(const char* method,
+                                         AnalysisCall<CoreRequest, CoreResponse> core_call) {
+  ServeUnary<Request>(
+      method,
+      [this, core_call](std::shared_ptr<UnaryCall> call, const Request& request) {
+        // The core answers on this thread when it refuses the request, else on the model's
+        // batcher thread once the work is done.
+        core_call(*models_, FromProto(request), call->Control(),
+                  [call](absl::StatusOr<CoreResponse> result) {
+                    if (!result.ok()) {
+                      call->Finish(result.status());
+                      return;
+                    }
+                    Response response;
+                    ToProto(*result, &response);
+                    call->Finish(absl::OkStatus(), response);
+                  });
+      },
+      /*answer_dropped=*/true);
+}
+
+template <typename Request, typename Response>
+void TrainerService::ServeVersionsMethod(const char* method,
+                                         VersionsHandler<Request, Response> handler) {
+  ServeUnary<Request>(method,
+                      [this, handler](std::shared_ptr<UnaryCall> call, const Request& request) {
+                        Response response;
+                        call->Finish((this->*handler)(request, &response), response);
+                      });
 }
 
 void TrainerService::SetNextSequence(const std::string& model, int64_t sequence) {

@@ -1,6 +1,7 @@
 // attnserve.v1.Trainer over the gRPC callback API: fine-tuning jobs (FineTune, a bidirectional
 // stream, an adapter over the core's FineTuneJob: server/core/fine_tuning.h) and model versions
-// (ListVersions, Rollback, SetServingVersion).
+// (ListVersions, Rollback, SetServingVersion), and the read-only analysis of versions
+// (CompareVersions, Neighbors).
 //
 // Threads: gRPC threads only validate messages and move them along; every engine step runs on
 // the core's training thread with --trainer-threads OpenMP threads, so training leaves the other
@@ -8,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -16,11 +18,13 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "attnserve/v1/trainer.grpc.pb.h"
+#include "server/core/calls.h"
 #include "server/core/fine_tuning.h"
 #include "server/core/model_registry.h"
 #include "server/core/model_set.h"
 #include "server/metrics.h"
 #include "server/options.h"
+#include "server/raw_method.h"
 
 namespace attn::server {
 
@@ -70,6 +74,21 @@ class TrainerService final : public attnserve::v1::Trainer::CallbackService {
                                        attnserve::v1::ListVersionsResponse* response);
   absl::Status HandleGetTrainingReport(const attnserve::v1::GetTrainingReportRequest& request,
                                        attnserve::v1::TrainingReport* response);
+
+  // Registers `method` as a raw-bytes unary method: authorization, size check and parsing
+  // (server/raw_method.h), then `handle`, which must finish the call.
+  template <typename Request>
+  using UnaryHandler = std::function<void(std::shared_ptr<UnaryCall> call, const Request& request)>;
+  template <typename Request>
+  void ServeUnary(const char* method, UnaryHandler<Request> handle, bool answer_dropped = false);
+  // CompareVersions and Neighbors (server/core/version_compare.h): read-only, authorized like
+  // ListVersions; the core call finishes the call from the batcher thread.
+  template <typename CoreRequest, typename CoreResponse>
+  using AnalysisCall = void (*)(const ModelSet& models, const CoreRequest& request,
+                                const core::CallControl& control,
+                                std::function<void(absl::StatusOr<CoreResponse>)> done);
+  template <typename Request, typename Response, typename CoreRequest, typename CoreResponse>
+  void ServeAnalysisMethod(const char* method, AnalysisCall<CoreRequest, CoreResponse> core_call);
 
   const ServerOptions options_;
   const std::optional<std::string> token_;

@@ -26,7 +26,12 @@ struct FlagUse {
   std::string metavar;  // "N", "PATH"; empty for a boolean
   std::string help;     // empty: the flag's own help text
   std::string spelled;  // what the user types instead of `name` (rollback: "version")
+  // A string flag that may be given several times: the values are joined with '\n'
+  // (kRepeatedFlagSeparator) in the order given (neighbors --in).
+  bool repeatable = false;
 };
+
+inline constexpr char kRepeatedFlagSeparator = '\n';
 
 struct FlagGroup {
   std::string title;  // "Flags", "Inputs", "Common flags"
@@ -53,6 +58,8 @@ struct CommandGroup {
 // finetune, versions, rollback, serve-version (train_commands.cc).
 CommandGroup InspectCommands();
 CommandGroup TrainCommands();
+// diff, neighbors (compare_commands.cc).
+CommandGroup CompareCommands();
 
 // The flags every command takes (--server, --timeout-ms, --wait-for-ready, --json), with
 // `overrides` replacing the help of the flags they name.

@@ -209,6 +209,10 @@ bool ParseCommandLine(const std::vector<CommandGroup>& table, int argc, char** a
     } else {
       return fail(absl::StrCat("flag --", shown, " needs a value"), command);
     }
+    if (use->repeatable &&
+        std::count(seen.begin(), seen.end() - 1, use) > 0) {  // an earlier occurrence
+      value = absl::StrCat(flag->CurrentValue(), std::string(1, kRepeatedFlagSeparator), value);
+    }
     std::string error;
     if (!flag->ParseFrom(value, &error)) {
       return fail(absl::StrCat("invalid value '", value, "' for --", shown, ": ", error), command);

@@ -59,7 +59,7 @@ bool IsInformationalFlag(absl::string_view name) {
 }
 
 int Main(int argc, char** argv) {
-  const std::vector<CommandGroup> table = {InspectCommands(), TrainCommands()};
+  const std::vector<CommandGroup> table = {InspectCommands(), TrainCommands(), CompareCommands()};
   // Help first, before any validation: "attnctl", "attnctl --help", "attnctl help [cmd]",
   // "attnctl <cmd> --help".
   const Command* named = nullptr;

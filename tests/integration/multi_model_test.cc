@@ -291,6 +291,33 @@ TEST_F(MultiModelTest, FineTuneCommitOnOneModelLeavesTheOtherBitIdentical) {
   EXPECT_FALSE(std::filesystem::exists(*work_ + "/store/mpnet/" + committed));
 }
 
+// CompareVersions across two models' stores is refused, naming both models and what differs;
+// the same request within one model is answered (issue 20).
+TEST_F(MultiModelTest, CompareVersionsRefusesVersionsOfDifferentModels) {
+  auto compare = [](const std::string& model_b, pb::CompareVersionsResponse* response) {
+    grpc::ClientContext context;
+    context.AddMetadata("authorization", std::string("Bearer ") + kToken);
+    pb::CompareVersionsRequest request;
+    request.set_model("minilm");
+    request.set_model_b(model_b);
+    request.set_version_a("base");
+    request.set_version_b("base");
+    return trainer_->CompareVersions(&context, request, response);
+  };
+  pb::CompareVersionsResponse response;
+  const grpc::Status refused = compare("mpnet", &response);
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << StatusString(refused);
+  EXPECT_NE(refused.error_message().find("model minilm version base vs model mpnet version base"),
+            std::string::npos)
+      << refused.error_message();
+  EXPECT_NE(refused.error_message().find("different models"), std::string::npos)
+      << refused.error_message();
+  const grpc::Status same = compare("minilm", &response);
+  ASSERT_TRUE(same.ok()) << StatusString(same);
+  EXPECT_TRUE(response.can_mix());
+  EXPECT_EQ(response.model(), "minilm");
+}
+
 TEST_F(MultiModelTest, MetricsCarryTheModel) {
   std::vector<std::vector<float>> out;
   ASSERT_TRUE(Embed("mpnet", "", &out).ok());

@@ -1514,6 +1514,186 @@ std::vector<HostileCase> Catalogue() {
        {},
        "Rollback"});
 
+  // --- CompareVersions and Neighbors (issue 20): read-only, every limit named ------------------
+  auto compare = [](Clients& c, const pb::CompareVersionsRequest& request) {
+    grpc::ClientContext context;
+    context.AddMetadata("authorization", std::string("Bearer ") + kToken);
+    context.set_deadline(Deadline());
+    pb::CompareVersionsResponse response;
+    return c.trainer->CompareVersions(&context, request, &response);
+  };
+  auto compare_of = [](const std::string& a, const std::string& b,
+                       std::vector<std::string> probes = {}) {
+    pb::CompareVersionsRequest request;
+    request.set_version_a(a);
+    request.set_version_b(b);
+    for (std::string& probe : probes) request.add_probes(std::move(probe));
+    return request;
+  };
+  auto neighbors = [](Clients& c, const pb::NeighborsRequest& request) {
+    grpc::ClientContext context;
+    context.AddMetadata("authorization", std::string("Bearer ") + kToken);
+    context.set_deadline(Deadline());
+    pb::NeighborsResponse response;
+    return c.trainer->Neighbors(&context, request, &response);
+  };
+  auto neighbors_of = [](const std::string& word,
+                         const std::function<void(pb::NeighborsRequest*)>& edit = nullptr) {
+    pb::NeighborsRequest request;
+    request.set_word(word);
+    if (edit) edit(&request);
+    return request;
+  };
+  add({"compare_unknown_version",
+       "CompareVersions base vs an unknown version 'v999'",
+       [=](Clients& c) { return compare(c, compare_of("base", "v999")); },
+       StatusCode::NOT_FOUND,
+       {"v999", "base"},
+       "CompareVersions"});
+  add({"compare_missing_version",
+       "CompareVersions without version_a",
+       [=](Clients& c) { return compare(c, compare_of("", "base")); },
+       StatusCode::INVALID_ARGUMENT,
+       {"version_a is empty", "ListVersions"},
+       "CompareVersions"});
+  add({"compare_version_path_traversal",
+       "CompareVersions with version_b '../../etc'",
+       [=](Clients& c) { return compare(c, compare_of("base", "../../etc")); },
+       StatusCode::INVALID_ARGUMENT,
+       {"version_b"},
+       "CompareVersions"});
+  add({"compare_100000_probes",
+       "CompareVersions with 100,000 probe texts (limit 1000)",
+       [=](Clients& c) {
+         return compare(c, compare_of("base", "base", std::vector<std::string>(100000, "probe")));
+       },
+       StatusCode::INVALID_ARGUMENT,
+       {"100000 probes", "11 to 1000"},
+       "CompareVersions"});
+  add({"compare_3_probes",
+       "CompareVersions with 3 probe texts (top-10 neighbours need 11)",
+       [=](Clients& c) {
+         return compare(c, compare_of("base", "base", {"a", "b", "c"}));
+       },
+       StatusCode::INVALID_ARGUMENT,
+       {"3 probes", "11 to 1000"},
+       "CompareVersions"});
+  add({"compare_empty_probe",
+       "CompareVersions with an empty probe text at index 4",
+       [=](Clients& c) {
+         std::vector<std::string> probes(12, "a probe text");
+         probes[4].clear();
+         return compare(c, compare_of("base", "base", probes));
+       },
+       StatusCode::INVALID_ARGUMENT,
+       {"probes[4] is empty"},
+       "CompareVersions"});
+  add({"compare_long_probe",
+       "CompareVersions with a 1 MiB probe text (limit 2000 bytes)",
+       [=](Clients& c) {
+         std::vector<std::string> probes(12, "a probe text");
+         probes[7] = std::string(1 << 20, 'x');
+         return compare(c, compare_of("base", "base", probes));
+       },
+       StatusCode::INVALID_ARGUMENT,
+       {"probes[7]", "1048576 bytes", "2000"},
+       "CompareVersions"});
+  add({"compare_unknown_model",
+       "CompareVersions on an unknown model_b",
+       [=](Clients& c) {
+         pb::CompareVersionsRequest request = compare_of("base", "base");
+         request.set_model_b("nope");
+         return compare(c, request);
+       },
+       StatusCode::NOT_FOUND,
+       {"nope"},
+       "CompareVersions"});
+  add({"compare_without_token",
+       "CompareVersions without the trainer token",
+       [=](Clients& c) {
+         grpc::ClientContext context;
+         pb::CompareVersionsResponse response;
+         return c.trainer->CompareVersions(&context, compare_of("base", "base"), &response);
+       },
+       StatusCode::UNAUTHENTICATED,
+       {},
+       "CompareVersions"});
+  add({"neighbors_10000_char_word",
+       "Neighbors of a 10,000-character word (limit 100)",
+       [=](Clients& c) { return neighbors(c, neighbors_of(std::string(10000, 'k'))); },
+       StatusCode::INVALID_ARGUMENT,
+       {"10000 characters", "100"},
+       "Neighbors"});
+  add({"neighbors_layer_7",
+       "Neighbors at layer 7 of 6",
+       [=](Clients& c) {
+         return neighbors(c, neighbors_of("bank", [](pb::NeighborsRequest* r) {
+                            r->set_layer(7);
+                            r->add_sentences("the bank of the river");
+                            r->add_sentences("the bank lends money");
+                          }));
+       },
+       StatusCode::INVALID_ARGUMENT,
+       {"layer is 7", "0 (the embedding output) to 6"},
+       "Neighbors"});
+  add({"neighbors_layer_minus_1",
+       "Neighbors at layer -1",
+       [=](Clients& c) {
+         return neighbors(c,
+                          neighbors_of("bank", [](pb::NeighborsRequest* r) { r->set_layer(-1); }));
+       },
+       StatusCode::INVALID_ARGUMENT,
+       {"layer is -1"},
+       "Neighbors"});
+  add({"neighbors_token_id_vocab_size",
+       "Neighbors of token_id 30522 (= vocab size)",
+       [=](Clients& c) {
+         pb::NeighborsRequest request;
+         request.set_token_id(30522);
+         return neighbors(c, request);
+       },
+       StatusCode::INVALID_ARGUMENT,
+       {"token_id is 30522", "0 to 30521"},
+       "Neighbors"});
+  add({"neighbors_word_and_token_id",
+       "Neighbors with both a word and a token_id",
+       [=](Clients& c) {
+         return neighbors(
+             c, neighbors_of("king", [](pb::NeighborsRequest* r) { r->set_token_id(5); }));
+       },
+       StatusCode::INVALID_ARGUMENT,
+       {"exactly one"},
+       "Neighbors"});
+  add({"neighbors_word_not_in_sentence",
+       "Neighbors of 'bank' in a sentence without it",
+       [=](Clients& c) {
+         return neighbors(c, neighbors_of("bank", [](pb::NeighborsRequest* r) {
+                            r->add_sentences("the bank of the river");
+                            r->add_sentences("a cat on a mat");
+                          }));
+       },
+       StatusCode::INVALID_ARGUMENT,
+       {"sentences[1] does not contain", "bank"},
+       "Neighbors"});
+  add({"neighbors_top_k_101",
+       "Neighbors with top_k 101 (limit 100)",
+       [=](Clients& c) {
+         return neighbors(c,
+                          neighbors_of("king", [](pb::NeighborsRequest* r) { r->set_top_k(101); }));
+       },
+       StatusCode::INVALID_ARGUMENT,
+       {"top_k is 101", "100"},
+       "Neighbors"});
+  add({"neighbors_unknown_version",
+       "Neighbors in an unknown version 'v999'",
+       [=](Clients& c) {
+         return neighbors(
+             c, neighbors_of("king", [](pb::NeighborsRequest* r) { r->set_version("v999"); }));
+       },
+       StatusCode::NOT_FOUND,
+       {"v999"},
+       "Neighbors"});
+
   // --- Explain (issue 19): every limit named; none of these reaches the engine -------------------
   add({"explain_steps_0",
        "Explain with steps explicitly 0",
