@@ -97,6 +97,13 @@ Metrics::Metrics()
                          .Help("Finished fine-tuning jobs by model and outcome (committed, "
                                "aborted, failed, cancelled).")
                          .Register(*registry_)),
+      finetune_update_norm_(prometheus::BuildGauge()
+                                .Name("attnserve_finetune_update_norm")
+                                .Help("Last telemetry step of the last fine-tuning job: the "
+                                      "update norm ||W_after - W_before|| per parameter kind "
+                                      "(W_Q, W_K, W_V, W_O, FFN_in, FFN_out, LayerNorm, "
+                                      "embeddings, head; all layers together), by model.")
+                                .Register(*registry_)),
       versions_published_(prometheus::BuildCounter()
                               .Name("attnserve_model_versions_published_total")
                               .Help("Model versions committed by fine-tuning since start, by "
@@ -225,6 +232,13 @@ void ModelMetrics::RecordFineTuneJob(std::string_view outcome) {
 }
 
 void ModelMetrics::RecordVersionPublished() { versions_published_.Increment(); }
+
+void ModelMetrics::RecordUpdateNorms(
+    const std::vector<std::pair<std::string, double>>& update_norm_by_kind) {
+  for (const auto& [kind, norm] : update_norm_by_kind) {
+    metrics_->finetune_update_norm_.Add({{"model", model_}, {"kind", kind}}).Set(norm);
+  }
+}
 
 void ModelMetrics::SetServingVersion(const std::string& version) {
   std::lock_guard<std::mutex> lock(info_mutex_);

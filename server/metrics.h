@@ -48,6 +48,8 @@ class ModelMetrics final : public ServingMetrics, public TrainingMetrics {
   void RecordFineTuneStep(int64_t examples, double loss) override;
   void RecordFineTuneJob(std::string_view outcome) override;
   void RecordVersionPublished() override;
+  void RecordUpdateNorms(
+      const std::vector<std::pair<std::string, double>>& update_norm_by_kind) override;
   // attnserve_serving_version_info{model, version} 1 for the version the model serves by
   // default (replaces the model's previous series).
   void SetServingVersion(const std::string& version);
@@ -111,6 +113,7 @@ class Metrics {
   prometheus::Family<prometheus::Gauge>& finetune_loss_;
   prometheus::Family<prometheus::Counter>& finetune_examples_;
   prometheus::Family<prometheus::Counter>& finetune_jobs_;
+  prometheus::Family<prometheus::Gauge>& finetune_update_norm_;
   prometheus::Family<prometheus::Counter>& versions_published_;
   prometheus::Family<prometheus::Gauge>& serving_version_info_;
   std::mutex models_mutex_;

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <ctime>
 #include <filesystem>
@@ -18,6 +19,24 @@
 #include "server/core/store_versions.h"
 
 namespace attn::server::core {
+
+namespace {
+
+// sqrt(sum of squared update norms) of the groups of each kind, in first-seen order: the
+// Prometheus label set stays the dozen kinds, whatever the number of layers.
+std::vector<std::pair<std::string, double>> UpdateNormByKind(const StepTelemetry& telemetry) {
+  std::vector<std::pair<std::string, double>> by_kind;
+  for (const GroupTelemetry& group : telemetry.groups) {
+    auto it = std::find_if(by_kind.begin(), by_kind.end(),
+                           [&](const auto& entry) { return entry.first == group.kind; });
+    if (it == by_kind.end()) it = by_kind.insert(by_kind.end(), {group.kind, 0.0});
+    it->second += group.update_norm * group.update_norm;
+  }
+  for (auto& entry : by_kind) entry.second = std::sqrt(entry.second);
+  return by_kind;
+}
+
+}  // namespace
 
 using Clock = std::chrono::steady_clock;
 
@@ -213,6 +232,7 @@ void FineTuneJob::Step(TrainingBatchRequest batch, const CallControl& control, P
     last_.telemetry.reset();  // sent once, with this step's progress
     loss_curve_.push_back({step->step, step->loss, step->learning_rate, step->grad_norm});
     owner_->metrics_->RecordFineTuneStep(step->examples, step->loss);
+    if (step->telemetry) owner_->metrics_->RecordUpdateNorms(UpdateNormByKind(*step->telemetry));
     Log(LogLevel::kDebug, "job %s step %d: loss %.5f, grad norm %.4f, %d examples in %.3f s", id_,
         steps_, step->loss, step->grad_norm, step->examples, step->seconds);
     zero_loss_steps_ = step->loss == 0.0 ? zero_loss_steps_ + 1 : 0;

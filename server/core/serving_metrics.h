@@ -4,7 +4,10 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <string_view>
+#include <utility>
+#include <vector>
 
 namespace attn::server {
 
@@ -40,6 +43,10 @@ class TrainingMetrics {
   // A job's end: "committed", "aborted", "failed" or "cancelled".
   virtual void RecordFineTuneJob(std::string_view outcome) = 0;
   virtual void RecordVersionPublished() = 0;
+  // A telemetry step's update norm per parameter kind (W_Q, FFN_in, word_embeddings, ...: a
+  // bounded set), all layers together: sqrt(sum of the groups' squared update norms).
+  virtual void RecordUpdateNorms(
+      const std::vector<std::pair<std::string, double>>& update_norm_by_kind) = 0;
 };
 
 }  // namespace attn::server

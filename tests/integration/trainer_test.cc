@@ -967,6 +967,12 @@ TEST_F(TrainerTest, TelemetryShowsWhatTrainingMoved) {
     }
   }
   EXPECT_EQ(changed, data_tokens) << "rows changed in the checkpoint vs the data's tokens";
+  // The last telemetry step's update norms per kind, as Prometheus gauges.
+  const Metrics metrics = ScrapeOrFail(*server_);
+  for (const char* kind : {"W_Q", "W_K", "W_V", "W_O", "FFN_in", "FFN_out", "LayerNorm",
+                           "word_embeddings", "position_embeddings", "token_type_embeddings"}) {
+    EXPECT_GT(metrics.Sum("attnserve_finetune_update_norm", {{"kind", kind}}), 0) << kind;
+  }
 
   // The training report stored with the version: the same loss curve, the changed rows, and
   // every layer group moved (all parameters trained).
