@@ -82,7 +82,12 @@ core::TrainingBatchRequest ToCore(const v1::TrainingBatch& batch) {
 }
 
 core::CommitRequest ToCore(const v1::CommitRequest& commit) {
-  return core::CommitRequest{commit.description(), commit.do_not_serve()};
+  // do_not_serve is deprecated, read only to refuse it next to promote.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+  const bool do_not_serve = commit.do_not_serve();
+#pragma GCC diagnostic pop
+  return core::CommitRequest{commit.description(), commit.promote(), do_not_serve};
 }
 
 void ToProto(const core::FineTuneProgress& progress, v1::FineTuneProgress* out) {
@@ -97,6 +102,8 @@ void ToProto(const core::FineTuneProgress& progress, v1::FineTuneProgress* out) 
   out->set_committed_version(progress.committed_version);
   out->set_base_version(progress.base_version);
   for (const std::string& warning : progress.warnings) out->add_warnings(warning);
+  out->set_promoted(progress.promoted);
+  out->set_promotion(progress.promotion);
 }
 
 }  // namespace attn::server

@@ -1,6 +1,6 @@
 // attnserve.v1.Trainer over the gRPC callback API: fine-tuning jobs (FineTune, a bidirectional
 // stream, an adapter over the core's FineTuneJob: server/core/fine_tuning.h) and model versions
-// (ListVersions, Rollback, SetServingVersion).
+// (ListVersions, Rollback, SetServingVersion, Promote).
 //
 // Threads: gRPC threads only validate messages and move them along; every engine step runs on
 // the core's training thread with --trainer-threads OpenMP threads, so training leaves the other
@@ -50,7 +50,7 @@ class TrainerService final : public attnserve::v1::Trainer::CallbackService {
 
   // OK, or UNIMPLEMENTED (no token configured), UNAUTHENTICATED or PERMISSION_DENIED.
   absl::Status Authorize(const grpc::CallbackServerContext& context) const;
-  static void FillVersions(const ModelRegistry& registry,
+  static void FillVersions(const ServedModel& served,
                            attnserve::v1::ListVersionsResponse* response);
 
   // ListVersions, Rollback and SetServingVersion: each registered by the constructor (through
@@ -68,6 +68,12 @@ class TrainerService final : public attnserve::v1::Trainer::CallbackService {
                               attnserve::v1::ListVersionsResponse* response);
   absl::Status HandleSetServingVersion(const attnserve::v1::SetServingVersionRequest& request,
                                        attnserve::v1::ListVersionsResponse* response);
+  absl::Status HandlePromote(const attnserve::v1::PromoteRequest& request,
+                             attnserve::v1::ListVersionsResponse* response);
+  // SetServingVersion and Promote: the one way a named version becomes the default.
+  absl::Status ServeVersion(const char* action, const std::string& version,
+                            const std::string& model,
+                            attnserve::v1::ListVersionsResponse* response);
 
   const ServerOptions options_;
   const std::optional<std::string> token_;
