@@ -252,6 +252,32 @@ class TrainerTest : public ::testing::Test {
     return job;
   }
 
+  // A two-label CLASSIFICATION job (`config` gets num_labels 2) of `steps` steps on three
+  // sentiment examples, committed staged with `description`; the final progress.
+  static pb::FineTuneProgress CommitSentimentClassifier(pb::FineTuneRequest config, int steps,
+                                                        const std::string& description) {
+    auto job = OpenJob();
+    config.mutable_config()->set_num_labels(2);
+    pb::FineTuneProgress progress;
+    EXPECT_TRUE(job->stream->Write(config));
+    pb::TrainingBatch batch;
+    for (const auto& [text, label] : std::vector<std::pair<std::string, int>>{
+             {"great movie, loved it", 1}, {"terrible film", 0}, {"wonderful and fun", 1}}) {
+      pb::TrainingExample* example = batch.add_examples();
+      example->set_text(text);
+      example->set_label(label);
+    }
+    for (int step = 1; step <= steps; ++step) {
+      if (!job->Send(BatchRequest(batch), &progress)) {
+        ADD_FAILURE() << "step " << step << ": " << StatusString(job->Finish());
+        return {};
+      }
+    }
+    EXPECT_TRUE(job->Send(CommitRequest(description), &progress));
+    EXPECT_TRUE(job->Finish().ok());
+    return progress;
+  }
+
   // Embeddings of the probe texts from `version` ("" = the served one); its name in *served.
   static std::vector<std::vector<float>> Embed(const std::string& version,
                                                std::string* served = nullptr) {
@@ -774,25 +800,9 @@ TEST_F(TrainerTest, CosineAndClassificationJobs) {
   }
   std::string version;
   {
-    auto job = OpenJob();
     pb::FineTuneRequest config = ConfigRequest(pb::CLASSIFICATION, 1e-3);
-    config.mutable_config()->set_num_labels(2);
     config.mutable_config()->set_parameters(pb::PARAMETERS_HEAD_ONLY);
-    ASSERT_TRUE(job->stream->Write(config));
-    pb::TrainingBatch batch;
-    for (const auto& [text, label] : std::vector<std::pair<std::string, int>>{
-             {"great movie, loved it", 1}, {"terrible film", 0}, {"wonderful and fun", 1}}) {
-      pb::TrainingExample* example = batch.add_examples();
-      example->set_text(text);
-      example->set_label(label);
-    }
-    pb::FineTuneProgress progress;
-    for (int step = 1; step <= 2; ++step) {
-      ASSERT_TRUE(job->Send(BatchRequest(batch), &progress)) << StatusString(job->Finish());
-    }
-    ASSERT_TRUE(job->Send(CommitRequest("head only"), &progress));
-    EXPECT_TRUE(job->Finish().ok());
-    version = progress.committed_version();
+    version = CommitSentimentClassifier(config, 2, "head only").committed_version();
   }
   ASSERT_FALSE(version.empty());
   EXPECT_TRUE(std::filesystem::exists(*store_ + "/" + version + "/head.safetensors"));
@@ -966,29 +976,11 @@ TEST_F(TrainerTest, StagedClassificationLeavesTheDefaultBitIdenticalUntilPromote
   ASSERT_EQ(served, "base");
   ASSERT_FALSE(before.empty());
 
-  std::string version;
-  {
-    auto job = OpenJob();
-    pb::FineTuneRequest config = ConfigRequest(pb::CLASSIFICATION, 1e-4);
-    config.mutable_config()->set_num_labels(2);
-    ASSERT_TRUE(job->stream->Write(config));
-    pb::TrainingBatch batch;
-    for (const auto& [text, label] : std::vector<std::pair<std::string, int>>{
-             {"great movie, loved it", 1}, {"terrible film", 0}, {"wonderful and fun", 1}}) {
-      pb::TrainingExample* example = batch.add_examples();
-      example->set_text(text);
-      example->set_label(label);
-    }
-    pb::FineTuneProgress progress;
-    for (int step = 1; step <= 3; ++step) {
-      ASSERT_TRUE(job->Send(BatchRequest(batch), &progress)) << StatusString(job->Finish());
-    }
-    ASSERT_TRUE(job->Send(CommitRequest("classifier, staged"), &progress));
-    EXPECT_TRUE(job->Finish().ok());
-    version = progress.committed_version();
-    EXPECT_FALSE(progress.promoted());
-    EXPECT_NE(progress.promotion().find("staged"), std::string::npos) << progress.promotion();
-  }
+  const pb::FineTuneProgress progress =
+      CommitSentimentClassifier(ConfigRequest(pb::CLASSIFICATION, 1e-4), 3, "classifier, staged");
+  const std::string version = progress.committed_version();
+  EXPECT_FALSE(progress.promoted());
+  EXPECT_NE(progress.promotion().find("staged"), std::string::npos) << progress.promotion();
   ASSERT_FALSE(version.empty());
 
   // Unpinned requests: the same version, the same bytes.
