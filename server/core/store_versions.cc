@@ -80,9 +80,8 @@ absl::StatusOr<int64_t> LoadModelStore(const std::string& store, bool clean_temp
   for (const std::string& reason : skipped) {
     Log(LogLevel::kWarning, "model store %s: skipped %s", store, reason);
   }
-  // A store that records what it serves decides before any version is discovered, so the newest
-  // one (maybe staged) is not loaded and served first.
-  if (ReadServingState(store).ok()) registry->LetStoreDecide();
+  // Start-up tries the newest versions first even when the store records what it serves (then
+  // applied below, before the server is ready): a version that does not load is reported here.
   int64_t next_sequence = 1;
   for (auto stored = versions->rbegin(); stored != versions->rend(); ++stored) {
     next_sequence = std::max(next_sequence, stored->sequence + 1);
