@@ -239,10 +239,10 @@ bool FineTuneSession::SendBatch(const std::vector<v1::TrainingExample>& examples
   return Write(request);
 }
 
-bool FineTuneSession::Commit(const std::string& description, bool do_not_serve) {
+bool FineTuneSession::Commit(const std::string& description, bool promote) {
   v1::FineTuneRequest request;
   request.mutable_commit()->set_description(description);
-  request.mutable_commit()->set_do_not_serve(do_not_serve);
+  request.mutable_commit()->set_promote(promote);
   const bool written = Write(request);
   return HalfClose() && written;
 }
@@ -308,30 +308,41 @@ absl::StatusOr<v1::ListVersionsResponse> TrainerClient::ListVersions(const std::
   return response;
 }
 
-absl::StatusOr<v1::ListVersionsResponse> TrainerClient::Rollback(const std::string& version,
-                                                                 const std::string& model) {
+template <typename Request>
+absl::StatusOr<v1::ListVersionsResponse> TrainerClient::ServingChange(
+    const Request& request,
+    ::grpc::Status (v1::Trainer::Stub::*method)(::grpc::ClientContext*, const Request&,
+                                                v1::ListVersionsResponse*)) {
   ::grpc::ClientContext context;
   SetUpContext(options_, /*with_deadline=*/true, &context);
-  v1::RollbackRequest request;
-  request.set_version(version);
-  request.set_model(model);
   v1::ListVersionsResponse response;
-  ::grpc::Status status = trainer_->Rollback(&context, request, &response);
+  ::grpc::Status status = (trainer_.get()->*method)(&context, request, &response);
   if (!status.ok()) return ToClientStatus(status, channel_.get(), target_);
   return response;
 }
 
+absl::StatusOr<v1::ListVersionsResponse> TrainerClient::Rollback(const std::string& version,
+                                                                 const std::string& model) {
+  v1::RollbackRequest request;
+  request.set_version(version);
+  request.set_model(model);
+  return ServingChange(request, &v1::Trainer::Stub::Rollback);
+}
+
 absl::StatusOr<v1::ListVersionsResponse> TrainerClient::SetServingVersion(
     const std::string& version, const std::string& model) {
-  ::grpc::ClientContext context;
-  SetUpContext(options_, /*with_deadline=*/true, &context);
   v1::SetServingVersionRequest request;
   request.set_version(version);
   request.set_model(model);
-  v1::ListVersionsResponse response;
-  ::grpc::Status status = trainer_->SetServingVersion(&context, request, &response);
-  if (!status.ok()) return ToClientStatus(status, channel_.get(), target_);
-  return response;
+  return ServingChange(request, &v1::Trainer::Stub::SetServingVersion);
+}
+
+absl::StatusOr<v1::ListVersionsResponse> TrainerClient::Promote(const std::string& version,
+                                                                const std::string& model) {
+  v1::PromoteRequest request;
+  request.set_version(version);
+  request.set_model(model);
+  return ServingChange(request, &v1::Trainer::Stub::Promote);
 }
 
 absl::StatusOr<v1::CompareVersionsResponse> TrainerClient::CompareVersions(

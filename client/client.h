@@ -115,9 +115,9 @@ class FineTuneSession {
   absl::Status Start(const attnserve::v1::FineTuneConfig& config);
   bool SendBatch(const attnserve::v1::TrainingBatch& batch);
   bool SendBatch(const std::vector<attnserve::v1::TrainingExample>& examples);
-  // Publishes the trained weights as a new version (served by default unless do_not_serve),
-  // then half-closes the stream.
-  bool Commit(const std::string& description = "", bool do_not_serve = false);
+  // Publishes the trained weights as a new version, staged (pinnable, not the default) unless
+  // `promote`, then half-closes the stream.
+  bool Commit(const std::string& description = "", bool promote = false);
   // Stops and discards the job, then half-closes the stream.
   bool Abort();
   // The next progress message; false at the end of the stream (then call Finish()).
@@ -178,11 +178,21 @@ class TrainerClient {
   // A word's static and contextual neighbours in one version (read-only).
   absl::StatusOr<attnserve::v1::NeighborsResponse> Neighbors(
       const attnserve::v1::NeighborsRequest& request);
+  // Serves a committed (staged) version by default, recorded in the server's model store.
+  absl::StatusOr<attnserve::v1::ListVersionsResponse> Promote(const std::string& version,
+                                                              const std::string& model = "");
 
   const std::string& target() const { return target_; }
   const ClientOptions& options() const { return options_; }
 
  private:
+  // One unary call that answers with the versions (Rollback, SetServingVersion, Promote).
+  template <typename Request>
+  absl::StatusOr<attnserve::v1::ListVersionsResponse> ServingChange(
+      const Request& request,
+      ::grpc::Status (attnserve::v1::Trainer::Stub::*method)(::grpc::ClientContext*, const Request&,
+                                                             attnserve::v1::ListVersionsResponse*));
+
   std::string target_;
   ClientOptions options_;
   std::shared_ptr<::grpc::Channel> channel_;

@@ -435,6 +435,7 @@ class FakeTrainer final : public v1::Trainer::Service {
   void Reset() {
     std::lock_guard<std::mutex> lock(mu_);
     jobs_.clear();
+    promoted_.clear();
     fail_at_batch_ = 0;
     step_delay_ = std::chrono::milliseconds(0);
     serving_ = "ft-000002-20261122T041900Z";
@@ -523,10 +524,29 @@ class FakeTrainer final : public v1::Trainer::Service {
   grpc::Status SetServingVersion(grpc::ServerContext* context,
                                  const v1::SetServingVersionRequest* request,
                                  v1::ListVersionsResponse* response) override {
-    if (grpc::Status s = Authorize(*context, nullptr); !s.ok()) return s;
+    return Serve(*context, request->version(), response);
+  }
+
+  grpc::Status Promote(grpc::ServerContext* context, const v1::PromoteRequest* request,
+                       v1::ListVersionsResponse* response) override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      promoted_.push_back(request->version());
+    }
+    return Serve(*context, request->version(), response);
+  }
+
+  std::vector<std::string> promoted() {
     std::lock_guard<std::mutex> lock(mu_);
-    if (!Known(request->version())) return UnknownVersion(request->version());
-    serving_ = request->version();
+    return promoted_;
+  }
+
+  grpc::Status Serve(const grpc::ServerContext& context, const std::string& version,
+                     v1::ListVersionsResponse* response) {
+    if (grpc::Status s = Authorize(context, nullptr); !s.ok()) return s;
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!Known(version)) return UnknownVersion(version);
+    serving_ = version;
     Fill(response);
     return grpc::Status::OK;
   }
@@ -624,7 +644,13 @@ class FakeTrainer final : public v1::Trainer::Service {
           versions_.push_back({"ft-000003-20261122T050000Z",
                                "fine-tuned from base (contrastive, 3 steps)",
                                "2026-11-22T05:00:00Z", request.commit().description()});
-          if (!request.commit().do_not_serve()) serving_ = "ft-000003-20261122T050000Z";
+          if (request.commit().promote()) {
+            serving_ = "ft-000003-20261122T050000Z";
+            progress.set_promoted(true);
+            progress.set_promotion("promoted: the job asked for it");
+          } else {
+            progress.set_promotion("staged: promotion not requested");
+          }
           stream->Write(progress);
           return grpc::Status::OK;
         }
@@ -673,6 +699,7 @@ class FakeTrainer final : public v1::Trainer::Service {
   std::chrono::milliseconds step_delay_{0};
   std::string serving_;
   std::vector<Version> versions_;
+  std::vector<std::string> promoted_;  // Promote calls' versions
 };
 
 // One fake server for the whole binary (cheap, but tests share it: each resets what it sets).
@@ -1287,7 +1314,7 @@ TEST_F(ClientTest, FineTuneSessionCommit) {
   ASSERT_TRUE(session->SendBatch(batch));
   ASSERT_TRUE(session->Read(&progress));
   EXPECT_EQ(progress.step(), 2);
-  ASSERT_TRUE(session->Commit("first try", /*do_not_serve=*/true));
+  ASSERT_TRUE(session->Commit("first try"));  // staged
   EXPECT_TRUE(session->half_closed());
   EXPECT_FALSE(session->SendBatch(batch));  // nothing goes out after the commit
   ASSERT_TRUE(session->Read(&progress));
@@ -1306,12 +1333,12 @@ TEST_F(ClientTest, FineTuneSessionCommit) {
   EXPECT_EQ(jobs[0].batches[0].examples(1).positive(), "d");
   EXPECT_TRUE(jobs[0].committed);
   EXPECT_EQ(jobs[0].commit.description(), "first try");
-  EXPECT_TRUE(jobs[0].commit.do_not_serve());
+  EXPECT_FALSE(jobs[0].commit.promote());
 
   auto versions = client.ListVersions();
   ASSERT_TRUE(versions.ok()) << versions.status();
   EXPECT_EQ(versions->versions_size(), 4);
-  EXPECT_EQ(versions->serving_version(), "ft-000002-20261122T041900Z");  // do_not_serve
+  EXPECT_EQ(versions->serving_version(), "ft-000002-20261122T041900Z");  // staged
 }
 
 TEST_F(ClientTest, FineTuneSessionAbortErrorsAndCancel) {
@@ -1754,11 +1781,22 @@ TEST_F(TrainerCliTest, CommitAndJson) {
   EXPECT_TRUE(job.committed);
   EXPECT_FALSE(job.aborted);
   EXPECT_EQ(job.commit.description(), "faq pairs v2");
-  EXPECT_FALSE(job.commit.do_not_serve());
+  EXPECT_FALSE(job.commit.promote());
   EXPECT_EQ(job.batches.size(), 2u);
+  EXPECT_TRUE(absl::StrContains(
+      r.out,
+      "\ncommitted version ft-000003-20261122T050000Z (staged: not served by default; try it "
+      "with --model-version ft-000003-20261122T050000Z, then 'attnctl promote --version "
+      "ft-000003-20261122T050000Z')\nstaged: promotion not requested\n"))
+      << r.out;
+  // --promote: the version is served by default once committed.
+  trainer_->Reset();
+  r = RunCli(FineTuneArgs({"--batch-size", "5", "--commit", "--promote", "--log-every", "100"}));
+  EXPECT_EXIT_CODE(r, 0);
+  EXPECT_TRUE(trainer_->jobs().at(0).commit.promote());
   EXPECT_TRUE(absl::StrContains(r.out,
-                                "\ncommitted version ft-000003-20261122T050000Z (now served by "
-                                "default; 'attnctl rollback' undoes)\n"))
+                                "\ncommitted version ft-000003-20261122T050000Z (promoted: now "
+                                "served by default; 'attnctl rollback' undoes)\n"))
       << r.out;
 
   // --json: one JSON line per message on stdout (2 steps + the final one); the rest on stderr.
@@ -2001,6 +2039,17 @@ TEST_F(TrainerCliTest, RollbackAndServeVersion) {
   r = RunCli({"versions", "--server", Target(), "--token-file", token_file_});
   EXPECT_TRUE(absl::StrContains(r.out, "\n* ft-000002-20261122T041900Z  ")) << r.out;
 
+  // promote: the Promote RPC, named version required.
+  r = RunCli({"promote", "--server", Target(), "--token-file", token_file_, "--version",
+              "ft-000001-20261122T041000Z"});
+  EXPECT_EXIT_CODE(r, 0);
+  EXPECT_TRUE(absl::StartsWith(r.out, "promoted: now serving ft-000001-20261122T041000Z\n\n"))
+      << r.out;
+  EXPECT_EQ(trainer_->promoted(), std::vector<std::string>{"ft-000001-20261122T041000Z"});
+  r = RunCli({"promote", "--server", Target(), "--token-file", token_file_, "--version", "nope"});
+  EXPECT_EXIT_CODE(r, 1);
+  EXPECT_EQ(r.err, "attnctl: NOT_FOUND: unknown model version 'nope'\n");
+
   // Elsewhere --version is still attnctl's own.
   r = RunCli({"versions", "--version"});
   EXPECT_EXIT_CODE(r, 0);
@@ -2014,7 +2063,7 @@ TEST(AttnctlUsage, TrainerUsageErrors) {
   EXPECT_TRUE(absl::StrContains(r.out, "{\"anchor\": \"...\", \"positive\": \"...\""));
   EXPECT_TRUE(absl::StrContains(r.out, "--token-file PATH"));
   r = RunCli({"--help"});
-  for (const char* cmd : {"finetune", "versions", "rollback", "serve-version"}) {
+  for (const char* cmd : {"finetune", "versions", "promote", "rollback", "serve-version"}) {
     EXPECT_TRUE(absl::StrContains(r.out, cmd)) << cmd;
   }
   r = RunCli({"help", "serve-version"});
@@ -2068,6 +2117,12 @@ TEST(AttnctlUsage, TrainerUsageErrors) {
       {{"versions", "--data", data}, "--data does not apply to 'versions'"},
       {{"encode", "--token-file", "t", "--text", "a"}, "--token_file does not apply to 'encode'"},
       {{"serve-version"}, "serve-version needs --version V"},
+      {{"promote"}, "promote needs --version V"},
+      {{"finetune", "--data", data, "--objective", "contrastive", "--promote"},
+       "--promote goes with --commit"},
+      {{"finetune", "--data", data, "--objective", "contrastive", "--commit", "--promote",
+        "--do-not-serve"},
+       "--promote and --do-not-serve contradict each other"},
       {{"rollback", "--version"}, "--version needs a value"},
       {{"versions", "--commit"}, "--commit does not apply to 'versions'"},
   };

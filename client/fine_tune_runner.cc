@@ -53,6 +53,8 @@ FineTuneOutcome FineTuneRunner::Run(const FineTuneJob& job) {
       if (!progress.base_version().empty()) outcome.base_version = progress.base_version();
       if (!progress.committed_version().empty()) {
         outcome.committed_version = progress.committed_version();
+        outcome.promoted = progress.promoted();
+        outcome.promotion = progress.promotion();
       }
       const bool new_step = progress.step() > outcome.steps;
       if (new_step) {
@@ -128,7 +130,7 @@ FineTuneOutcome FineTuneRunner::Run(const FineTuneJob& job) {
     outcome.aborted_by_us = true;
   } else if (!broken) {
     if (job.commit) {
-      session_->Commit(job.description, job.do_not_serve);
+      session_->Commit(job.description, job.promote);
     } else {
       session_->Abort();
       outcome.aborted_by_us = true;

@@ -37,8 +37,8 @@ struct FineTuneJob {
   int batch_size = 16;
   // After the last batch: commit (publish a new version) instead of aborting the job.
   bool commit = false;
-  std::string description;    // stored with the committed version
-  bool do_not_serve = false;  // commit as a version served only when pinned
+  std::string description;  // stored with the committed version
+  bool promote = false;     // serve the committed version by default (else it is staged)
 };
 
 struct FineTuneRunnerOptions {
@@ -73,6 +73,8 @@ struct FineTuneOutcome {
   int64_t steps = 0;  // completed steps reported by the server
   int64_t batches_sent = 0;
   std::string job_id, base_version, committed_version;
+  bool promoted = false;  // the committed version is now the default
+  std::string promotion;  // the server's word on why it was staged or promoted
   double first_loss = std::numeric_limits<double>::quiet_NaN();
   double last_loss = std::numeric_limits<double>::quiet_NaN();
   bool timed_out = false;      // cancelled after idle_timeout without a message

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "engine/training/evaluation.h"
 
 namespace attn {
 
@@ -59,22 +60,6 @@ double JensenShannon(const float* p, const float* q, int64_t n) {
     if (qj > 0) js += 0.5 * qj * std::log(qj / m);
   }
   return std::max(0.0, js);
-}
-
-std::vector<double> AverageRanks(const std::vector<double>& values) {
-  std::vector<int64_t> order(values.size());
-  std::iota(order.begin(), order.end(), 0);
-  std::sort(order.begin(), order.end(),
-            [&](int64_t i, int64_t j) { return values[i] < values[j]; });
-  std::vector<double> ranks(values.size());
-  for (size_t begin = 0; begin < order.size();) {
-    size_t end = begin + 1;
-    while (end < order.size() && values[order[end]] == values[order[begin]]) ++end;
-    const double rank = 0.5 * static_cast<double>(begin + end - 1);
-    for (size_t k = begin; k < end; ++k) ranks[order[k]] = rank;
-    begin = end;
-  }
-  return ranks;
 }
 
 double Dot(const float* a, const float* b, int64_t n) {
@@ -204,20 +189,6 @@ bool AddHeadChange(const ClassificationHead& a, const ClassificationHead& b,
   return true;
 }
 
-double SpearmanCorrelation(const std::vector<double>& x, const std::vector<double>& y) {
-  const std::vector<double> rx = AverageRanks(x), ry = AverageRanks(y);
-  const double n = static_cast<double>(x.size());
-  const double mean = (n - 1) / 2;  // mean of ranks 0..n-1, ties averaged
-  double sxy = 0, sxx = 0, syy = 0;
-  for (size_t i = 0; i < rx.size(); ++i) {
-    sxy += (rx[i] - mean) * (ry[i] - mean);
-    sxx += (rx[i] - mean) * (rx[i] - mean);
-    syy += (ry[i] - mean) * (ry[i] - mean);
-  }
-  if (sxx == 0 || syy == 0) return 0;
-  return sxy / std::sqrt(sxx * syy);
-}
-
 absl::StatusOr<ProbeComparison> CompareOnProbes(const Model& a, const Model& b,
                                                 const std::vector<SequenceInput>& probes,
                                                 const std::function<bool()>& yield,
@@ -323,7 +294,9 @@ absl::StatusOr<ProbeComparison> CompareOnProbes(const Model& a, const Model& b,
       }
     }
   }
-  out.spearman = SpearmanCorrelation(upper_a, upper_b);
+  // 0 when either side is constant (no order to preserve), as for too few probes.
+  const absl::StatusOr<double> rho = SpearmanCorrelation(upper_a, upper_b);
+  out.spearman = rho.ok() && std::isfinite(*rho) ? *rho : 0.0;
   out.neighbours_k = std::min(10, n - 1);
   double overlap = 0;
   for (int i = 0; i < n; ++i) {

@@ -105,8 +105,4 @@ struct ReindexVerdict {
 };
 ReindexVerdict DecideReindex(const ProbeComparison& probes);
 
-// Spearman's rank correlation of x and y (same length >= 2), average ranks for ties; 0 when
-// either is constant.
-double SpearmanCorrelation(const std::vector<double>& x, const std::vector<double>& y);
-
 }  // namespace attn

@@ -83,7 +83,12 @@ core::TrainingBatchRequest ToCore(const v1::TrainingBatch& batch) {
 }
 
 core::CommitRequest ToCore(const v1::CommitRequest& commit) {
-  return core::CommitRequest{commit.description(), commit.do_not_serve()};
+  // do_not_serve is deprecated, read only to refuse it next to promote.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+  const bool do_not_serve = commit.do_not_serve();
+#pragma GCC diagnostic pop
+  return core::CommitRequest{commit.description(), commit.promote(), do_not_serve};
 }
 
 void ToProto(const core::FineTuneProgress& progress, v1::FineTuneProgress* out) {
@@ -118,6 +123,8 @@ void ToProto(const core::FineTuneProgress& progress, v1::FineTuneProgress* out) 
       token->set_relative_change(t.relative_change);
     }
   }
+  out->set_promoted(progress.promoted);
+  out->set_promotion(progress.promotion);
 }
 
 }  // namespace attn::server

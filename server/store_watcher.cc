@@ -6,6 +6,7 @@
 #include "absl/time/time.h"
 #include "engine/log.h"
 #include "engine/model_store.h"
+#include "engine/serving_state.h"
 #include "server/core/store_versions.h"
 
 namespace attn::server {
@@ -44,6 +45,10 @@ void StoreWatcher::Poll() {
     return;
   }
   for (const std::string& reason : skipped) Warn(reason);  // "'name' skipped: why"
+  // Before any new version is discovered: a store that records what it serves decides (a
+  // staged commit records it before its directory appears, so the listing above saw either
+  // both or the record alone), and a staged version is never served as the newest one.
+  if (ReadServingState(store_).ok()) registry_->LetStoreDecide();
   for (const StoredVersion& stored : *versions) {
     if (registry_->Contains(stored.version)) continue;
     absl::StatusOr<bool> served = registry_->Discover(UnloadedVersion(stored));

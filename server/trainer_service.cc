@@ -1,12 +1,16 @@
 #include "server/trainer_service.h"
 
 #include <memory>
+#include <set>
+#include <string_view>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "engine/log.h"
 #include "engine/model_store.h"
 #include "engine/training/training_report.h"
 #include "server/auth.h"
+#include "server/core/store_versions.h"
 #include "server/core/version_compare.h"
 #include "server/fine_tune_reactor.h"
 #include "server/raw_method.h"
@@ -128,6 +132,7 @@ TrainerService::TrainerService(const ServerOptions& options, std::optional<std::
   ServeAnalysisMethod<v1::CompareVersionsRequest, v1::CompareVersionsResponse>(
       "CompareVersions", &core::CompareVersions);
   ServeAnalysisMethod<v1::NeighborsRequest, v1::NeighborsResponse>("Neighbors", &core::Neighbors);
+  ServeVersionsMethod<v1::PromoteRequest>("Promote", &TrainerService::HandlePromote);
 }
 
 template <typename Request>
@@ -197,10 +202,11 @@ absl::Status TrainerService::Authorize(const grpc::CallbackServerContext& contex
   return BearerTokenStatus(context, *token_);
 }
 
-void TrainerService::FillVersions(const ModelRegistry& registry,
-                                  v1::ListVersionsResponse* response) {
+void TrainerService::FillVersions(const ServedModel& served, v1::ListVersionsResponse* response) {
   std::string serving;
-  for (const ModelVersion& version : registry.List(&serving)) {
+  const std::vector<ModelVersion> versions = served.registry->List(&serving);
+  const std::set<std::string> served_ever = VersionsServedEver(served.store);
+  for (const ModelVersion& version : versions) {
     v1::VersionInfo* info = response->add_versions();
     info->set_version(version.version);
     info->set_origin(version.origin);
@@ -208,6 +214,9 @@ void TrainerService::FillVersions(const ModelRegistry& registry,
     info->set_serving(version.version == serving);
     info->set_description(version.description);
     for (const std::string& note : version.notes) info->add_notes(note);
+    // Without a recorded serving state every commit was served when made (staging records one).
+    info->set_staged(!served_ever.empty() && version.sequence > 0 && version.version != serving &&
+                     served_ever.count(version.version) == 0);
   }
   response->set_serving_version(serving);
 }
@@ -216,7 +225,7 @@ absl::Status TrainerService::HandleListVersions(const v1::ListVersionsRequest& r
                                                 v1::ListVersionsResponse* response) {
   absl::StatusOr<ModelJobs> model = Find(request.model());
   if (!model.ok()) return model.status();
-  FillVersions(*model->served->registry, response);
+  FillVersions(*model->served, response);
   return absl::OkStatus();
 }
 
@@ -239,29 +248,41 @@ absl::Status TrainerService::HandleRollback(const v1::RollbackRequest& request,
   }
   Log(LogLevel::kInfo, "Rollback: model %s now serves version %s", model->served->name,
       served->version);
-  FillVersions(*model->served->registry, response);
+  FillVersions(*model->served, response);
   return absl::OkStatus();
 }
 
 absl::Status TrainerService::HandleSetServingVersion(const v1::SetServingVersionRequest& request,
                                                      v1::ListVersionsResponse* response) {
-  if (absl::Status name = CheckVersionName(request.version(), "version"); !name.ok()) {
-    return name;
-  }
-  absl::StatusOr<ModelJobs> model = Find(request.model());
+  return ServeVersion("set-serving", request.version(), request.model(), response);
+}
+
+absl::Status TrainerService::HandlePromote(const v1::PromoteRequest& request,
+                                           v1::ListVersionsResponse* response) {
+  return ServeVersion("promote", request.version(), request.model(), response);
+}
+
+absl::Status TrainerService::ServeVersion(const char* action, const std::string& version,
+                                          const std::string& model_name,
+                                          v1::ListVersionsResponse* response) {
+  if (absl::Status name = CheckVersionName(version, "version"); !name.ok()) return name;
+  absl::StatusOr<ModelJobs> model = Find(model_name);
   if (!model.ok()) return model.status();
-  const std::string previous = model->fine_tuning->ServedVersion();
-  if (absl::Status set = model->served->registry->SetServing(request.version()); !set.ok()) {
-    return set;
+  if (std::string_view(action) == "promote" && model->served->store.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "model ", model->served->name,
+        " has no model store on this server, so there is no staged version to promote and a "
+        "promotion would not survive a restart; start the server with --model-store DIR"));
   }
-  if (absl::Status recorded =
-          model->fine_tuning->RecordOrRevert("set-serving", previous, request.version());
+  const std::string previous = model->fine_tuning->ServedVersion();
+  if (absl::Status set = model->served->registry->SetServing(version); !set.ok()) return set;
+  if (absl::Status recorded = model->fine_tuning->RecordOrRevert(action, previous, version);
       !recorded.ok()) {
     return recorded;
   }
-  Log(LogLevel::kInfo, "SetServingVersion: model %s now serves version %s", model->served->name,
-      request.version());
-  FillVersions(*model->served->registry, response);
+  Log(LogLevel::kInfo, "%s: model %s now serves version %s (was %s)", action, model->served->name,
+      version, previous);
+  FillVersions(*model->served, response);
   return absl::OkStatus();
 }
 

@@ -1,6 +1,6 @@
 // attnserve.v1.Trainer over the gRPC callback API: fine-tuning jobs (FineTune, a bidirectional
 // stream, an adapter over the core's FineTuneJob: server/core/fine_tuning.h) and model versions
-// (ListVersions, Rollback, SetServingVersion), and the read-only analysis of versions
+// (ListVersions, Rollback, SetServingVersion, Promote), and the read-only analysis of versions
 // (CompareVersions, Neighbors).
 //
 // Threads: gRPC threads only validate messages and move them along; every engine step runs on
@@ -54,7 +54,7 @@ class TrainerService final : public attnserve::v1::Trainer::CallbackService {
 
   // OK, or UNIMPLEMENTED (no token configured), UNAUTHENTICATED or PERMISSION_DENIED.
   absl::Status Authorize(const grpc::CallbackServerContext& context) const;
-  static void FillVersions(const ModelRegistry& registry,
+  static void FillVersions(const ServedModel& served,
                            attnserve::v1::ListVersionsResponse* response);
 
   // ListVersions, Rollback and SetServingVersion: each registered by the constructor (through
@@ -89,6 +89,12 @@ class TrainerService final : public attnserve::v1::Trainer::CallbackService {
                                 std::function<void(absl::StatusOr<CoreResponse>)> done);
   template <typename Request, typename Response, typename CoreRequest, typename CoreResponse>
   void ServeAnalysisMethod(const char* method, AnalysisCall<CoreRequest, CoreResponse> core_call);
+  absl::Status HandlePromote(const attnserve::v1::PromoteRequest& request,
+                             attnserve::v1::ListVersionsResponse* response);
+  // SetServingVersion and Promote: the one way a named version becomes the default.
+  absl::Status ServeVersion(const char* action, const std::string& version,
+                            const std::string& model,
+                            attnserve::v1::ListVersionsResponse* response);
 
   const ServerOptions options_;
   const std::optional<std::string> token_;

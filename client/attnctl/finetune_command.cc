@@ -42,10 +42,14 @@ ABSL_FLAG(uint64_t, seed, 0,
           "seeds the per-epoch shuffle, dropout masks and the head initialisation");
 ABSL_FLAG(bool, no_dropout, false, "train without dropout");
 ABSL_FLAG(std::string, base_version, "", "start from this version (default: the served one)");
-ABSL_FLAG(bool, commit, false, "publish the result as a new version and serve it by default");
+ABSL_FLAG(bool, commit, false,
+          "publish the result as a new version, staged: listed and pinnable per request "
+          "(--model-version), not served by default until promoted");
+ABSL_FLAG(bool, promote, false,
+          "with --commit: serve the new version by default once committed (else 'attnctl "
+          "promote --version V' after evaluating it)");
 ABSL_FLAG(bool, do_not_serve, false,
-          "with --commit: publish the version without serving it by default (pin it per request "
-          "with --model-version; 'attnctl serve-version' makes it the default)");
+          "deprecated, no effect: --commit stages the version unless --promote is given");
 ABSL_FLAG(std::string, label_names, "",
           "classification objectives: the classes' names, comma-separated, one per label "
           "(Classify returns them)");
@@ -83,7 +87,7 @@ struct FineTunePlan {
   int64_t total_steps = 0;
   uint64_t seed = 0;
   bool commit = false;
-  bool do_not_serve = false;
+  bool promote = false;
   std::string description;
   v1::FineTuneConfig config;
 };
@@ -201,8 +205,15 @@ absl::StatusOr<FineTunePlan> PlanFineTune(const Command& command, int* exit_code
         "have a head)");
   }
   plan.commit = absl::GetFlag(FLAGS_commit);
-  plan.do_not_serve = absl::GetFlag(FLAGS_do_not_serve);
-  if (plan.do_not_serve && !plan.commit) return usage("--do-not-serve goes with --commit");
+  plan.promote = absl::GetFlag(FLAGS_promote);
+  const bool do_not_serve = absl::GetFlag(FLAGS_do_not_serve);
+  if (do_not_serve && !plan.commit) return usage("--do-not-serve goes with --commit");
+  if (plan.promote && !plan.commit) return usage("--promote goes with --commit");
+  if (plan.promote && do_not_serve) {
+    return usage(
+        "--promote and --do-not-serve contradict each other (--do-not-serve is "
+        "deprecated: a commit is staged unless --promote)");
+  }
   plan.description = absl::GetFlag(FLAGS_description);
   if (!plan.description.empty() && !plan.commit) {
     return usage("--description is stored with a committed version: add --commit");
@@ -478,7 +489,7 @@ int RunFineTune(const Command& command) {
   job.batch_size = plan.batch_size;
   job.commit = plan.commit;
   job.description = plan.description;
-  job.do_not_serve = plan.do_not_serve;
+  job.promote = plan.promote;
   const FineTuneOutcome outcome = runner.Run(job);
   g_runner.store(nullptr);  // a late signal must not reach the runner once it is gone
   printer.BreakLine();
@@ -527,15 +538,19 @@ int RunFineTune(const Command& command) {
       std::fprintf(stderr, "attnctl: the server ended the job without a committed version\n");
       return kExitFailure;
     }
-    if (plan.do_not_serve) {
+    if (outcome.promoted) {
       std::fprintf(out,
-                   "committed version %s (not served by default: pin it with --model-version, "
-                   "or 'attnctl serve-version --version %s')\n",
-                   outcome.committed_version.c_str(), outcome.committed_version.c_str());
+                   "committed version %s (promoted: now served by default; 'attnctl "
+                   "rollback' undoes)\n",
+                   outcome.committed_version.c_str());
     } else {
-      std::fprintf(out, "committed version %s (now served by default; 'attnctl rollback' undoes)\n",
+      std::fprintf(out,
+                   "committed version %s (staged: not served by default; try it with "
+                   "--model-version %s, then 'attnctl promote --version %s')\n",
+                   outcome.committed_version.c_str(), outcome.committed_version.c_str(),
                    outcome.committed_version.c_str());
     }
+    if (!outcome.promotion.empty()) std::fprintf(out, "%s\n", outcome.promotion.c_str());
   } else {
     std::fprintf(out, "not committed (pass --commit to publish)\n");
   }
@@ -546,15 +561,21 @@ int RunFineTune(const Command& command) {
 
 Command FineTuneCommand() {
   return {"finetune",
-          "fine-tune on a JSON Lines file, with live progress; --commit publishes it",
+          "fine-tune on a JSON Lines file, with live progress; --commit stages a version",
           "attnctl finetune --data FILE --objective OBJ [flags]",
           R"(The file is checked completely before connecting (errors name file:line). Examples are
 shuffled every epoch (--seed), sent in batches of --batch-size, one optimisation step per
 batch; the server's learning rate warms up over --warmup-steps, then decays linearly to 0 at
 the last step (ceil(examples / batch-size) x epochs). Progress goes to stderr: a live bar on a
 terminal, else a line every --log-every steps. Without --commit the trained weights are
-discarded at the end (watch the loss first); with --commit they become a new version,
-served by default. Ctrl-C aborts the job (nothing is published, serving is unchanged).
+discarded at the end (watch the loss first). Ctrl-C aborts the job (nothing is published,
+serving is unchanged).
+
+The flow is train -> evaluate -> promote: --commit publishes a new version *staged* (listed
+by 'attnctl versions', served only to requests that pin it with --model-version V, never
+the default), so you can evaluate it before any other client sees it; then 'attnctl
+promote --version V' serves it by default ('attnctl rollback' undoes). --commit --promote
+serves it by default as soon as it is committed.
 
 Data, one JSON object per line (other fields ignored, blank lines skipped):
   contrastive       {"anchor": "...", "positive": "...", "negative": "..."}
@@ -565,8 +586,8 @@ Data, one JSON object per line (other fields ignored, blank lines skipped):
   pair_classification {"first": "query", "second": "document", "label": 1}
                     a cross-encoder head over the pair; label 1 = relevant is what
                     'attnctl rerank' scores
-A classification job's version has a head 'attnctl classify' uses; commit it with
---do-not-serve so the embeddings every other client gets stay as they are.
+A classification job's version has a head 'attnctl classify' uses: leave it staged
+(no --promote) so the embeddings every other client gets stay as they are.
 )",
           {{"Flags",
             {{"data", "FILE"},
@@ -585,6 +606,7 @@ A classification job's version has a head 'attnctl classify' uses; commit it wit
              {"base_version", "V"},
              {"model", "NAME", "fine-tune this served model (default: the server's default)"},
              {"commit", ""},
+             {"promote", ""},
              {"do_not_serve", ""},
              {"description", "TEXT"},
              {"token_file", "PATH"},
@@ -595,10 +617,11 @@ A classification job's version has a head 'attnctl classify' uses; commit it wit
                         {"json", "", "every progress message as a JSON line on stdout"}})},
           R"(  attnctl finetune --data pairs.jsonl --objective contrastive --epochs 2 --lr 2e-5 \
       --batch-size 16 --warmup-steps 10 --commit --description "support FAQ pairs"
+  attnctl promote --version ft-000003-20261122T050000Z
   attnctl finetune --data sts.jsonl --objective cosine --dry-run
   attnctl finetune --data intents.jsonl --objective classification --num-labels 5 --json
   attnctl finetune --data tickets.jsonl --objective classification \
-      --label-names billing,bug,other --commit --do-not-serve
+      --label-names billing,bug,other --commit
 )",
           RunFineTune};
 }

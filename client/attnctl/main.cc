@@ -1,7 +1,7 @@
 // attnctl: command-line client for attnserve.
 //
 //   attnctl encode|attention|tokenize|info|health [flags]
-//   attnctl finetune|versions|rollback|serve-version [flags]
+//   attnctl finetune|versions|promote|rollback|serve-version [flags]
 //
 // Human-readable output by default, --json for machine output. Exit status: 0 ok, 1 RPC or I/O
 // failure (health: also "not SERVING"), 2 usage error (finetune: also a bad data file), 128+N
@@ -44,6 +44,7 @@ Usage: attnctl <command> [flags]
   attnctl health --server localhost:50051 --timeout-ms 2000 || echo unhealthy
   attnctl finetune --data pairs.jsonl --objective contrastive --epochs 2 --commit
   attnctl versions
+  attnctl promote --version ft-000001-20261122T040000Z
 
 Run 'attnctl <command> --help' for the flags of a command. Flag names may be written with
 dashes or underscores (--timeout-ms = --timeout_ms).

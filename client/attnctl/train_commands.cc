@@ -1,5 +1,5 @@
-// attnctl's Trainer commands besides finetune (finetune_command.cc): versions, rollback,
-// serve-version.
+// attnctl's Trainer commands besides finetune (finetune_command.cc): versions, promote,
+// rollback, serve-version.
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -31,7 +31,8 @@ void PrintVersionsTable(const v1::ListVersionsResponse& response) {
   std::vector<std::vector<std::string>> rows;
   for (const v1::VersionInfo& v : response.versions()) {
     const bool serving = v.serving() || v.version() == response.serving_version();
-    std::vector<std::string> row = {serving ? "*" : "", v.version(), v.created_utc(), v.origin()};
+    std::vector<std::string> row = {serving ? "*" : (v.staged() ? "s" : ""), v.version(),
+                                    v.created_utc(), v.origin()};
     if (descriptions) row.push_back(ShortText(v.description(), 60));
     rows.push_back(std::move(row));
   }
@@ -51,19 +52,24 @@ int RunVersions(const Command&) {
 
 int RunServingChange(const Command& command) {
   const bool rollback = command.name == "rollback";
+  const bool promote = command.name == "promote";
   const std::string version = absl::GetFlag(FLAGS_model_version);
   if (!rollback && version.empty()) {
-    return UsageError("serve-version needs --version V (see 'attnctl versions')", &command);
+    return UsageError(command.name + " needs --version V (see 'attnctl versions')", &command);
   }
   int exit_code = kExitOk;
   auto client = MakeTrainerClient(&exit_code);
   if (client == nullptr) return exit_code;
   const std::string model = absl::GetFlag(FLAGS_model);
-  auto response =
-      rollback ? client->Rollback(version, model) : client->SetServingVersion(version, model);
+  auto response = rollback  ? client->Rollback(version, model)
+                  : promote ? client->Promote(version, model)
+                            : client->SetServingVersion(version, model);
   if (!response.ok()) return TrainerRpcError(response.status(), client->target());
   if (absl::GetFlag(FLAGS_json)) return PrintJson(*response) ? kExitOk : kExitFailure;
-  std::printf("%s %s\n\n", rollback ? "rolled back: now serving" : "now serving",
+  std::printf("%s %s\n\n",
+              rollback  ? "rolled back: now serving"
+              : promote ? "promoted: now serving"
+                        : "now serving",
               response->serving_version().c_str());
   PrintVersionsTable(*response);
   return kExitOk;
@@ -85,12 +91,33 @@ CommandGroup TrainCommands() {
        "attnctl versions [flags]",
        R"(Prints a table, oldest first: version, creation time (UTC), origin (the loaded directory, or
 the base version, objective and steps of a fine-tune) and description; '*' marks the version
-served by default.
+served by default, 's' a staged one (committed, never served by default: pin it with
+--model-version V, or 'attnctl promote --version V').
 )",
        {{"Flags", {model, token_file}}, CommonFlags()},
        "  attnctl versions\n  attnctl versions --model mpnet --json\n",
        RunVersions});
   // --version V: the model version (Abseil's own --version, the program's, is for the others).
+  group.commands.push_back(
+      {"promote",
+       "serve a committed (staged) version by default",
+       "attnctl promote --version V [--model M] [flags]",
+       R"(The last step of train -> evaluate -> promote: 'attnctl finetune --commit' stages a
+version (requests that pin it with --model-version V get it, nobody else does); once it
+is evaluated, promote serves it to every request that does not pin a version. The server
+records the change in its model store (who, when, from, to), so it survives restarts and
+--watch-store replicas follow it. 'attnctl rollback' undoes it. Prints the new serving
+version and the versions table.
+)",
+       {{"Flags",
+         {{"model_version", "V", "the version to promote, required (see 'attnctl versions')",
+           "version"},
+          model,
+          token_file}},
+        CommonFlags()},
+       "  attnctl promote --version ft-000002-20261122T041900Z\n"
+       "  attnctl promote --version ft-000001-20261122T040000Z --model mpnet\n",
+       RunServingChange});
   group.commands.push_back(
       {"rollback",
        "serve the version before the current one (or --version V)",

@@ -57,6 +57,10 @@ struct TrainingBatchRequest {
 
 struct CommitRequest {
   std::string description;
+  // Serve the version by default once committed; otherwise it is staged (listed, pinnable).
+  bool promote = false;
+  // The protocol's deprecated do_not_serve: staging is the default, so it changes nothing; with
+  // `promote` it contradicts it (INVALID_ARGUMENT).
   bool do_not_serve = false;
 };
 
@@ -73,6 +77,8 @@ struct FineTuneProgress {
   std::string base_version;       // set in the first progress of a job only
   std::vector<std::string> warnings;
   std::optional<StepTelemetry> telemetry;  // on telemetry steps
+  bool promoted = false;  // set by a commit: the version is now the default
+  std::string promotion;  // set by a commit: why it was staged or promoted
 };
 
 // What a FineTuneConfig asks for, checked and with defaults filled in.

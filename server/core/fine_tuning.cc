@@ -261,14 +261,24 @@ void FineTuneJob::Commit(CommitRequest request, const CallControl& control, Prog
                      ": this server keeps no model store; start the server with "
                      "--model-store DIR to publish fine-tuned versions")));
   }
+  if (request.promote && request.do_not_serve) {
+    return done(absl::InvalidArgumentError(
+        "commit.promote and commit.do_not_serve contradict each other; do_not_serve is "
+        "deprecated (a commit is staged unless promote is set): drop it"));
+  }
   owner_->training_thread_.Post(
       [this, request = std::move(request), control, done = std::move(done)] {
         if (absl::Status cancelled = Cancelled(control); !cancelled.ok()) return done(cancelled);
-        absl::StatusOr<ModelVersion> published = Publish(request);
+        const bool promote = request.promote;
+        absl::StatusOr<ModelVersion> published = Publish(request, promote);
         if (!published.ok()) return done(published.status());
         trainer_.reset();
         FineTuneProgress progress = Progress();
         progress.committed_version = published->version;
+        progress.promoted = promote;
+        progress.promotion = promote ? "promoted: the job asked for it"
+                                     : "staged: promotion not requested (pin it per request, "
+                                       "then promote it)";
         done(std::move(progress));
       });
 }
@@ -312,8 +322,8 @@ TrainingReport FineTuneJob::Report() const {
 }
 
 // Checkpoint to the store (atomic: temp dir, fsync, rename), then add the version to the
-// registry and (unless do_not_serve) serve it, in one registry step.
-absl::StatusOr<ModelVersion> FineTuneJob::Publish(const CommitRequest& request) {
+// registry and (if `promote`) serve it, in one registry step.
+absl::StatusOr<ModelVersion> FineTuneJob::Publish(const CommitRequest& request, bool promote) {
   const std::string& store = owner_->options_.model_store;
   const int64_t sequence = owner_->TakeSequence();
   const std::string version = NewVersionName(sequence);
@@ -331,6 +341,16 @@ absl::StatusOr<ModelVersion> FineTuneJob::Publish(const CommitRequest& request) 
   // Before the checkpoint appears: a --watch-store poll of this server may serve it as the
   // newest version before Publish does.
   const std::string previous = owner_->ServedVersion();
+  if (!promote) {
+    // A staged version is never the default, not even for one poll of a server that follows
+    // the newest version: the store records what is served before the checkpoint appears.
+    owner_->registry_->LetStoreDecide();
+    if (absl::Status recorded = RecordServingIfUnrecorded(store, previous); !recorded.ok()) {
+      return absl::Status(recorded.code(),
+                          absl::StrCat("commit of job ", id_, " failed: ", recorded.message(),
+                                       "; nothing was published"));
+    }
+  }
   if (absl::Status written = WriteCheckpoint(trainer_->base(), trainer_->weights(),
                                              trainer_->head(), info, store, version);
       !written.ok()) {
@@ -346,7 +366,7 @@ absl::StatusOr<ModelVersion> FineTuneJob::Publish(const CommitRequest& request) 
   published.created_utc = stored.ok() ? stored->created_utc : UtcNow("%Y-%m-%dT%H:%M:%SZ");
   published.description = stored.ok() ? stored->description : request.description;
   published.notes = notes_;
-  const bool serve = !request.do_not_serve;
+  const bool serve = promote;
   if (absl::Status added = owner_->registry_->Publish(published, serve); !added.ok()) {
     return added;
   }
@@ -361,7 +381,7 @@ absl::StatusOr<ModelVersion> FineTuneJob::Publish(const CommitRequest& request) 
   owner_->metrics_->RecordVersionPublished();
   Log(LogLevel::kInfo, "job %s committed version %s (%d steps, final loss %.5f) in %.2f s%s", id_,
       version, steps_, last_.loss, std::chrono::duration<double>(Clock::now() - start).count(),
-      serve ? "; now served by default" : " (not served by default)");
+      serve ? "; promoted: now served by default" : " (staged: not served by default)");
   return published;
 }
 

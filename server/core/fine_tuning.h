@@ -104,8 +104,8 @@ class FineTuneJob {
   // ends the job ABORTED with nothing published.
   void Step(TrainingBatchRequest batch, const CallControl& control, ProgressDone done);
   // FAILED_PRECONDITION when no step has run or the server keeps no model store; else writes the
-  // checkpoint (atomically) and publishes the version, served by default unless
-  // `do_not_serve`; the progress names it.
+  // checkpoint (atomically) and publishes the version: staged (listed, pinnable, not the
+  // default) unless `request.promote`. The progress names it and says which.
   void Commit(CommitRequest request, const CallControl& control, ProgressDone done);
   // Drops the trainer; the job's final progress.
   FineTuneProgress Abort();
@@ -122,7 +122,7 @@ class FineTuneJob {
   // Adds `warnings` to `progress` and keeps them as the job's notes (stored with the version if
   // it is committed).
   void Warn(const std::vector<std::string>& warnings, FineTuneProgress* progress);
-  absl::StatusOr<ModelVersion> Publish(const CommitRequest& request);
+  absl::StatusOr<ModelVersion> Publish(const CommitRequest& request, bool promote);
   TrainingReport Report() const;
 
   FineTuning* const owner_;

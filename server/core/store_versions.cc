@@ -80,6 +80,8 @@ absl::StatusOr<int64_t> LoadModelStore(const std::string& store, bool clean_temp
   for (const std::string& reason : skipped) {
     Log(LogLevel::kWarning, "model store %s: skipped %s", store, reason);
   }
+  // Start-up tries the newest versions first even when the store records what it serves (then
+  // applied below, before the server is ready): a version that does not load is reported here.
   int64_t next_sequence = 1;
   for (auto stored = versions->rbegin(); stored != versions->rend(); ++stored) {
     next_sequence = std::max(next_sequence, stored->sequence + 1);
@@ -135,6 +137,23 @@ absl::Status RecordServing(const std::string& store, const std::string& action,
                                      recorded.status().message()));
   }
   return absl::OkStatus();
+}
+
+std::set<std::string> VersionsServedEver(const std::string& store) {
+  std::set<std::string> served;
+  if (store.empty()) return served;
+  absl::StatusOr<ServingState> state = ReadServingState(store);
+  if (!state.ok()) return served;
+  served.insert(state->serving);
+  for (const ServingChange& change : state->history) served.insert(change.to);
+  return served;
+}
+
+absl::Status RecordServingIfUnrecorded(const std::string& store, const std::string& serving) {
+  absl::StatusOr<ServingState> state = ReadServingState(store);
+  if (state.ok()) return absl::OkStatus();
+  if (state.status().code() != absl::StatusCode::kNotFound) return state.status();
+  return RecordServing(store, "record", serving, serving);
 }
 
 absl::StatusOr<bool> ApplyRecordedServing(const std::string& store, ModelRegistry* registry) {

@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <set>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -38,6 +39,16 @@ absl::StatusOr<int64_t> LoadModelStore(const std::string& store, bool clean_temp
 absl::Status RecordServing(const std::string& store, const std::string& action,
                            const std::string& from, const std::string& to,
                            const std::string& committed = "");
+
+// Every version the store records as served by default at some point (each change's `to`, and
+// the serving one); empty without a serving.json (or `store` empty). A fine-tuned version not
+// in it was committed staged and never promoted.
+std::set<std::string> VersionsServedEver(const std::string& store);
+
+// Makes sure the store records which version is served (`serving`, as action "record") so
+// that a version committed next is not served as the newest one by a server following the
+// newest version; nothing written if the store already records one.
+absl::Status RecordServingIfUnrecorded(const std::string& store, const std::string& serving);
 
 // Serves what the store records (at start and on each --watch-store poll): once the store has a
 // serving.json the registry stops following the newest version and serves the recorded one.

@@ -7,7 +7,7 @@
 //  * a PAIR_CLASSIFICATION job (a cross-encoder over (query, item name)) gives a version whose
 //    pair head Rerank uses by default and which puts each held-out query's item first, its
 //    scores being Classify's "relevant" probability.
-// Every job commits with do_not_serve, so the default version stays "base" throughout (checked
+// Every job commits staged (no promotion), so the default version stays "base" throughout (checked
 // at the end), and each call pins the version it is about.
 
 #include <gtest/gtest.h>
@@ -114,7 +114,6 @@ class ClassifyRerankTest : public ::testing::Test {
     }
     pb::FineTuneRequest commit;
     commit.mutable_commit()->set_description("integration_classify_test: " + what);
-    commit.mutable_commit()->set_do_not_serve(true);
     pb::FineTuneProgress final_progress;
     const bool committed = stream->Write(commit) && stream->Read(&final_progress);
     stream->WritesDone();
@@ -290,7 +289,7 @@ TEST_F(ClassifyRerankTest, ClassifyReturnsTheTrainedLabelsOnHeldOutItems) {
   EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_NE(status.error_message().find("inputs[1] is a text pair"), std::string::npos)
       << status.error_message();
-  // Not the default: the classifier was committed with do_not_serve.
+  // Not the default: the classifier was committed staged.
   pb::GetModelInfoRequest info_request;
   pb::ModelInfo info;
   grpc::ClientContext context;

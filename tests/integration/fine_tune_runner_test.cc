@@ -168,6 +168,7 @@ TEST_F(FineTuneRunnerTest, EpochsOfBatchesThenCommit) {
   const int versions_before = Versions().versions_size();
   FineTuneJob job = Job(/*n=*/5, /*batch_size=*/3, /*epochs=*/2);  // batches of 3, 2; 4 steps
   job.commit = true;
+  job.promote = true;
   job.description = "runner test";
   Recorder recorder;
   FineTuneRunnerOptions options;
@@ -185,6 +186,7 @@ TEST_F(FineTuneRunnerTest, EpochsOfBatchesThenCommit) {
   EXPECT_FALSE(outcome.base_version.empty());
   EXPECT_TRUE(std::isfinite(outcome.first_loss) && std::isfinite(outcome.last_loss));
   ASSERT_FALSE(outcome.committed_version.empty());
+  EXPECT_TRUE(outcome.promoted) << outcome.promotion;
 
   const pb::ListVersionsResponse versions = Versions();
   EXPECT_EQ(versions.versions_size(), versions_before + 1);

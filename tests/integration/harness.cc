@@ -876,7 +876,7 @@ std::string CommitOneContrastiveStep(pb::Trainer::Stub* trainer, const CommitOpt
   EXPECT_TRUE(stream->Write(batch) && stream->Read(&progress));
   pb::FineTuneRequest commit;
   commit.mutable_commit()->set_description(options.description);
-  commit.mutable_commit()->set_do_not_serve(options.do_not_serve);
+  commit.mutable_commit()->set_promote(options.promote);
   EXPECT_TRUE(stream->Write(commit) && stream->Read(&progress));
   stream->WritesDone();
   pb::FineTuneProgress ignored;
@@ -885,6 +885,7 @@ std::string CommitOneContrastiveStep(pb::Trainer::Stub* trainer, const CommitOpt
   const grpc::Status status = stream->Finish();
   EXPECT_TRUE(status.ok()) << StatusString(status);
   EXPECT_FALSE(progress.committed_version().empty());
+  EXPECT_EQ(progress.promoted(), options.promote) << progress.promotion();
   return progress.committed_version();
 }
 

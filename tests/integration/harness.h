@@ -130,14 +130,14 @@ ServerProcess& SharedServer();
 // that need the port on their command line).
 int PickFreePort();
 
-// One contrastive FineTune step on three pairs the model does not know, committed (served unless
-// `do_not_serve`) with `description`; `model` picks the served model ("" = the default). The new
-// version's name ("" and a test failure when the job fails).
+// One contrastive FineTune step on three pairs the model does not know, committed (staged, or
+// served by default with `promote`) with `description`; `model` picks the served model ("" = the
+// default). The new version's name ("" and a test failure when the job fails).
 struct CommitOptions {
   std::string token;
   std::string model;
   double learning_rate = 5e-5;
-  bool do_not_serve = false;
+  bool promote = false;
   std::string description = "integration test";
 };
 std::string CommitOneContrastiveStep(pb::Trainer::Stub* trainer, const CommitOptions& options);

@@ -349,6 +349,7 @@ TEST_F(LearnsTest, FineTuningTeachesHeldOutRetrievalAndBaseStaysPinnable) {
   const double train_seconds = Seconds(phase);
   pb::FineTuneRequest commit;
   commit.mutable_commit()->set_description("integration_learns_test: product catalogue");
+  commit.mutable_commit()->set_promote(true);
   pb::FineTuneProgress final_progress;
   const bool committed = stream->Write(commit) && stream->Read(&final_progress);
   stream->WritesDone();
@@ -370,7 +371,7 @@ TEST_F(LearnsTest, FineTuningTeachesHeldOutRetrievalAndBaseStaysPinnable) {
   EXPECT_EQ(tuned.items.version, version);
   ASSERT_EQ(tuned.items.rows.size(), catalog.items().size());
   const Evaluation latest = Evaluate(catalog, catalog.held_out_queries(), "");
-  EXPECT_EQ(latest.items.version, version) << "a commit is served by default";
+  EXPECT_EQ(latest.items.version, version) << "a promoted commit is served by default";
   const Evaluation tuned_train = Evaluate(catalog, catalog.train_queries(), version);
   std::printf(
       "[learns] %s: held-out top-1 %.3f (MRR %.3f) pinned, %.3f as default; training "

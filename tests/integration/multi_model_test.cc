@@ -106,9 +106,10 @@ class MultiModelTest : public ::testing::Test {
     return response;
   }
 
-  // A one-step contrastive fine-tune of `model`, committed and served; the new version.
+  // A one-step contrastive fine-tune of `model`, committed and promoted; the new version.
   static std::string TrainAndCommit(const std::string& model) {
-    return CommitOneContrastiveStep(trainer_, {kToken, model, 5e-5, false, "multi-model test"});
+    return CommitOneContrastiveStep(trainer_,
+                                    {kToken, model, 5e-5, /*promote=*/true, "multi-model test"});
   }
 
   static std::string* work_;

@@ -21,6 +21,7 @@
 
 #include "attnserve/v1/trainer.grpc.pb.h"
 #include "engine/safetensors.h"
+#include "engine/serving_state.h"
 #include "tests/integration/harness.h"
 
 namespace attn::integration {
@@ -84,10 +85,11 @@ pb::FineTuneRequest BatchRequest(const pb::TrainingBatch& batch) {
   return request;
 }
 
-pb::FineTuneRequest CommitRequest(const std::string& description = "", bool do_not_serve = false) {
+// A commit, staged unless `promote`.
+pb::FineTuneRequest CommitRequest(const std::string& description = "", bool promote = false) {
   pb::FineTuneRequest request;
   request.mutable_commit()->set_description(description);
-  request.mutable_commit()->set_do_not_serve(do_not_serve);
+  request.mutable_commit()->set_promote(promote);
   return request;
 }
 
@@ -250,6 +252,32 @@ class TrainerTest : public ::testing::Test {
     return job;
   }
 
+  // A two-label CLASSIFICATION job (`config` gets num_labels 2) of `steps` steps on three
+  // sentiment examples, committed staged with `description`; the final progress.
+  static pb::FineTuneProgress CommitSentimentClassifier(pb::FineTuneRequest config, int steps,
+                                                        const std::string& description) {
+    auto job = OpenJob();
+    config.mutable_config()->set_num_labels(2);
+    pb::FineTuneProgress progress;
+    EXPECT_TRUE(job->stream->Write(config));
+    pb::TrainingBatch batch;
+    for (const auto& [text, label] : std::vector<std::pair<std::string, int>>{
+             {"great movie, loved it", 1}, {"terrible film", 0}, {"wonderful and fun", 1}}) {
+      pb::TrainingExample* example = batch.add_examples();
+      example->set_text(text);
+      example->set_label(label);
+    }
+    for (int step = 1; step <= steps; ++step) {
+      if (!job->Send(BatchRequest(batch), &progress)) {
+        ADD_FAILURE() << "step " << step << ": " << StatusString(job->Finish());
+        return {};
+      }
+    }
+    EXPECT_TRUE(job->Send(CommitRequest(description), &progress));
+    EXPECT_TRUE(job->Finish().ok());
+    return progress;
+  }
+
   // Embeddings of the probe texts from `version` ("" = the served one); its name in *served.
   static std::vector<std::vector<float>> Embed(const std::string& version,
                                                std::string* served = nullptr) {
@@ -287,9 +315,10 @@ class TrainerTest : public ::testing::Test {
     return response;
   }
 
-  // Runs a contrastive job of `steps` identical batches and commits it; the committed version.
+  // Runs a contrastive job of `steps` identical batches and commits it, promoted (served by
+  // default) unless `promote` is false; the committed version.
   static std::string TrainAndCommit(int steps, std::vector<double>* losses = nullptr,
-                                    bool do_not_serve = false) {
+                                    bool promote = true) {
     auto job = OpenJob();
     EXPECT_TRUE(job->stream->Write(ConfigRequest(pb::CONTRASTIVE, 5e-5)));
     for (int i = 0; i < steps; ++i) {
@@ -301,10 +330,11 @@ class TrainerTest : public ::testing::Test {
       if (losses != nullptr) losses->push_back(progress.loss());
     }
     pb::FineTuneProgress final_progress;
-    EXPECT_TRUE(job->Send(CommitRequest("integration test", do_not_serve), &final_progress));
+    EXPECT_TRUE(job->Send(CommitRequest("integration test", promote), &final_progress));
     const grpc::Status status = job->Finish();
     EXPECT_TRUE(status.ok()) << StatusString(status);
     EXPECT_FALSE(final_progress.committed_version().empty());
+    EXPECT_EQ(final_progress.promoted(), promote) << final_progress.promotion();
     EXPECT_EQ(final_progress.step(), steps);
     return final_progress.committed_version();
   }
@@ -569,7 +599,7 @@ TEST_F(TrainerTest, ContrastiveJobCommitsANewServedVersionWhileEncodeKeepsServin
   EXPECT_EQ(served, "base");
 
   pb::FineTuneProgress final_progress;
-  ASSERT_TRUE(job->Send(CommitRequest("first fine-tune"), &final_progress));
+  ASSERT_TRUE(job->Send(CommitRequest("first fine-tune", /*promote=*/true), &final_progress));
   const grpc::Status status = job->Finish();
   ASSERT_TRUE(status.ok()) << StatusString(status);
   const std::string version = final_progress.committed_version();
@@ -667,11 +697,11 @@ TEST_F(TrainerTest, OneJobAtATime) {
 }
 
 TEST_F(TrainerTest, ListRollbackAndSetServingVersion) {
-  // A first version, served, and a second, committed without being served.
+  // A first version, promoted, and a second, staged (committed without promotion).
   const std::string first = TrainAndCommit(1);
   ASSERT_FALSE(first.empty());
   ASSERT_EQ(ListVersions().serving_version(), first);
-  const std::string second = TrainAndCommit(1, nullptr, /*do_not_serve=*/true);
+  const std::string second = TrainAndCommit(1, nullptr, /*promote=*/false);
   ASSERT_FALSE(second.empty());
   pb::ListVersionsResponse listed = ListVersions();
   EXPECT_EQ(listed.serving_version(), first);
@@ -679,6 +709,9 @@ TEST_F(TrainerTest, ListRollbackAndSetServingVersion) {
   EXPECT_EQ(listed.versions(0).version(), "base");
   EXPECT_EQ(listed.versions(1).version(), first);
   EXPECT_EQ(listed.versions(2).version(), second);
+  EXPECT_FALSE(listed.versions(0).staged());
+  EXPECT_FALSE(listed.versions(1).staged());
+  EXPECT_TRUE(listed.versions(2).staged());
 
   auto call_set = [](const std::string& version, pb::ListVersionsResponse* response) {
     grpc::ClientContext context;
@@ -767,30 +800,14 @@ TEST_F(TrainerTest, CosineAndClassificationJobs) {
   }
   std::string version;
   {
-    auto job = OpenJob();
     pb::FineTuneRequest config = ConfigRequest(pb::CLASSIFICATION, 1e-3);
-    config.mutable_config()->set_num_labels(2);
     config.mutable_config()->set_parameters(pb::PARAMETERS_HEAD_ONLY);
-    ASSERT_TRUE(job->stream->Write(config));
-    pb::TrainingBatch batch;
-    for (const auto& [text, label] : std::vector<std::pair<std::string, int>>{
-             {"great movie, loved it", 1}, {"terrible film", 0}, {"wonderful and fun", 1}}) {
-      pb::TrainingExample* example = batch.add_examples();
-      example->set_text(text);
-      example->set_label(label);
-    }
-    pb::FineTuneProgress progress;
-    for (int step = 1; step <= 2; ++step) {
-      ASSERT_TRUE(job->Send(BatchRequest(batch), &progress)) << StatusString(job->Finish());
-    }
-    ASSERT_TRUE(job->Send(CommitRequest("head only", /*do_not_serve=*/true), &progress));
-    EXPECT_TRUE(job->Finish().ok());
-    version = progress.committed_version();
+    version = CommitSentimentClassifier(config, 2, "head only").committed_version();
   }
   ASSERT_FALSE(version.empty());
   EXPECT_TRUE(std::filesystem::exists(*store_ + "/" + version + "/head.safetensors"));
   const pb::ListVersionsResponse listed = ListVersions();
-  EXPECT_EQ(listed.serving_version(), served_before);  // do_not_serve
+  EXPECT_EQ(listed.serving_version(), served_before);  // staged
   EXPECT_EQ(listed.versions(listed.versions_size() - 1).version(), version);
   EXPECT_NE(listed.versions(listed.versions_size() - 1).origin().find("classification"),
             std::string::npos);
@@ -832,7 +849,7 @@ TEST_F(TrainerTest, ParameterSelectionsLeaveFrozenTensorsBitIdentical) {
           << StatusString(job->Finish());
       EXPECT_EQ(progress.step(), step);
     }
-    ASSERT_TRUE(job->Send(CommitRequest(selection, /*do_not_serve=*/true), &progress));
+    ASSERT_TRUE(job->Send(CommitRequest(selection), &progress));
     ASSERT_TRUE(job->Finish().ok());
     const std::string version = progress.committed_version();
     ASSERT_FALSE(version.empty());
@@ -1089,6 +1106,76 @@ TEST_F(TrainerTest, RestartServesTheVersionServedBefore) {
   const std::string next = TrainAndCommit(1);
   EXPECT_GT(next, latest);
   EXPECT_EQ(ListVersions().serving_version(), next);
+}
+
+// Issue 16's finding: a classification job's commit became every client's default embedding
+// model. A commit is now staged: unpinned Encode stays bit-identical (the raw float bytes), a
+// request pinning the new version gets it, Promote makes it the default, and the promotion is
+// recorded in the store so a restart serves it.
+TEST_F(TrainerTest, StagedClassificationLeavesTheDefaultBitIdenticalUntilPromoted) {
+  auto raw_bytes = [](const std::vector<std::vector<float>>& embeddings) {
+    std::string bytes;
+    for (const std::vector<float>& e : embeddings) {
+      bytes.append(reinterpret_cast<const char*>(e.data()), e.size() * sizeof(float));
+    }
+    return bytes;
+  };
+  std::string served;
+  const auto before = Embed("", &served);
+  ASSERT_EQ(served, "base");
+  ASSERT_FALSE(before.empty());
+
+  const pb::FineTuneProgress progress =
+      CommitSentimentClassifier(ConfigRequest(pb::CLASSIFICATION, 1e-4), 3, "classifier, staged");
+  const std::string version = progress.committed_version();
+  EXPECT_FALSE(progress.promoted());
+  EXPECT_NE(progress.promotion().find("staged"), std::string::npos) << progress.promotion();
+  ASSERT_FALSE(version.empty());
+
+  // Unpinned requests: the same version, the same bytes.
+  const auto after_commit = Embed("", &served);
+  EXPECT_EQ(served, "base");
+  EXPECT_EQ(raw_bytes(after_commit), raw_bytes(before)) << "the staged commit changed Encode";
+  pb::ListVersionsResponse listed = ListVersions();
+  EXPECT_EQ(listed.serving_version(), "base");
+  ASSERT_EQ(listed.versions_size(), 2);
+  EXPECT_TRUE(listed.versions(1).staged());
+  EXPECT_FALSE(listed.versions(1).serving());
+  // A request pinning the staged version gets it, trained (the encoder moved).
+  std::string pinned;
+  const auto staged = Embed(version, &pinned);
+  EXPECT_EQ(pinned, version);
+  EXPECT_GT(MaxDiff(staged, before), 1e-5);
+
+  // Promote: the default changes.
+  {
+    grpc::ClientContext context;
+    Authorize(&context);
+    pb::PromoteRequest request;
+    request.set_version(version);
+    pb::ListVersionsResponse response;
+    const grpc::Status status = trainer_->Promote(&context, request, &response);
+    ASSERT_TRUE(status.ok()) << StatusString(status);
+    EXPECT_EQ(response.serving_version(), version);
+    EXPECT_FALSE(response.versions(1).staged());
+  }
+  const auto promoted = Embed("", &served);
+  EXPECT_EQ(served, version);
+  EXPECT_EQ(raw_bytes(promoted), raw_bytes(staged));
+
+  // Restart on the same store: the promoted version is still the default.
+  StopServer();
+  StartServer();
+  ASSERT_NE(server_, nullptr);
+  EXPECT_EQ(ListVersions().serving_version(), version) << "the promotion did not survive";
+  EXPECT_LT(MaxDiff(Embed("", &served), staged), 1e-6);
+  EXPECT_EQ(served, version);
+  absl::StatusOr<ServingState> state = ReadServingState(*store_);
+  ASSERT_TRUE(state.ok()) << state.status();
+  ASSERT_FALSE(state->history.empty());
+  EXPECT_EQ(state->history.back().action, "promote");
+  EXPECT_EQ(state->history.back().from, "base");
+  EXPECT_EQ(state->history.back().to, version);
 }
 
 TEST_F(TrainerTest, DisabledWithoutTokenAndFlagChecks) {

@@ -106,10 +106,11 @@ double MaxDiff(const Embeddings& a, const Embeddings& b) {
   return diff;
 }
 
-// One contrastive step on pairs the model does not know, committed; the new version's name.
-std::string TrainAndCommit(Server& server, double learning_rate, bool do_not_serve = false) {
+// One contrastive step on pairs the model does not know, committed (promoted unless `promote` is
+// false: staged); the new version's name.
+std::string TrainAndCommit(Server& server, double learning_rate, bool promote = true) {
   return CommitOneContrastiveStep(server.trainer.get(),
-                                  {kToken, "", learning_rate, do_not_serve, "watch-store test"});
+                                  {kToken, "", learning_rate, promote, "watch-store test"});
 }
 
 // Polls `server` until its default version is `version`; seconds it took, or -1 on timeout.
@@ -206,8 +207,8 @@ TEST_F(WatchStoreTest, WatchingServerServesVersionsCommittedByTheTrainerReplica)
     ASSERT_TRUE(status.ok()) << StatusString(status);
     EXPECT_EQ(response.serving_version(), "base");
   }
-  // A version committed with do_not_serve is listed by the watcher, never served by it.
-  const std::string second = TrainAndCommit(a, 5e-4, /*do_not_serve=*/true);
+  // A staged version (committed without promotion) is listed by the watcher, never served by it.
+  const std::string second = TrainAndCommit(a, 5e-4, /*promote=*/false);
   ASSERT_FALSE(second.empty());
   const Embeddings second_a = a.EmbedOrFail(second);
   bool listed_on_b = false;
@@ -226,18 +227,20 @@ TEST_F(WatchStoreTest, WatchingServerServesVersionsCommittedByTheTrainerReplica)
             std::string::npos)
       << b.process.process().LogTail();
   b.EmbedOrFail("", &served);
-  EXPECT_EQ(served, "base") << "B served a version committed with do_not_serve";
+  EXPECT_EQ(served, "base") << "B served a staged version";
   EXPECT_LE(MaxDiff(b.EmbedOrFail(second), second_a), 1e-5);  // pinnable by name
   {
-    // Promoting it by hand serves it.
+    // Promoting it on B serves it there; A, which watches too, follows the store's record.
     grpc::ClientContext context;
     context.AddMetadata("authorization", std::string("Bearer ") + kToken);
-    pb::SetServingVersionRequest request;
+    pb::PromoteRequest request;
     request.set_version(second);
     pb::ListVersionsResponse response;
-    const grpc::Status status = b.trainer->SetServingVersion(&context, request, &response);
+    const grpc::Status status = b.trainer->Promote(&context, request, &response);
     ASSERT_TRUE(status.ok()) << StatusString(status);
+    EXPECT_EQ(response.serving_version(), second);
   }
+  ASSERT_GE(WaitUntilServed(a, second, ScaledSeconds(20)), 0) << "A never followed the promotion";
   // A commit that serves is recorded by A and followed by B.
   const std::string third = TrainAndCommit(a, 5e-4);
   ASSERT_FALSE(third.empty());
@@ -258,7 +261,7 @@ TEST_F(WatchStoreTest, WatchingServerServesVersionsCommittedByTheTrainerReplica)
                          "commit base -> " + first,
                          "rollback " + first + " -> base",
                          "commit-staged base -> base",
-                         "set-serving base -> " + second,
+                         "promote base -> " + second,
                          "commit " + second + " -> " + third,
                      }));
 

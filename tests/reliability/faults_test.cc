@@ -288,9 +288,11 @@ std::unique_ptr<Job> TrainOneStep(Server& server, int variant, std::string* erro
   return job;
 }
 
+// Promoted: these tests check what a commit does to the served version across crashes.
 pb::FineTuneRequest Commit(const std::string& description) {
   pb::FineTuneRequest request;
   request.mutable_commit()->set_description(description);
+  request.mutable_commit()->set_promote(true);
   return request;
 }
 

@@ -1468,6 +1468,54 @@ std::vector<HostileCase> Catalogue() {
        StatusCode::INVALID_ARGUMENT,
        {"version", "empty"},
        "SetServingVersion"});
+  // Promote (issue 16): the same checks as SetServingVersion, the one code path behind both.
+  auto promote = [](const std::string& version, const std::string& model = "") {
+    return [version, model](Clients& c) {
+      grpc::ClientContext context;
+      context.AddMetadata("authorization", std::string("Bearer ") + kToken);
+      pb::PromoteRequest request;
+      request.set_version(version);
+      request.set_model(model);
+      pb::ListVersionsResponse response;
+      return c.trainer->Promote(&context, request, &response);
+    };
+  };
+  add({"promote_unknown_version",
+       "Promote 'ft-999999-20260101T000000Z' (never committed)",
+       promote("ft-999999-20260101T000000Z"),
+       StatusCode::NOT_FOUND,
+       {"ft-999999-20260101T000000Z"},
+       "Promote"});
+  add({"promote_empty_version",
+       "Promote with an empty version",
+       promote(""),
+       StatusCode::INVALID_ARGUMENT,
+       {"version", "empty"},
+       "Promote"});
+  add({"promote_overlong_version",
+       "Promote a 10,000-character version name",
+       promote(std::string(10000, 'v')),
+       StatusCode::INVALID_ARGUMENT,
+       {"version", "10000 characters"},
+       "Promote"});
+  add({"promote_control_character_version",
+       "Promote 'ft-1\\x07\\x1b[2J' (BEL and an escape sequence)",
+       promote("ft-1\x07\x1b[2J"),
+       StatusCode::INVALID_ARGUMENT,
+       {"version", "\\x07", "index 4"},
+       "Promote"});
+  add({"promote_path_traversal",
+       "Promote '../../etc'",
+       promote("../../etc"),
+       StatusCode::INVALID_ARGUMENT,
+       {"version", "index 2"},
+       "Promote"});
+  add({"promote_unknown_model",
+       "Promote base of model 'no-such-model'",
+       promote("base", "no-such-model"),
+       StatusCode::NOT_FOUND,
+       {"no-such-model"},
+       "Promote"});
   // The version RPCs parse their bytes themselves too (gRPC's typed handler used to answer these
   // with a bare UNIMPLEMENTED, uncounted).
   add({"invalid_utf8_rollback_version",
@@ -2083,6 +2131,65 @@ TEST(HostileCatalogue, HasAtLeastFortyUniquelyNamedCases) {
   }
   for (const auto& [name, count] : names) EXPECT_EQ(count, 1) << name;
   EXPECT_GE(AllCases().size(), 40u);
+}
+
+// Promote where there is nothing it could promote: a server without a model store, and a
+// version of another served model. Each is refused with a code and a message naming the fix or
+// the version, and the server keeps serving what it served.
+TEST(PromoteHostile, WithoutAStoreAndAcrossModels) {
+  reliability::TempDir dir("promote");
+  const std::string token = dir.WriteFile("token", std::string(kToken) + "\n");
+  auto serving = [](pb::Trainer::Stub* trainer, const std::string& model) {
+    grpc::ClientContext context;
+    context.AddMetadata("authorization", std::string("Bearer ") + kToken);
+    pb::ListVersionsRequest request;
+    request.set_model(model);
+    pb::ListVersionsResponse response;
+    const grpc::Status status = trainer->ListVersions(&context, request, &response);
+    EXPECT_TRUE(status.ok()) << StatusString(status);
+    return response.serving_version();
+  };
+  auto call = [](pb::Trainer::Stub* trainer, const std::string& version, const std::string& model,
+                 pb::ListVersionsResponse* response) {
+    grpc::ClientContext context;
+    context.AddMetadata("authorization", std::string("Bearer ") + kToken);
+    pb::PromoteRequest request;
+    request.set_version(version);
+    request.set_model(model);
+    return trainer->Promote(&context, request, response);
+  };
+  std::string error;
+  pb::ListVersionsResponse response;
+  {
+    ServerProcess server({"--trainer_token_file=" + token, "--trainer_threads=1"});
+    ASSERT_TRUE(server.StartAndWait(ScaledSeconds(120), &error)) << error;
+    auto trainer = pb::Trainer::NewStub(server.NewChannel());
+    ExpectStatus(call(trainer.get(), "base", "", &response), grpc::StatusCode::FAILED_PRECONDITION,
+                 {"no model store", "--model-store DIR"}, "Promote on a server without a store");
+    ExpectStatus(call(trainer.get(), "ft-000001-20260101T000000Z", "", &response),
+                 grpc::StatusCode::FAILED_PRECONDITION, {"--model-store"},
+                 "Promote of a version on a server without a store");
+    reliability::ExpectHealthy(server, "Promote without a store");
+  }
+  {
+    ServerProcess server({"--model=a=" + TestModelDir(), "--model=b=" + TestModelDir(),
+                          "--trainer_token_file=" + token, "--model_store=" + dir.path() + "/store",
+                          "--trainer_threads=1"});
+    ASSERT_TRUE(server.StartAndWait(ScaledSeconds(180), &error)) << error;
+    auto trainer = pb::Trainer::NewStub(server.NewChannel());
+    const std::string version =
+        CommitOneContrastiveStep(trainer.get(), {kToken, "a", 5e-5, /*promote=*/false, "a's"});
+    ASSERT_FALSE(version.empty());
+    ExpectStatus(call(trainer.get(), version, "b", &response), grpc::StatusCode::NOT_FOUND,
+                 {version}, "Promote of model a's version as model b's");
+    EXPECT_EQ(serving(trainer.get(), "b"), "base");
+    EXPECT_EQ(serving(trainer.get(), "a"), "base");  // staged
+    // Its own model promotes it.
+    const grpc::Status promoted = call(trainer.get(), version, "a", &response);
+    ASSERT_TRUE(promoted.ok()) << StatusString(promoted);
+    EXPECT_EQ(response.serving_version(), version);
+    reliability::ExpectHealthy(server, "Promote across models");
+  }
 }
 
 }  // namespace

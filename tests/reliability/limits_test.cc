@@ -398,7 +398,6 @@ TEST(LimitsTest, IdenticalPairsWarnAndTheNoteIsStoredWithTheVersion) {
   }
   pb::FineTuneRequest commit;
   commit.mutable_commit()->set_description("identical pairs");
-  commit.mutable_commit()->set_do_not_serve(true);
   requests.push_back(commit);
   std::vector<pb::FineTuneProgress> answers;
   const grpc::Status status = RunJob(requests, &answers);

@@ -12,12 +12,14 @@
 #include <fstream>
 #include <future>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
 #include "absl/strings/match.h"
 #include "engine/model_store.h"
 #include "engine/serving_state.h"
+#include "server/core/store_versions.h"
 
 namespace attn::server::core {
 namespace {
@@ -122,7 +124,7 @@ TEST_F(FineTuningTest, AJobTrainsCommitsAndIsServed) {
   EXPECT_LT(second->loss, first->loss) << "the same batch again, after one step on it";
   EXPECT_EQ(metrics_.examples_, 8);
 
-  absl::StatusOr<FineTuneProgress> committed = Commit(**job, {"two steps", false});
+  absl::StatusOr<FineTuneProgress> committed = Commit(**job, {"two steps", /*promote=*/true});
   ASSERT_TRUE(committed.ok()) << committed.status();
   const std::string version = committed->committed_version;
   ASSERT_FALSE(version.empty());
@@ -130,7 +132,8 @@ TEST_F(FineTuningTest, AJobTrainsCommitsAndIsServed) {
   EXPECT_EQ(metrics_.published_, 1);
   EXPECT_EQ(metrics_.outcomes_, std::vector<std::string>{"committed"});
 
-  // Served now, written to the store with its description, and recorded as served there.
+  // Promoted: served now, written to the store with its description, and recorded as served.
+  EXPECT_TRUE(committed->promoted);
   EXPECT_EQ(fine_tuning->ServedVersion(), version);
   absl::StatusOr<StoredVersion> stored = ReadStoredVersion(store_, version);
   ASSERT_TRUE(stored.ok()) << stored.status();
@@ -143,6 +146,40 @@ TEST_F(FineTuningTest, AJobTrainsCommitsAndIsServed) {
   // The slot is free again.
   job->reset();
   EXPECT_TRUE(fine_tuning->Begin(Contrastive()).ok());
+}
+
+TEST_F(FineTuningTest, ACommitIsStagedUnlessPromoted) {
+  std::unique_ptr<FineTuning> fine_tuning = NewFineTuning(/*with_store=*/true);
+  absl::StatusOr<std::unique_ptr<FineTuneJob>> job = fine_tuning->Begin(Contrastive());
+  ASSERT_TRUE(job.ok()) << job.status();
+  ASSERT_TRUE(Prepare(**job).ok());
+  ASSERT_TRUE(Step(**job, Pairs(4)).ok());
+  // The deprecated do_not_serve next to promote is a contradiction, refused before any work.
+  CommitRequest contradiction;
+  contradiction.promote = true;
+  contradiction.do_not_serve = true;
+  absl::Status refused = Commit(**job, contradiction).status();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument) << refused;
+  EXPECT_TRUE(absl::StrContains(refused.message(), "do_not_serve")) << refused;
+  EXPECT_EQ(metrics_.published_, 0);
+
+  absl::StatusOr<FineTuneProgress> committed = Commit(**job, {"staged"});
+  ASSERT_TRUE(committed.ok()) << committed.status();
+  const std::string version = committed->committed_version;
+  ASSERT_FALSE(version.empty());
+  EXPECT_FALSE(committed->promoted);
+  EXPECT_TRUE(absl::StartsWith(committed->promotion, "staged")) << committed->promotion;
+  EXPECT_EQ(metrics_.published_, 1);
+  // Listed and pinnable, not the default; the store records that before the version appeared.
+  EXPECT_EQ(fine_tuning->ServedVersion(), "base");
+  absl::StatusOr<ServingState> state = ReadServingState(store_);
+  ASSERT_TRUE(state.ok()) << state.status();
+  EXPECT_EQ(state->serving, "base");
+  ASSERT_EQ(state->history.size(), 2u);
+  EXPECT_EQ(state->history[0].action, "record");
+  EXPECT_EQ(state->history[1].action, "commit-staged");
+  EXPECT_EQ(state->history[1].committed, version);
+  EXPECT_EQ(VersionsServedEver(store_), std::set<std::string>{"base"});
 }
 
 TEST_F(FineTuningTest, ErrorsBeforeAnyWork) {

@@ -1,6 +1,6 @@
 """Client.classify and Client.rerank against the real server's Classify and Rerank RPCs.
 
-Heads are trained here through Client.finetune and committed with serve=False, so the other
+Heads are trained here through Client.finetune and committed staged (the default), so the other
 tests keep seeing the base version as the default; every call pins the version it means.
 """
 import grpc
@@ -58,7 +58,7 @@ def base(client):
 @pytest.fixture(scope="module")
 def classifier(client):
     result = client.finetune(TRAIN, "classification", num_labels=3, label_names=LABELS,
-                             batch_size=6, epochs=4, learning_rate=2e-4, seed=3, serve=False,
+                             batch_size=6, epochs=4, learning_rate=2e-4, seed=3,
                              description="client classify test", progress=False)
     return result.committed_version
 
@@ -78,7 +78,7 @@ def cross_encoder(client):
         ("bread recipe", "The goalkeeper saved a penalty in extra time."),
     ]]
     result = client.finetune(relevant + irrelevant, "pair_classification", num_labels=2,
-                             batch_size=8, epochs=3, learning_rate=1e-4, seed=5, serve=False,
+                             batch_size=8, epochs=3, learning_rate=1e-4, seed=5,
                              progress=False)
     return result.committed_version
 

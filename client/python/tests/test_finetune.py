@@ -27,7 +27,8 @@ def test_finetune_commits_a_version_that_serves_and_rollback_restores(client, tm
     data = tmp_path / "pairs.jsonl"
     data.write_text("".join(json.dumps({"anchor": a, "positive": p}) + "\n" for a, p in PAIRS))
     result = client.finetune(data, "contrastive", batch_size=3, epochs=2, learning_rate=1e-4,
-                             seed=7, description="client test", progress=True)
+                             seed=7, description="client test", promote=True,
+                             progress=True)
     assert result.steps == 4 and len(result.losses) == 4
     assert all(np.isfinite(result.losses))
     assert result.base_version == base and result.committed_version

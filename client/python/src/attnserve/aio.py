@@ -64,6 +64,9 @@ class AsyncClient:
     async def rollback(self, version: str = "") -> List[VersionInfo]:
         return await self._run(self.client.rollback, version)
 
+    async def promote(self, version: str) -> List[VersionInfo]:
+        return await self._run(self.client.promote, version)
+
     def close(self, wait: Optional[bool] = True) -> None:
         self._pool.shutdown(wait=bool(wait))
         self.client.close()

@@ -30,6 +30,8 @@ class VersionInfo:
     serving: bool
     description: str
     notes: List[str]
+    # Committed without promotion and never served by default: pin it, or promote() it.
+    staged: bool = False
 
 
 def channel_credentials(tls: TlsOption) -> Optional[grpc.ChannelCredentials]:
@@ -56,7 +58,8 @@ def channel_options(tls_server_name: Optional[str]) -> List[Tuple[str, Any]]:
 
 def versions_of(response: tpb.ListVersionsResponse) -> List[VersionInfo]:
     return [VersionInfo(version=v.version, origin=v.origin, created_utc=v.created_utc,
-                        serving=v.serving, description=v.description, notes=list(v.notes))
+                        serving=v.serving, description=v.description, notes=list(v.notes),
+                        staged=v.staged)
             for v in response.versions]
 
 
@@ -263,15 +266,23 @@ class Client:
                                       tpb.SetServingVersionRequest(version=version),
                                       trainer=True))
 
+    def promote(self, version: str) -> List[VersionInfo]:
+        """Serve a committed (staged) version by default, recorded in the model store."""
+        return versions_of(self._call(self._trainer.Promote, tpb.PromoteRequest(version=version),
+                                      trainer=True))
+
     def finetune(self, data: TrainingData, objective: Union[str, int], *, batch_size: int = 16,
                  epochs: int = 1, learning_rate: float = 0.0, num_labels: int = 0,
                  label_names: Optional[Sequence[str]] = None, parameters: Union[str, int] = "all",
                  seed: int = 0, shuffle: bool = True, warmup_steps: int = 0,
                  total_steps: int = 0, disable_dropout: bool = False, base_version: str = "",
                  max_length: int = 0, commit: bool = True, description: str = "",
-                 serve: bool = True, progress: bool = True,
+                 promote: bool = False, serve: Optional[bool] = None, progress: bool = True,
                  batches_in_flight: int = 2) -> FineTuneResult:
         """Fine-tunes on `data` and commits a new version (or aborts with commit=False).
+
+        The version is staged (pin it with model_version=..., then promote() it) unless
+        promote=True. `serve` is the deprecated name of `promote`.
 
         data: a JSON Lines file (attnctl's format: {"anchor", "positive"[, "negative"]},
         {"first", "second", "score"}, {"text", "label"}, {"first", "second", "label"}), or an
@@ -282,6 +293,8 @@ class Client:
         """
         from tqdm.auto import tqdm
 
+        if serve is not None:
+            promote = serve
         objective_value = _finetune.objective(objective)
         examples = _finetune.load(data, objective_value)
         todo = _finetune.batches(examples, batch_size, epochs, shuffle, seed)
@@ -320,7 +333,7 @@ class Client:
                 sent += 1
             if sent == len(todo) and len(losses) == sent:
                 finish(tpb.FineTuneRequest(commit=tpb.CommitRequest(
-                    description=description, do_not_serve=not serve)) if commit
+                    description=description, promote=promote)) if commit
                     else tpb.FineTuneRequest(abort=True))
 
         requests.put(tpb.FineTuneRequest(config=job_config))
