@@ -20,6 +20,7 @@ double SquaredNorm(const std::vector<float>& x) {
 
 double SquaredDistance(const float* a, const float* b, int64_t n) {
   double sum = 0;
+#pragma omp parallel for reduction(+ : sum) schedule(static) if (n >= (1 << 16))
   for (int64_t k = 0; k < n; ++k) {
     const double d = double{a[k]} - b[k];
     sum += d * d;
@@ -48,6 +49,10 @@ TrainingTelemetry::TrainingTelemetry(const BertWeights& initial, const BertWeigh
     const Tensor* first = group.parts.front().tensor;
     trainable_.push_back(std::find(trainable.begin(), trainable.end(), first) != trainable.end());
   }
+  // ‖W₀‖ per group: constant for the job, so computed once.
+  for (const ParameterGroup& group : initial_) {
+    initial_norms_.push_back(std::sqrt(attn::SquaredNorm(group)));
+  }
   if (head_ != nullptr) initial_head_ = *head_;
   before_.resize(weights_.size());
   touched_.assign(weights.word_embeddings.dim(0), 0);
@@ -65,10 +70,17 @@ void TrainingTelemetry::MarkRows(const std::vector<int32_t>& word_rows) {
 void TrainingTelemetry::BeforeUpdate() {
   for (size_t g = 0; g < weights_.size(); ++g) {
     std::vector<float>& copy = before_[g];
-    copy.clear();
     if (!trainable_[g]) continue;
+    int64_t size = 0;
+    for (const TensorRows& part : weights_[g].parts) size += part.size();
+    copy.resize(size);  // allocated once, at the first telemetry step
+    float* to = copy.data();
     for (const TensorRows& part : weights_[g].parts) {
-      copy.insert(copy.end(), part.begin(), part.begin() + part.size());
+      const float* from = part.begin();
+      const int64_t n = part.size();
+#pragma omp parallel for schedule(static) if (n >= (1 << 16))
+      for (int64_t k = 0; k < n; ++k) to[k] = from[k];
+      to += n;
     }
   }
   if (head_ != nullptr) head_before_ = HeadValues(*head_);
@@ -92,8 +104,8 @@ StepTelemetry TrainingTelemetry::AfterUpdate(const WordPieceTokenizer& tokenizer
       at += part.size();
     }
     t.update_norm = std::sqrt(update);
-    t.relative_change = Ratio(std::sqrt(attn::SquaredDistance(group, initial_[g])),
-                              std::sqrt(attn::SquaredNorm(initial_[g])));
+    t.relative_change =
+        Ratio(std::sqrt(attn::SquaredDistance(group, initial_[g])), initial_norms_[g]);
   }
   if (head_ != nullptr) {
     GroupTelemetry& t = out.groups.emplace_back();

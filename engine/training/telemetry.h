@@ -64,6 +64,7 @@ class TrainingTelemetry {
  private:
   std::vector<ParameterGroup> initial_, weights_, grads_;
   std::vector<bool> trainable_;
+  std::vector<double> initial_norms_;  // ‖W₀‖ per group
   const ClassificationHead* head_;
   const ClassificationHead* head_grads_;
   ClassificationHead initial_head_;
