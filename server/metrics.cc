@@ -104,6 +104,14 @@ Metrics::Metrics()
                                       "(W_Q, W_K, W_V, W_O, FFN_in, FFN_out, LayerNorm, "
                                       "embeddings, head; all layers together), by model.")
                                 .Register(*registry_)),
+      served_weight_change_(prometheus::BuildGauge()
+                                .Name("attnserve_served_version_weight_change")
+                                .Help("How far the default version's weights are from the "
+                                      "version it was fine-tuned from, ||W - W_parent|| / "
+                                      "||W_parent|| over all encoder parameters (from its "
+                                      "training report; 0 for a model loaded from a directory), "
+                                      "by model.")
+                                .Register(*registry_)),
       versions_published_(prometheus::BuildCounter()
                               .Name("attnserve_model_versions_published_total")
                               .Help("Model versions committed by fine-tuning since start, by "
@@ -232,6 +240,10 @@ void ModelMetrics::RecordFineTuneJob(std::string_view outcome) {
 }
 
 void ModelMetrics::RecordVersionPublished() { versions_published_.Increment(); }
+
+void ModelMetrics::SetServedVersionWeightChange(double relative_change) {
+  metrics_->served_weight_change_.Add({{"model", model_}}).Set(relative_change);
+}
 
 void ModelMetrics::RecordUpdateNorms(
     const std::vector<std::pair<std::string, double>>& update_norm_by_kind) {

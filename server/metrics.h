@@ -53,6 +53,9 @@ class ModelMetrics final : public ServingMetrics, public TrainingMetrics {
   // attnserve_serving_version_info{model, version} 1 for the version the model serves by
   // default (replaces the model's previous series).
   void SetServingVersion(const std::string& version);
+  // attnserve_served_version_weight_change{model}: ‖W − W_base‖/‖W_base‖ of the default version
+  // against the version it was fine-tuned from (its training report); 0 for a loaded model.
+  void SetServedVersionWeightChange(double relative_change);
 
  private:
   Metrics* const metrics_;
@@ -114,6 +117,7 @@ class Metrics {
   prometheus::Family<prometheus::Counter>& finetune_examples_;
   prometheus::Family<prometheus::Counter>& finetune_jobs_;
   prometheus::Family<prometheus::Gauge>& finetune_update_norm_;
+  prometheus::Family<prometheus::Gauge>& served_weight_change_;
   prometheus::Family<prometheus::Counter>& versions_published_;
   prometheus::Family<prometheus::Gauge>& serving_version_info_;
   std::mutex models_mutex_;

@@ -22,6 +22,7 @@
 #include "engine/model.h"
 #include "engine/model_config.h"
 #include "engine/model_store.h"
+#include "engine/training/training_report.h"
 #include "server/core/batcher.h"
 #include "server/core/cost_model.h"
 #include "server/core/model_registry.h"
@@ -199,13 +200,21 @@ int RunServer(const ServerOptions& options, std::optional<std::string> trainer_t
     });
     // Every change of the default version (start-up, commit, Rollback, SetServingVersion) shows
     // in the metrics.
-    slot.registry->SetServingListener([model_metrics = slot.metrics](const ModelVersion& served) {
-      const BertConfig& c = served.model->config();
-      model_metrics->SetModelInfo(served.version, c.model_type,
-                                  PrecisionName(served.model->precision()), c.num_hidden_layers,
-                                  c.hidden_size, c.num_attention_heads);
-      model_metrics->SetServingVersion(served.version);
-    });
+    slot.registry->SetServingListener(
+        [model_metrics = slot.metrics, store](const ModelVersion& served) {
+          const BertConfig& c = served.model->config();
+          model_metrics->SetModelInfo(served.version, c.model_type,
+                                      PrecisionName(served.model->precision()), c.num_hidden_layers,
+                                      c.hidden_size, c.num_attention_heads);
+          model_metrics->SetServingVersion(served.version);
+          // A fine-tuned version's distance from its parent, from the report stored with it.
+          double change = 0;
+          if (!store.empty() && served.version != "base") {
+            absl::StatusOr<TrainingReport> report = ReadTrainingReport(store, served.version);
+            if (report.ok()) change = report->total_relative_change;
+          }
+          model_metrics->SetServedVersionWeightChange(change);
+        });
     slot.batcher = std::make_unique<Batcher>(
         BatcherOptions{slot.batch_tokens, options.max_concurrent_requests, options.threads},
         slot.metrics);

@@ -14,14 +14,22 @@ namespace attn {
 using Json = nlohmann::json;
 
 std::vector<GroupChange> RelativeChanges(const BertWeights& initial, const BertWeights& weights,
-                                         int64_t* embedding_rows_changed) {
+                                         int64_t* embedding_rows_changed,
+                                         double* total_relative_change) {
   const std::vector<ParameterGroup> from = ParameterGroups(initial);
   const std::vector<ParameterGroup> to = ParameterGroups(weights);
   std::vector<GroupChange> changes;
+  double base_total = 0, moved_total = 0;
   for (size_t g = 0; g < to.size(); ++g) {
-    const double base = std::sqrt(SquaredNorm(from[g]));
-    const double moved = std::sqrt(SquaredDistance(to[g], from[g]));
+    const double base_squared = SquaredNorm(from[g]);
+    const double moved_squared = SquaredDistance(to[g], from[g]);
+    base_total += base_squared;
+    moved_total += moved_squared;
+    const double base = std::sqrt(base_squared), moved = std::sqrt(moved_squared);
     changes.push_back({to[g].name, to[g].kind, to[g].layer, base > 0 ? moved / base : 0.0});
+  }
+  if (total_relative_change != nullptr) {
+    *total_relative_change = base_total > 0 ? std::sqrt(moved_total / base_total) : 0.0;
   }
   if (embedding_rows_changed != nullptr) {
     const Tensor& a = initial.word_embeddings;
@@ -70,7 +78,8 @@ std::string TrainingReportJson(const TrainingReport& report) {
       {"loss_curve",
        {{"step", steps}, {"loss", losses}, {"learning_rate", rates}, {"grad_norm", norms}}},
       {"relative_change", changes},
-      {"embedding_rows_changed", report.embedding_rows_changed}};
+      {"embedding_rows_changed", report.embedding_rows_changed},
+      {"total_relative_change", Number(report.total_relative_change)}};
   return json.dump(1, ' ', false, Json::error_handler_t::replace) + "\n";
 }
 
@@ -105,6 +114,9 @@ absl::StatusOr<TrainingReport> ParseTrainingReport(std::string_view text, std::s
                                 c.at("layer").get<int>(), ReadNumber(c.at("relative_change"))});
     }
     report.embedding_rows_changed = json.at("embedding_rows_changed").get<int64_t>();
+    if (auto total = json.find("total_relative_change"); total != json.end()) {
+      report.total_relative_change = ReadNumber(*total);
+    }
     return report;
   } catch (const Json::exception& e) {
     return bad(e.what());

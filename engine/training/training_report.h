@@ -34,12 +34,16 @@ struct TrainingReport {
   std::vector<LossPoint> loss_curve;   // one point per step
   std::vector<GroupChange> changes;    // ParameterGroups order
   int64_t embedding_rows_changed = 0;  // word-embedding rows that differ from W₀
+  // ‖W − W₀‖/‖W₀‖ over every encoder parameter together: how far the version is from its base.
+  double total_relative_change = 0;
 };
 
 // ‖W − W₀‖/‖W₀‖ per parameter group (double sums), and the count of word-embedding rows that
 // differ. (A job's head is new: it has no W₀ in the base, so it is not in the table.)
+// `total_relative_change` (may be null): the same over all groups together.
 std::vector<GroupChange> RelativeChanges(const BertWeights& initial, const BertWeights& weights,
-                                         int64_t* embedding_rows_changed);
+                                         int64_t* embedding_rows_changed,
+                                         double* total_relative_change = nullptr);
 
 std::string TrainingReportJson(const TrainingReport& report);
 // InvalidArgument/DataLoss naming `source` for a file that is not a report.

@@ -317,7 +317,7 @@ TrainingReport FineTuneJob::Report() const {
   setting("examples_seen", examples_seen_);
   report.loss_curve = loss_curve_;
   report.changes = RelativeChanges(trainer_->base().weights(), trainer_->weights(),
-                                   &report.embedding_rows_changed);
+                                   &report.embedding_rows_changed, &report.total_relative_change);
   return report;
 }
 

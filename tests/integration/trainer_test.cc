@@ -650,6 +650,30 @@ TEST_F(TrainerTest, ContrastiveJobCommitsANewServedVersionWhileEncodeKeepsServin
   EXPECT_NEAR(metrics.Sum("attnserve_finetune_loss"), losses.back(), 1e-4);
   EXPECT_EQ(metrics.Sum("attnserve_finetune_jobs_total", {{"outcome", "committed"}}), 1);
   EXPECT_GE(metrics.Sum("attnserve_requests_total", {{"method", "FineTune"}, {"code", "OK"}}), 1);
+
+  // The served version's distance from base, against a naive loop over the two checkpoints'
+  // tensors (the pooler is in neither sum: the engine does not load it).
+  auto base_file = SafetensorsFile::Open(TestModelDir() + "/model.safetensors");
+  auto tuned_file = SafetensorsFile::Open(*store_ + "/" + version + "/model.safetensors");
+  ASSERT_TRUE(base_file.ok() && tuned_file.ok());
+  double moved = 0, norm = 0;
+  for (const TensorInfo& info : (*tuned_file)->tensors()) {
+    const std::string name = info.name.rfind("bert.", 0) == 0 ? info.name.substr(5) : info.name;
+    const TensorInfo* original = (*base_file)->Find(name);
+    if (original == nullptr) original = (*base_file)->Find("bert." + name);
+    ASSERT_NE(original, nullptr) << name;
+    const std::string_view a = (*tuned_file)->RawBytes(info), b = (*base_file)->RawBytes(*original);
+    ASSERT_EQ(a.size(), b.size()) << name;
+    for (size_t k = 0; k < a.size() / 4; ++k) {
+      float x, y;
+      std::memcpy(&x, a.data() + 4 * k, 4);
+      std::memcpy(&y, b.data() + 4 * k, 4);
+      moved += (double{x} - y) * (double{x} - y);
+      norm += double{y} * y;
+    }
+  }
+  EXPECT_NEAR(metrics.Sum("attnserve_served_version_weight_change"), std::sqrt(moved / norm),
+              1e-9 + 1e-6 * std::sqrt(moved / norm));
 }
 
 TEST_F(TrainerTest, OneJobAtATime) {
