@@ -72,7 +72,19 @@ std::string TrainingReportJson(const TrainingReport& report) {
                        {"layer", c.layer},
                        {"relative_change", Number(c.relative_change)}});
   }
-  const Json json = {
+  Json evaluations = Json::array();
+  for (const StepEvaluation& e : report.evaluations) {
+    Json metrics = Json::array();
+    for (const auto& [name, value] : e.result.metrics) {
+      metrics.push_back({{"name", name}, {"value", Number(value)}});
+    }
+    evaluations.push_back({{"step", e.step},
+                           {"task", EvaluationTaskName(e.result.task)},
+                           {"examples", e.result.examples},
+                           {"seconds", Number(e.result.seconds)},
+                           {"metrics", metrics}});
+  }
+  Json json = {
       {"format_version", 1},
       {"settings", settings},
       {"loss_curve",
@@ -80,6 +92,8 @@ std::string TrainingReportJson(const TrainingReport& report) {
       {"relative_change", changes},
       {"embedding_rows_changed", report.embedding_rows_changed},
       {"total_relative_change", Number(report.total_relative_change)}};
+  if (!evaluations.empty()) json["evaluations"] = evaluations;
+  if (!report.promotion.empty()) json["promotion"] = report.promotion;
   return json.dump(1, ' ', false, Json::error_handler_t::replace) + "\n";
 }
 
@@ -116,6 +130,24 @@ absl::StatusOr<TrainingReport> ParseTrainingReport(std::string_view text, std::s
     report.embedding_rows_changed = json.at("embedding_rows_changed").get<int64_t>();
     if (auto total = json.find("total_relative_change"); total != json.end()) {
       report.total_relative_change = ReadNumber(*total);
+    }
+    if (auto evaluations = json.find("evaluations"); evaluations != json.end()) {
+      for (const Json& e : *evaluations) {
+        StepEvaluation& point = report.evaluations.emplace_back();
+        point.step = e.at("step").get<int64_t>();
+        if (!ParseEvaluationTask(e.at("task").get<std::string>(), &point.result.task)) {
+          return bad("unknown evaluation task");
+        }
+        point.result.examples = e.at("examples").get<int64_t>();
+        point.result.seconds = ReadNumber(e.at("seconds"));
+        for (const Json& m : e.at("metrics")) {
+          point.result.metrics.emplace_back(m.at("name").get<std::string>(),
+                                            ReadNumber(m.at("value")));
+        }
+      }
+    }
+    if (auto promotion = json.find("promotion"); promotion != json.end()) {
+      report.promotion = promotion->get<std::string>();
     }
     return report;
   } catch (const Json::exception& e) {

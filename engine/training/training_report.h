@@ -1,6 +1,7 @@
 // A fine-tuning job's report, stored with the version it committed (<version>/
 // training_report.json, written in the same atomic checkpoint): the job's settings, the loss
-// curve, and how far each parameter group moved from the weights the job started from.
+// curve, how far each parameter group moved from the weights the job started from, and its
+// evaluations with the promotion decision.
 #pragma once
 
 #include <cstdint>
@@ -9,6 +10,7 @@
 
 #include "absl/status/statusor.h"
 #include "engine/parameter_groups.h"
+#include "engine/training/evaluate_encoder.h"
 #include "engine/training/losses.h"
 
 namespace attn {
@@ -28,6 +30,12 @@ struct GroupChange {
   double relative_change = 0;  // ‖W − W₀‖ / ‖W₀‖
 };
 
+// An evaluation of the job's weights after `step` steps (0: the base version).
+struct StepEvaluation {
+  int64_t step = 0;
+  EvaluationResult result;  // per_example is not stored
+};
+
 struct TrainingReport {
   // The job's settings as "name": value pairs (objective, learning_rate, parameters, ...).
   std::vector<std::pair<std::string, std::string>> settings;
@@ -36,6 +44,12 @@ struct TrainingReport {
   int64_t embedding_rows_changed = 0;  // word-embedding rows that differ from W₀
   // ‖W − W₀‖/‖W₀‖ over every encoder parameter together: how far the version is from its base.
   double total_relative_change = 0;
+  // The job's evaluation set scored on the base, every eval_every steps and on the committed
+  // weights (empty without an evaluation set).
+  std::vector<StepEvaluation> evaluations;
+  // Whether the commit promoted the version, and why ("staged: the gate recall@1>=0.8 failed:
+  // recall@1 0.72"); empty in reports written before promotion gates existed.
+  std::string promotion;
 };
 
 // ‖W − W₀‖/‖W₀‖ per parameter group (double sums), and the count of word-embedding rows that
