@@ -7,6 +7,80 @@ namespace attn::server {
 
 namespace v1 = attnserve::v1;
 
+namespace {
+
+core::TrainingExample ExampleToCore(const v1::TrainingExample& e) {
+  core::TrainingExample example;
+  example.anchor = e.anchor();
+  example.positive = e.positive();
+  example.negative = e.negative();
+  example.first = e.first();
+  example.second = e.second();
+  example.score = e.score();
+  example.text = e.text();
+  example.label = e.label();
+  return example;
+}
+
+v1::EvaluationTask TaskToProto(EvaluationTask task) {
+  switch (task) {
+    case EvaluationTask::kRetrieval:
+      return v1::EVALUATION_RETRIEVAL;
+    case EvaluationTask::kCosineSimilarity:
+      return v1::EVALUATION_COSINE_SIMILARITY;
+    case EvaluationTask::kClassification:
+      return v1::EVALUATION_CLASSIFICATION;
+    case EvaluationTask::kPairClassification:
+      return v1::EVALUATION_PAIR_CLASSIFICATION;
+  }
+  return v1::EVALUATION_TASK_UNSPECIFIED;
+}
+
+}  // namespace
+
+absl::StatusOr<core::EvaluationSetRequest> ToCore(const v1::EvaluationSet& set,
+                                                  absl::string_view field) {
+  core::EvaluationSetRequest out;
+  switch (set.task()) {
+    case v1::EVALUATION_TASK_UNSPECIFIED:
+      break;
+    case v1::EVALUATION_RETRIEVAL:
+      out.task = EvaluationTask::kRetrieval;
+      break;
+    case v1::EVALUATION_COSINE_SIMILARITY:
+      out.task = EvaluationTask::kCosineSimilarity;
+      break;
+    case v1::EVALUATION_CLASSIFICATION:
+      out.task = EvaluationTask::kClassification;
+      break;
+    case v1::EVALUATION_PAIR_CLASSIFICATION:
+      out.task = EvaluationTask::kPairClassification;
+      break;
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, ".task: unknown value ", static_cast<int>(set.task())));
+  }
+  out.queries.assign(set.queries().begin(), set.queries().end());
+  out.corpus.assign(set.corpus().begin(), set.corpus().end());
+  out.relevant.assign(set.relevant().begin(), set.relevant().end());
+  out.examples.reserve(set.examples_size());
+  for (const v1::TrainingExample& e : set.examples()) out.examples.push_back(ExampleToCore(e));
+  return out;
+}
+
+void ToProto(const EvaluationResult& result, int64_t step, v1::EvaluationResult* out) {
+  out->set_task(TaskToProto(result.task));
+  out->set_step(step);
+  for (const auto& [name, value] : result.metrics) {
+    v1::EvaluationMetric* metric = out->add_metrics();
+    metric->set_name(name);
+    metric->set_value(value);
+  }
+  out->set_examples(result.examples);
+  out->set_seconds(result.seconds);
+  for (double value : result.per_example) out->add_per_example(value);
+}
+
 absl::StatusOr<core::FineTuneConfig> ToCore(const v1::FineTuneConfig& config) {
   core::FineTuneConfig out;
   switch (config.objective()) {
@@ -62,23 +136,21 @@ absl::StatusOr<core::FineTuneConfig> ToCore(const v1::FineTuneConfig& config) {
   out.base_version = config.base_version();
   out.tokenization = ToCore(config.tokenization());
   out.telemetry_every = config.telemetry_every();
+  if (config.has_evaluation()) {
+    absl::StatusOr<core::EvaluationSetRequest> evaluation =
+        ToCore(config.evaluation(), "config.evaluation");
+    if (!evaluation.ok()) return evaluation.status();
+    out.evaluation = *std::move(evaluation);
+  }
+  out.eval_every = config.eval_every();
+  out.promote_if = config.promote_if();
   return out;
 }
 
 core::TrainingBatchRequest ToCore(const v1::TrainingBatch& batch) {
   core::TrainingBatchRequest out;
   out.examples.reserve(batch.examples_size());
-  for (const v1::TrainingExample& e : batch.examples()) {
-    core::TrainingExample& example = out.examples.emplace_back();
-    example.anchor = e.anchor();
-    example.positive = e.positive();
-    example.negative = e.negative();
-    example.first = e.first();
-    example.second = e.second();
-    example.score = e.score();
-    example.text = e.text();
-    example.label = e.label();
-  }
+  for (const v1::TrainingExample& e : batch.examples()) out.examples.push_back(ExampleToCore(e));
   return out;
 }
 
@@ -122,6 +194,9 @@ void ToProto(const core::FineTuneProgress& progress, v1::FineTuneProgress* out) 
       token->set_token(t.token);
       token->set_relative_change(t.relative_change);
     }
+  }
+  for (const StepEvaluation& e : progress.evaluations) {
+    ToProto(e.result, e.step, out->add_evaluations());
   }
   out->set_promoted(progress.promoted);
   out->set_promotion(progress.promotion);

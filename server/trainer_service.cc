@@ -10,9 +10,12 @@
 #include "engine/model_store.h"
 #include "engine/training/training_report.h"
 #include "server/auth.h"
+#include "server/core/evaluation.h"
 #include "server/core/store_versions.h"
 #include "server/core/version_compare.h"
+#include "server/fine_tune_convert.h"
 #include "server/fine_tune_reactor.h"
+#include "server/proto_convert.h"
 #include "server/raw_method.h"
 
 namespace attn::server {
@@ -106,6 +109,23 @@ void ToProto(const core::NeighborsResponse& in, v1::NeighborsResponse* out) {
   for (double cosine : in.contextual_cosine) out->add_contextual_cosine(cosine);
 }
 
+absl::StatusOr<core::EvaluateRequest> FromProto(const v1::EvaluateRequest& in) {
+  core::EvaluateRequest out;
+  out.model = in.model();
+  out.version = in.version();
+  absl::StatusOr<core::EvaluationSetRequest> evaluation = ToCore(in.evaluation(), "evaluation");
+  if (!evaluation.ok()) return evaluation.status();
+  out.evaluation = *std::move(evaluation);
+  out.tokenization = ToCore(in.tokenization());
+  return out;
+}
+
+void ToProto(const core::EvaluateResponse& in, v1::EvaluationResult* out) {
+  attn::server::ToProto(in.result, /*step=*/0, out);
+  out->set_model(in.model);
+  out->set_model_version(in.model_version);
+}
+
 }  // namespace
 
 TrainerService::TrainerService(const ServerOptions& options, std::optional<std::string> token,
@@ -133,6 +153,7 @@ TrainerService::TrainerService(const ServerOptions& options, std::optional<std::
       "CompareVersions", &core::CompareVersions);
   ServeAnalysisMethod<v1::NeighborsRequest, v1::NeighborsResponse>("Neighbors", &core::Neighbors);
   ServeVersionsMethod<v1::PromoteRequest>("Promote", &TrainerService::HandlePromote);
+  ServeAnalysisMethod<v1::EvaluateRequest, v1::EvaluationResult>("Evaluate", &core::Evaluate);
 }
 
 template <typename Request>
@@ -157,9 +178,14 @@ void TrainerService::ServeAnalysisMethod(const char* method,
   ServeUnary<Request>(
       method,
       [this, core_call](std::shared_ptr<UnaryCall> call, const Request& request) {
+        absl::StatusOr<CoreRequest> converted = FromProto(request);
+        if (!converted.ok()) {
+          call->Finish(converted.status());
+          return;
+        }
         // The core answers on this thread when it refuses the request, else on the model's
         // batcher thread once the work is done.
-        core_call(*models_, FromProto(request), call->Control(),
+        core_call(*models_, *converted, call->Control(),
                   [call](absl::StatusOr<CoreResponse> result) {
                     if (!result.ok()) {
                       call->Finish(result.status());
@@ -317,6 +343,10 @@ absl::Status TrainerService::HandleGetTrainingReport(const v1::GetTrainingReport
     group->set_relative_change(c.relative_change);
   }
   response->set_embedding_rows_changed(report->embedding_rows_changed);
+  for (const StepEvaluation& e : report->evaluations) {
+    ToProto(e.result, e.step, response->add_evaluations());
+  }
+  response->set_promotion(report->promotion);
   return absl::OkStatus();
 }
 

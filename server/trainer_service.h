@@ -1,7 +1,7 @@
 // attnserve.v1.Trainer over the gRPC callback API: fine-tuning jobs (FineTune, a bidirectional
 // stream, an adapter over the core's FineTuneJob: server/core/fine_tuning.h) and model versions
 // (ListVersions, Rollback, SetServingVersion, Promote), and the read-only analysis of versions
-// (CompareVersions, Neighbors).
+// (CompareVersions, Neighbors, Evaluate).
 //
 // Threads: gRPC threads only validate messages and move them along; every engine step runs on
 // the core's training thread with --trainer-threads OpenMP threads, so training leaves the other
@@ -81,8 +81,9 @@ class TrainerService final : public attnserve::v1::Trainer::CallbackService {
   using UnaryHandler = std::function<void(std::shared_ptr<UnaryCall> call, const Request& request)>;
   template <typename Request>
   void ServeUnary(const char* method, UnaryHandler<Request> handle, bool answer_dropped = false);
-  // CompareVersions and Neighbors (server/core/version_compare.h): read-only, authorized like
-  // ListVersions; the core call finishes the call from the batcher thread.
+  // CompareVersions, Neighbors (server/core/version_compare.h) and Evaluate
+  // (server/core/evaluation.h): read-only, authorized like ListVersions; the core call finishes
+  // the call from the batcher thread.
   template <typename CoreRequest, typename CoreResponse>
   using AnalysisCall = void (*)(const ModelSet& models, const CoreRequest& request,
                                 const core::CallControl& control,

@@ -134,6 +134,44 @@ absl::StatusOr<JobSettings> ResolveJobConfig(const FineTuneConfig& config, const
   if (!truncation.ok())
     return absl::InvalidArgumentError(absl::StrCat("config.", truncation.status().message()));
   s.truncation = *truncation;
+
+  if (config.eval_every < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("config.eval_every is ", config.eval_every,
+                     "; give 0 (evaluate the base and the end only) or the number of steps between "
+                     "evaluations"));
+  }
+  s.eval_every = config.eval_every;
+  if (!config.evaluation.empty()) {
+    absl::StatusOr<EvaluationSet> set =
+        ConvertEvaluationSet(config.evaluation, base, s.truncation, "config.evaluation");
+    if (!set.ok()) return set.status();
+    if (absl::Status fits =
+            CheckEvaluationFitsObjective(*set, t.objective, t.num_labels, "config.evaluation");
+        !fits.ok()) {
+      return fits;
+    }
+    s.evaluation = *std::move(set);
+  } else if (config.eval_every > 0) {
+    return absl::InvalidArgumentError(
+        "config.eval_every is set but the config has no evaluation set (config.evaluation)");
+  }
+  if (!config.promote_if.empty()) {
+    if (config.promote_if.size() > kMaxPromoteIfBytes) {
+      return absl::InvalidArgumentError(absl::StrCat("config.promote_if has ",
+                                                     config.promote_if.size(),
+                                                     " bytes; the limit is ", kMaxPromoteIfBytes));
+    }
+    if (!s.evaluation) {
+      return absl::InvalidArgumentError(
+          "config.promote_if needs an evaluation set (config.evaluation): the gate compares its "
+          "scores on the trained weights with the base version's");
+    }
+    absl::StatusOr<PromotionGate> gate =
+        ParsePromotionGate(config.promote_if, s.evaluation->task, "config.promote_if");
+    if (!gate.ok()) return gate.status();
+    s.gate = *std::move(gate);
+  }
   return s;
 }
 

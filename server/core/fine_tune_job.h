@@ -13,7 +13,10 @@
 #include "absl/status/statusor.h"
 #include "engine/model.h"
 #include "engine/training/trainer.h"
+#include "engine/training/training_report.h"
 #include "server/core/calls.h"
+#include "server/core/evaluation.h"
+#include "server/core/training_example.h"
 
 namespace attn::server::core {
 
@@ -38,17 +41,11 @@ struct FineTuneConfig {
   std::string base_version;              // empty = the served version
   TokenizationOptions tokenization;
   int32_t telemetry_every = 0;  // 0 = no telemetry
-};
-
-// One example; which fields an objective uses: contrastive anchor/positive[/negative], cosine
-// similarity first/second/score, classification text/label, pair classification
-// first/second/label. Setting another one is an error.
-struct TrainingExample {
-  std::string anchor, positive, negative;
-  std::string first, second;
-  float score = 0;
-  std::string text;
-  int32_t label = 0;
+  // Held-out data scored on the base, every eval_every steps (0 = only there and at the end)
+  // and on the committed weights; and a condition on the final scores for promotion.
+  EvaluationSetRequest evaluation;
+  int32_t eval_every = 0;
+  std::string promote_if;  // "" = none (PromotionGate)
 };
 
 struct TrainingBatchRequest {
@@ -77,6 +74,9 @@ struct FineTuneProgress {
   std::string base_version;       // set in the first progress of a job only
   std::vector<std::string> warnings;
   std::optional<StepTelemetry> telemetry;  // on telemetry steps
+  // Evaluations run since the previous progress: the base's (step 0) with the first step, one
+  // every eval_every steps, the committed weights' with the commit.
+  std::vector<StepEvaluation> evaluations;
   bool promoted = false;  // set by a commit: the version is now the default
   std::string promotion;  // set by a commit: why it was staged or promoted
 };
@@ -85,11 +85,16 @@ struct FineTuneProgress {
 struct JobSettings {
   TrainerOptions trainer;
   TruncationOptions truncation;
-  std::vector<std::string> label_names;  // recorded with the committed version
+  std::vector<std::string> label_names;     // recorded with the committed version
+  std::optional<EvaluationSet> evaluation;  // tokenized, checked against the objective
+  int32_t eval_every = 0;
+  std::optional<PromotionGate> gate;  // needs `evaluation`
 };
 
 // One class name's limit (the store caps them all together: kMaxLabelNamesBytes).
 inline constexpr size_t kMaxLabelNameBytes = 256;
+// A promotion gate's text.
+inline constexpr size_t kMaxPromoteIfBytes = 256;
 
 // "contrastive", "cosine_similarity", "classification", "pair_classification".
 const char* ObjectiveName(Objective objective);

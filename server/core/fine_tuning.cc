@@ -10,6 +10,7 @@
 #include <cstring>
 #include <ctime>
 #include <filesystem>
+#include <tuple>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -195,8 +196,55 @@ void FineTuneJob::Prepare(const CallControl& control, Done done) {
         Trainer::Create(base_.model, settings_.trainer);
     if (!trainer.ok()) return done(trainer.status());
     trainer_ = *std::move(trainer);
+    if (absl::Status evaluated = Evaluate(control); !evaluated.ok()) {
+      return done(absl::Status(
+          evaluated.code(), absl::StrCat("scoring the base version ", base_.version,
+                                         " on the evaluation set failed: ", evaluated.message())));
+    }
     done(absl::OkStatus());
   });
+}
+
+absl::Status FineTuneJob::Evaluate(const CallControl& control) {
+  if (!settings_.evaluation) return absl::OkStatus();
+  const BertConfig& config = base_.model->config();
+  const BertWeights& weights = trainer_->weights();
+  EvaluationOptions options;
+  options.pooling = base_.model->sentence_config().pooling;
+  options.num_layers = config.num_hidden_layers;
+  options.head = trainer_->head();
+  options.yield = [&control] { return control.DropReason() != nullptr; };
+  absl::StatusOr<EvaluationResult> result =
+      EvaluateEncoder(*settings_.evaluation, options,
+                      [&](const std::vector<SequenceInput>& batch, const ForwardOptions& forward) {
+                        return EncoderForward(config, weights, batch, forward);
+                      });
+  if (!result.ok()) return result.status();
+  Log(LogLevel::kInfo, "job %s: evaluation after %d steps (%s, %d examples, %.2f s): %s", id_,
+      steps_, EvaluationTaskName(result->task), result->examples, result->seconds,
+      FormatMetrics(*result));
+  result->per_example.clear();  // the report and the progress carry the metrics only
+  evaluations_.push_back({steps_, *std::move(result)});
+  return absl::OkStatus();
+}
+
+std::pair<bool, std::string> FineTuneJob::PromotionDecision(const CommitRequest& request) const {
+  if (!settings_.gate) {
+    return request.promote
+               ? std::make_pair(true, std::string("promoted: the job asked for it"))
+               : std::make_pair(false, std::string("staged: promotion not requested (pin it "
+                                                   "per request, then promote it)"));
+  }
+  // Evaluate() ran on the base (first) and on the weights being committed (last).
+  const GateOutcome gate =
+      CheckPromotionGate(*settings_.gate, evaluations_.back().result, evaluations_.front().result);
+  const std::string said = absl::StrCat("the gate ", settings_.gate->text, " ");
+  if (!request.promote) {
+    return {false, absl::StrCat("staged: promotion not requested; ", said,
+                                gate.holds ? "would hold: " : "would fail: ", gate.detail)};
+  }
+  if (!gate.holds) return {false, absl::StrCat("staged: ", said, "failed: ", gate.detail)};
+  return {true, absl::StrCat("promoted: ", said, "held: ", gate.detail)};
 }
 
 void FineTuneJob::Step(TrainingBatchRequest batch, const CallControl& control, ProgressDone done) {
@@ -243,6 +291,14 @@ void FineTuneJob::Step(TrainingBatchRequest batch, const CallControl& control, P
           "): these batches give no gradient signal; check that the examples differ and, for "
           "CONTRASTIVE, that batches hold several unrelated pairs"));
     }
+    if (settings_.eval_every > 0 && steps_ % settings_.eval_every == 0) {
+      if (absl::Status evaluated = Evaluate(control); !evaluated.ok()) {
+        return done(absl::Status(
+            evaluated.code(),
+            absl::StrCat("job ", id_, ": the evaluation after step ", steps_,
+                         " failed: ", evaluated.message(), ". Nothing was committed")));
+      }
+    }
     FineTuneProgress progress = Progress();
     progress.telemetry = std::move(step->telemetry);
     Warn(warnings, &progress);
@@ -269,16 +325,25 @@ void FineTuneJob::Commit(CommitRequest request, const CallControl& control, Prog
   owner_->training_thread_.Post(
       [this, request = std::move(request), control, done = std::move(done)] {
         if (absl::Status cancelled = Cancelled(control); !cancelled.ok()) return done(cancelled);
-        const bool promote = request.promote;
+        // The weights being committed are scored unless the last step's were.
+        if (settings_.evaluation && evaluations_.back().step != steps_) {
+          if (absl::Status evaluated = Evaluate(control); !evaluated.ok()) {
+            return done(absl::Status(evaluated.code(),
+                                     absl::StrCat("commit of job ", id_,
+                                                  ": scoring the trained "
+                                                  "weights on the evaluation set failed: ",
+                                                  evaluated.message(), "; nothing was published")));
+          }
+        }
+        bool promote = false;
+        std::tie(promote, promotion_) = PromotionDecision(request);
         absl::StatusOr<ModelVersion> published = Publish(request, promote);
         if (!published.ok()) return done(published.status());
         trainer_.reset();
         FineTuneProgress progress = Progress();
         progress.committed_version = published->version;
         progress.promoted = promote;
-        progress.promotion = promote ? "promoted: the job asked for it"
-                                     : "staged: promotion not requested (pin it per request, "
-                                       "then promote it)";
+        progress.promotion = promotion_;
         done(std::move(progress));
       });
 }
@@ -316,6 +381,8 @@ TrainingReport FineTuneJob::Report() const {
   setting("steps", steps_);
   setting("examples_seen", examples_seen_);
   report.loss_curve = loss_curve_;
+  report.evaluations = evaluations_;
+  report.promotion = promotion_;
   report.changes = RelativeChanges(trainer_->base().weights(), trainer_->weights(),
                                    &report.embedding_rows_changed, &report.total_relative_change);
   return report;
@@ -410,6 +477,8 @@ FineTuneProgress FineTuneJob::Progress() {
     progress.base_version = base_.version;
     sent_base_version_ = true;
   }
+  progress.evaluations.assign(evaluations_.begin() + evaluations_sent_, evaluations_.end());
+  evaluations_sent_ = evaluations_.size();
   return progress;
 }
 

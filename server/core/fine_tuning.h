@@ -11,6 +11,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -119,6 +120,12 @@ class FineTuneJob {
   FineTuneJob(FineTuning* owner, std::string id, ModelVersion base, JobSettings settings);
 
   FineTuneProgress Progress();
+  // Scores the job's evaluation set on the trainer's weights after `steps_` steps (0: the
+  // base) and keeps the result for the next progress and the report; OK without a set.
+  absl::Status Evaluate(const CallControl& control);
+  // What a commit does about promotion: whether it serves the version by default, and why
+  // (the gate's numbers when the job has one).
+  std::pair<bool, std::string> PromotionDecision(const CommitRequest& request) const;
   // Adds `warnings` to `progress` and keeps them as the job's notes (stored with the version if
   // it is committed).
   void Warn(const std::vector<std::string>& warnings, FineTuneProgress* progress);
@@ -140,7 +147,10 @@ class FineTuneJob {
   static constexpr size_t kMaxNotes = 16;
   int zero_loss_steps_ = 0;
   std::vector<std::string> notes_;
-  std::vector<LossPoint> loss_curve_;  // for the training report stored with the version
+  std::vector<LossPoint> loss_curve_;        // for the training report stored with the version
+  std::vector<StepEvaluation> evaluations_;  // every evaluation so far, for the report
+  size_t evaluations_sent_ = 0;              // how many went out with a progress already
+  std::string promotion_;                    // the commit's decision, for the report
 };
 
 }  // namespace attn::server::core

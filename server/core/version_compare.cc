@@ -12,27 +12,13 @@
 #include "engine/quote.h"
 #include "server/core/batcher.h"
 #include "server/core/serving_core.h"
+#include "server/core/version_tasks.h"
 
 namespace attn::server::core {
 
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-// A version named by a request: INVALID_ARGUMENT when empty or malformed, NOT_FOUND (naming the
-// model's versions) when unknown; loads it if it is known but not in memory.
-absl::StatusOr<ModelVersion> FindVersion(const ServedModel& served, const std::string& version,
-                                         const char* field) {
-  if (version.empty()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(field, " is empty; name a version of model ", served.name,
-                     " (\"base\" or a committed version: ListVersions)"));
-  }
-  if (absl::Status valid = ValidateVersionName(version); !valid.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat(field, ": ", valid.message()));
-  }
-  return served.registry->Get(version);
-}
 
 // Tokenizes `texts` named `field` with the model's default truncation.
 absl::StatusOr<std::vector<SequenceInput>> TokenizeTexts(const Model& model,
@@ -59,58 +45,6 @@ absl::StatusOr<std::vector<SequenceInput>> TokenizeTexts(const Model& model,
     if (encodings != nullptr) encodings->push_back(*std::move(encoding));
   }
   return sequences;
-}
-
-// Runs `work` as a task job on `served`'s batcher; `done` gets its status or `result`.
-template <typename Response>
-void SubmitTask(const ServedModel& served, std::shared_ptr<const Model> model, int64_t tokens,
-                const CallControl& control,
-                std::function<absl::Status(const std::function<bool()>&, Response*)> work,
-                std::function<void(absl::StatusOr<Response>)> done) {
-  auto result = std::make_shared<Response>();
-  auto job = std::make_shared<Job>();
-  job->model = std::move(model);
-  job->task_tokens = tokens;
-  job->task = [work = std::move(work), result](const std::function<bool()>& yield) {
-    return work(yield, result.get());
-  };
-  job->deadline = control.deadline;
-  job->is_cancelled = control.is_cancelled;
-  auto shared_done =
-      std::make_shared<std::function<void(absl::StatusOr<Response>)>>(std::move(done));
-  ServingMetrics* const metrics = served.metrics;
-  job->done = [shared_done, result, control, metrics](absl::Status status, JobOutput) {
-    if (!status.ok()) {
-      return (*shared_done)(UnlessDropped(control, std::move(status), "compute", metrics));
-    }
-    (*shared_done)(std::move(*result));
-  };
-  if (absl::Status submitted = served.batcher->Submit(job); !submitted.ok()) {
-    (*shared_done)(UnlessDropped(control, std::move(submitted), "queue", metrics));
-  }
-}
-
-// A stored version's classification head, or nullopt ("base", no store, no head).
-absl::StatusOr<std::optional<ClassificationHead>> StoredHead(const ServedModel& served,
-                                                             const ModelVersion& version,
-                                                             int64_t hidden) {
-  if (served.store.empty() || version.version == "base") return std::nullopt;
-  absl::StatusOr<StoredVersion> stored = ReadStoredVersion(served.store, version.version);
-  if (!stored.ok()) {
-    // A version the registry knows but the store does not (added in memory only) has no head.
-    if (absl::IsNotFound(stored.status())) return std::nullopt;
-    return stored.status();
-  }
-  if (stored->num_labels <= 0) return std::nullopt;
-  absl::StatusOr<ClassificationHead> head = LoadStoredHead(*stored, hidden);
-  if (!head.ok()) return head.status();
-  return std::optional<ClassificationHead>(*std::move(head));
-}
-
-int64_t TotalTokens(const std::vector<SequenceInput>& sequences) {
-  int64_t total = 0;
-  for (const SequenceInput& sequence : sequences) total += sequence.token_ids.size();
-  return total;
 }
 
 // Code points in UTF-8 text (bytes that do not continue a character).
@@ -158,11 +92,9 @@ void CompareVersions(const ModelSet& models, const CompareVersionsRequest& reque
         (*served_b)->name, " version ", version_b->version, ": ", comparable.message())));
   }
   const int64_t hidden = a->config().hidden_size;
-  absl::StatusOr<std::optional<ClassificationHead>> head_a =
-      StoredHead(**served_a, *version_a, hidden);
+  absl::StatusOr<std::optional<VersionHead>> head_a = StoredHead(**served_a, *version_a, hidden);
   if (!head_a.ok()) return done(head_a.status());
-  absl::StatusOr<std::optional<ClassificationHead>> head_b =
-      StoredHead(**served_b, *version_b, hidden);
+  absl::StatusOr<std::optional<VersionHead>> head_b = StoredHead(**served_b, *version_b, hidden);
   if (!head_b.ok()) return done(head_b.status());
   const bool default_probes = request.probes.empty();
   absl::StatusOr<std::vector<SequenceInput>> probes =
@@ -182,7 +114,7 @@ void CompareVersions(const ModelSet& models, const CompareVersionsRequest& reque
        head_b = *std::move(head_b)](const std::function<bool()>& yield,
                                     CompareVersionsResponse* out) -> absl::Status {
         out->weights = CompareWeights(a->config(), a->weights(), b->weights());
-        if (head_a && head_b) AddHeadChange(*head_a, *head_b, &out->weights);
+        if (head_a && head_b) AddHeadChange(head_a->head, head_b->head, &out->weights);
         absl::StatusOr<ProbeComparison> compared = CompareOnProbes(*a, *b, probes, yield);
         if (!compared.ok()) return compared.status();
         out->probes = *std::move(compared);

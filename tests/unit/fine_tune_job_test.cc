@@ -13,6 +13,7 @@
 #include <string>
 
 #include "absl/strings/match.h"
+#include "server/core/evaluation.h"
 #include "server/fine_tune_convert.h"
 #include "tests/test_model.h"
 
@@ -201,6 +202,148 @@ TEST_F(FineTuneJobTest, BatchErrorsNameTheBatchAndTheExample) {
   labelled.set_label(3);
   EXPECT_EQ(BatchError(classification, Batch({labelled})),
             "batch 4, examples[0].label is 3, outside [0, 3) (num_labels)");
+}
+
+// The evaluation set and the promotion gate, checked with the config (before any work): one
+// wording per problem, naming the field.
+TEST_F(FineTuneJobTest, EvaluationConfigErrorsNameTheField) {
+  auto retrieval = [](int queries, int corpus) {
+    v1::EvaluationSet set;
+    set.set_task(v1::EVALUATION_RETRIEVAL);
+    for (int i = 0; i < queries; ++i) {
+      set.add_queries("query " + std::to_string(i));
+      set.add_relevant(i % corpus);
+    }
+    for (int i = 0; i < corpus; ++i) set.add_corpus("item " + std::to_string(i));
+    return set;
+  };
+  v1::FineTuneConfig config = Config(v1::CONTRASTIVE);
+  *config.mutable_evaluation() = retrieval(3, 5);
+  config.set_eval_every(2);
+  config.set_promote_if("recall@1>=0.8, mrr@10 > base+0.02");
+  absl::StatusOr<JobSettings> settings = ResolveJobConfig(config, model());
+  ASSERT_TRUE(settings.ok()) << settings.status();
+  ASSERT_TRUE(settings->evaluation.has_value());
+  EXPECT_EQ(settings->evaluation->queries.size(), 3u);
+  EXPECT_EQ(settings->evaluation->corpus.size(), 5u);
+  EXPECT_EQ(settings->eval_every, 2);
+  ASSERT_TRUE(settings->gate.has_value());
+  ASSERT_EQ(settings->gate->conditions.size(), 2u);
+  EXPECT_EQ(settings->gate->conditions[1].metric, "mrr@10");
+  EXPECT_TRUE(settings->gate->conditions[1].relative_to_base);
+  EXPECT_DOUBLE_EQ(settings->gate->conditions[1].value, 0.02);
+
+  config.set_eval_every(-1);
+  EXPECT_EQ(ConfigError(config),
+            "config.eval_every is -1; give 0 (evaluate the base and the end only) or the number "
+            "of steps between evaluations");
+  config.set_eval_every(0);
+  config.set_promote_if("accuracy>=0.9");
+  EXPECT_EQ(ConfigError(config),
+            "config.promote_if 'accuracy>=0.9': a retrieval evaluation reports mrr@10, recall@1, "
+            "recall@10, ndcg@10, not 'accuracy'; write conditions like \"recall@1>=0.8\" or "
+            "\"mrr@10>base+0.02\", separated by ','");
+  config.set_promote_if("recall@1 = 0.8");
+  EXPECT_TRUE(
+      absl::StartsWith(ConfigError(config), "config.promote_if 'recall@1 = 0.8': no comparison"));
+  config.set_promote_if("recall@1 >= high");
+  EXPECT_TRUE(absl::StrContains(ConfigError(config), "the threshold is not a number"));
+  config.set_promote_if("recall@1 >= base*2");
+  EXPECT_TRUE(absl::StrContains(ConfigError(config), "expected base, base+X or base-X"));
+  config.set_promote_if(std::string(300, '>'));
+  EXPECT_EQ(ConfigError(config), "config.promote_if has 300 bytes; the limit is 256");
+
+  config = Config(v1::CONTRASTIVE);
+  config.set_promote_if("recall@1>=0.8");
+  EXPECT_EQ(ConfigError(config),
+            "config.promote_if needs an evaluation set (config.evaluation): the gate compares "
+            "its scores on the trained weights with the base version's");
+  config.clear_promote_if();
+  config.set_eval_every(3);
+  EXPECT_EQ(ConfigError(config),
+            "config.eval_every is set but the config has no evaluation set (config.evaluation)");
+
+  config = Config(v1::CONTRASTIVE);
+  *config.mutable_evaluation() = retrieval(3, 5);
+  config.mutable_evaluation()->set_relevant(1, 9);
+  EXPECT_EQ(ConfigError(config),
+            "config.evaluation.relevant[1] is 9; give an index into corpus (0 to 4)");
+  config.mutable_evaluation()->set_task(v1::EVALUATION_TASK_UNSPECIFIED);
+  EXPECT_EQ(ConfigError(config),
+            "config.evaluation.task is not set; use RETRIEVAL, COSINE_SIMILARITY, CLASSIFICATION "
+            "or PAIR_CLASSIFICATION");
+  config.mutable_evaluation()->set_task(static_cast<v1::EvaluationTask>(9));
+  EXPECT_EQ(ConfigError(config), "config.evaluation.task: unknown value 9");
+  *config.mutable_evaluation() = retrieval(3, 5);
+  config.mutable_evaluation()->set_queries(2, "");
+  EXPECT_EQ(ConfigError(config), "config.evaluation.queries[2] is empty");
+  *config.mutable_evaluation() = retrieval(3, 5);
+  config.mutable_evaluation()->set_corpus(0, std::string(9000, 'x'));
+  EXPECT_EQ(ConfigError(config), "config.evaluation.corpus[0] has 9000 bytes; the limit is 8192");
+  *config.mutable_evaluation() = retrieval(4000, 1001);
+  EXPECT_EQ(ConfigError(config),
+            "config.evaluation has 5001 texts to encode; the limit is 5000 (split it, or sample "
+            "it)");
+
+  // A classification set needs the job's head; a retrieval set must not carry examples.
+  v1::EvaluationSet labelled;
+  labelled.set_task(v1::EVALUATION_CLASSIFICATION);
+  labelled.add_examples()->set_text("a");
+  labelled.add_examples()->set_text("b");
+  *config.mutable_evaluation() = labelled;
+  EXPECT_EQ(ConfigError(config),
+            "config.evaluation is a classification set, but a contrastive job has no "
+            "classification head to score it with; use a retrieval or cosine_similarity set, or "
+            "the classification objective");
+  config = Config(v1::CLASSIFICATION);  // 3 labels
+  *config.mutable_evaluation() = labelled;
+  config.mutable_evaluation()->mutable_examples(1)->set_label(3);
+  EXPECT_EQ(ConfigError(config),
+            "config.evaluation.examples[1].label is 3; the job has num_labels 3");
+  config.mutable_evaluation()->mutable_examples(1)->set_label(1);
+  EXPECT_EQ(ConfigError(config), "");
+  config.mutable_evaluation()->mutable_examples(0)->set_first("x");
+  EXPECT_EQ(ConfigError(config),
+            "config.evaluation.examples[0].first is set but a classification evaluation uses "
+            "examples with text and label");
+  v1::EvaluationSet mixed = retrieval(2, 2);
+  mixed.add_examples()->set_text("a");
+  *config.mutable_evaluation() = mixed;
+  EXPECT_EQ(ConfigError(config),
+            "config.evaluation.examples is set but a retrieval evaluation uses queries, corpus "
+            "and relevant");
+}
+
+TEST(PromotionGateTest, ConditionsHoldOrFailWithTheirNumbers) {
+  absl::StatusOr<core::PromotionGate> gate =
+      core::ParsePromotionGate(" Recall@1 >= 0.5 , mrr@10>base , ndcg@10 >= base-0.1 ",
+                               EvaluationTask::kRetrieval, "promote_if");
+  ASSERT_TRUE(gate.ok()) << gate.status();
+  ASSERT_EQ(gate->conditions.size(), 3u);
+  EXPECT_EQ(gate->conditions[0].metric, "recall@1");
+  EXPECT_EQ(gate->conditions[2].op, ">=");
+  EXPECT_DOUBLE_EQ(gate->conditions[2].value, -0.1);
+  EvaluationResult base, better, worse;
+  base.metrics = {{"mrr@10", 0.30}, {"recall@1", 0.20}, {"recall@10", 0.5}, {"ndcg@10", 0.4}};
+  better.metrics = {{"mrr@10", 0.70}, {"recall@1", 0.60}, {"recall@10", 0.9}, {"ndcg@10", 0.8}};
+  worse.metrics = {{"mrr@10", 0.25}, {"recall@1", 0.60}, {"recall@10", 0.5}, {"ndcg@10", 0.35}};
+  core::GateOutcome outcome = core::CheckPromotionGate(*gate, better, base);
+  EXPECT_TRUE(outcome.holds) << outcome.detail;
+  EXPECT_EQ(outcome.detail,
+            "recall@1 0.6000 >= 0.5 holds; mrr@10 0.7000 > base 0.3000 holds; ndcg@10 0.8000 >= "
+            "base 0.4000 - 0.1 = 0.3000 holds");
+  outcome = core::CheckPromotionGate(*gate, worse, base);
+  EXPECT_FALSE(outcome.holds);
+  EXPECT_TRUE(absl::StrContains(outcome.detail, "mrr@10 0.2500 > base 0.3000 fails"))
+      << outcome.detail;
+  // A NaN score (Spearman of constant cosines) never passes.
+  gate = core::ParsePromotionGate("spearman>0", EvaluationTask::kCosineSimilarity, "g");
+  ASSERT_TRUE(gate.ok());
+  EvaluationResult nan_result;
+  nan_result.metrics = {{"spearman", std::nan("")}};
+  EXPECT_FALSE(core::CheckPromotionGate(*gate, nan_result, nan_result).holds);
+  EXPECT_FALSE(core::ParsePromotionGate("", EvaluationTask::kRetrieval, "g").ok());
+  EXPECT_FALSE(core::ParsePromotionGate("recall@1>=0.5,", EvaluationTask::kRetrieval, "g").ok());
 }
 
 }  // namespace
