@@ -297,28 +297,22 @@ std::unique_ptr<FineTuneSession> TrainerClient::FineTune() {
       new FineTuneSession(trainer_.get(), channel_, target_, options_));
 }
 
-absl::StatusOr<v1::ListVersionsResponse> TrainerClient::ListVersions(const std::string& model) {
+template <typename Response, typename Request>
+absl::StatusOr<Response> TrainerClient::Unary(
+    ::grpc::Status (v1::Trainer::Stub::*method)(::grpc::ClientContext*, const Request&, Response*),
+    const Request& request) {
   ::grpc::ClientContext context;
   SetUpContext(options_, /*with_deadline=*/true, &context);
-  v1::ListVersionsRequest request;
-  request.set_model(model);
-  v1::ListVersionsResponse response;
-  ::grpc::Status status = trainer_->ListVersions(&context, request, &response);
+  Response response;
+  ::grpc::Status status = (trainer_.get()->*method)(&context, request, &response);
   if (!status.ok()) return ToClientStatus(status, channel_.get(), target_);
   return response;
 }
 
-template <typename Request>
-absl::StatusOr<v1::ListVersionsResponse> TrainerClient::ServingChange(
-    const Request& request,
-    ::grpc::Status (v1::Trainer::Stub::*method)(::grpc::ClientContext*, const Request&,
-                                                v1::ListVersionsResponse*)) {
-  ::grpc::ClientContext context;
-  SetUpContext(options_, /*with_deadline=*/true, &context);
-  v1::ListVersionsResponse response;
-  ::grpc::Status status = (trainer_.get()->*method)(&context, request, &response);
-  if (!status.ok()) return ToClientStatus(status, channel_.get(), target_);
-  return response;
+absl::StatusOr<v1::ListVersionsResponse> TrainerClient::ListVersions(const std::string& model) {
+  v1::ListVersionsRequest request;
+  request.set_model(model);
+  return Unary(&v1::Trainer::Stub::ListVersions, request);
 }
 
 absl::StatusOr<v1::ListVersionsResponse> TrainerClient::Rollback(const std::string& version,
@@ -326,7 +320,7 @@ absl::StatusOr<v1::ListVersionsResponse> TrainerClient::Rollback(const std::stri
   v1::RollbackRequest request;
   request.set_version(version);
   request.set_model(model);
-  return ServingChange(request, &v1::Trainer::Stub::Rollback);
+  return Unary(&v1::Trainer::Stub::Rollback, request);
 }
 
 absl::StatusOr<v1::ListVersionsResponse> TrainerClient::SetServingVersion(
@@ -334,7 +328,7 @@ absl::StatusOr<v1::ListVersionsResponse> TrainerClient::SetServingVersion(
   v1::SetServingVersionRequest request;
   request.set_version(version);
   request.set_model(model);
-  return ServingChange(request, &v1::Trainer::Stub::SetServingVersion);
+  return Unary(&v1::Trainer::Stub::SetServingVersion, request);
 }
 
 absl::StatusOr<v1::ListVersionsResponse> TrainerClient::Promote(const std::string& version,
@@ -342,27 +336,29 @@ absl::StatusOr<v1::ListVersionsResponse> TrainerClient::Promote(const std::strin
   v1::PromoteRequest request;
   request.set_version(version);
   request.set_model(model);
-  return ServingChange(request, &v1::Trainer::Stub::Promote);
+  return Unary(&v1::Trainer::Stub::Promote, request);
 }
 
 absl::StatusOr<v1::CompareVersionsResponse> TrainerClient::CompareVersions(
     const v1::CompareVersionsRequest& request) {
-  ::grpc::ClientContext context;
-  SetUpContext(options_, /*with_deadline=*/true, &context);
-  v1::CompareVersionsResponse response;
-  ::grpc::Status status = trainer_->CompareVersions(&context, request, &response);
-  if (!status.ok()) return ToClientStatus(status, channel_.get(), target_);
-  return response;
+  return Unary(&v1::Trainer::Stub::CompareVersions, request);
 }
 
 absl::StatusOr<v1::NeighborsResponse> TrainerClient::Neighbors(
     const v1::NeighborsRequest& request) {
-  ::grpc::ClientContext context;
-  SetUpContext(options_, /*with_deadline=*/true, &context);
-  v1::NeighborsResponse response;
-  ::grpc::Status status = trainer_->Neighbors(&context, request, &response);
-  if (!status.ok()) return ToClientStatus(status, channel_.get(), target_);
-  return response;
+  return Unary(&v1::Trainer::Stub::Neighbors, request);
+}
+
+absl::StatusOr<v1::TrainingReport> TrainerClient::GetTrainingReport(const std::string& version,
+                                                                    const std::string& model) {
+  v1::GetTrainingReportRequest request;
+  request.set_version(version);
+  request.set_model(model);
+  return Unary(&v1::Trainer::Stub::GetTrainingReport, request);
+}
+
+absl::StatusOr<v1::EvaluationResult> TrainerClient::Evaluate(const v1::EvaluateRequest& request) {
+  return Unary(&v1::Trainer::Stub::Evaluate, request);
 }
 
 }  // namespace attn::client

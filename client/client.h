@@ -181,17 +181,22 @@ class TrainerClient {
   // Serves a committed (staged) version by default, recorded in the server's model store.
   absl::StatusOr<attnserve::v1::ListVersionsResponse> Promote(const std::string& version,
                                                               const std::string& model = "");
+  // The training report stored with a committed version (read-only).
+  absl::StatusOr<attnserve::v1::TrainingReport> GetTrainingReport(const std::string& version,
+                                                                  const std::string& model = "");
+  // Scores a version on an evaluation set without training (read-only).
+  absl::StatusOr<attnserve::v1::EvaluationResult> Evaluate(
+      const attnserve::v1::EvaluateRequest& request);
 
   const std::string& target() const { return target_; }
   const ClientOptions& options() const { return options_; }
 
  private:
-  // One unary call that answers with the versions (Rollback, SetServingVersion, Promote).
-  template <typename Request>
-  absl::StatusOr<attnserve::v1::ListVersionsResponse> ServingChange(
-      const Request& request,
-      ::grpc::Status (attnserve::v1::Trainer::Stub::*method)(::grpc::ClientContext*, const Request&,
-                                                             attnserve::v1::ListVersionsResponse*));
+  // One unary Trainer call with this client's context (deadline, token).
+  template <typename Response, typename Request>
+  absl::StatusOr<Response> Unary(::grpc::Status (attnserve::v1::Trainer::Stub::*method)(
+                                     ::grpc::ClientContext*, const Request&, Response*),
+                                 const Request& request);
 
   std::string target_;
   ClientOptions options_;

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <fstream>
 #include <limits>
+#include <map>
 #include <optional>
 #include <sstream>
 #include <utility>
@@ -254,23 +255,43 @@ const char* ObjectiveFlagName(v1::Objective objective) {
   }
 }
 
-absl::StatusOr<TrainingData> ParseTrainingData(absl::string_view text, v1::Objective objective,
-                                               absl::string_view name, const DataLimits& limits) {
-  TrainingData data;
-  data.objective = objective;
-  std::vector<std::string> errors;
-  int total_errors = 0;
-  auto report = [&](int line, const std::string& message) {
-    ++total_errors;
-    if (static_cast<int>(errors.size()) < limits.max_errors) {
-      errors.push_back(absl::StrFormat("%s:%d: %s", name, line, message));
+namespace {
+
+// A file's problems, "<name>:<line>: <what>", up to `max` of them and a count of the rest.
+class Problems {
+ public:
+  Problems(absl::string_view name, int max) : name_(name), max_(max) {}
+
+  void Report(int line, const std::string& message) {
+    ++total_;
+    if (static_cast<int>(lines_.size()) < max_) {
+      lines_.push_back(absl::StrFormat("%s:%d: %s", name_, line, message));
     }
-  };
-  // Contrastive negatives: all or none. The first example decides; later ones must agree.
-  int negatives_decided_by = 0;
-  // Lines written for another objective: said once for the file, not once per line.
-  int other_objective_lines = 0, first_other_line = 0, object_lines = 0;
-  v1::Objective other_objective = v1::OBJECTIVE_UNSPECIFIED;
+  }
+  // A problem of the whole file, said first.
+  void ReportFirst(const std::string& message) { lines_.insert(lines_.begin(), message); }
+  // InvalidArgument with every problem, one per line; OK when there were none.
+  absl::Status Status() const {
+    std::vector<std::string> lines = lines_;
+    const int reported = static_cast<int>(std::min<size_t>(lines_.size(), max_));
+    if (total_ > reported) {
+      lines.push_back(absl::StrFormat("%s: ... and %d more problems", name_, total_ - reported));
+    }
+    if (lines.empty()) return absl::OkStatus();
+    return absl::InvalidArgumentError(absl::StrJoin(lines, "\n"));
+  }
+
+ private:
+  std::string name_;
+  int max_;
+  int total_ = 0;
+  std::vector<std::string> lines_;
+};
+
+// Calls `each(line_number, json)` for every non-blank line of `text` that is JSON (a BOM and
+// CRLF line ends allowed); lines that are not JSON go to `problems`.
+template <typename Each>
+void ForEachJsonLine(absl::string_view text, Problems* problems, Each each) {
   int line_number = 0;
   size_t pos = 0;
   while (pos < text.size()) {
@@ -282,7 +303,6 @@ absl::StatusOr<TrainingData> ParseTrainingData(absl::string_view text, v1::Objec
     if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
     if (line_number == 1 && line.substr(0, 3) == "\xEF\xBB\xBF") line.remove_prefix(3);  // BOM
     if (absl::StripAsciiWhitespace(line).empty()) continue;
-
     Json json;
     try {
       json = Json::parse(line.begin(), line.end());
@@ -290,75 +310,23 @@ absl::StatusOr<TrainingData> ParseTrainingData(absl::string_view text, v1::Objec
       if (auto literal = FindNonFiniteLiteral(line)) {
         const std::string what = literal->first.empty() ? std::string("a value")
                                                         : absl::StrCat("\"", literal->first, "\"");
-        report(line_number, absl::StrFormat("%s is %s, not a finite number (JSON has no %s)", what,
-                                            literal->second, literal->second));
+        problems->Report(line_number,
+                         absl::StrFormat("%s is %s, not a finite number (JSON has no %s)", what,
+                                         literal->second, literal->second));
       } else {
-        report(line_number,
-               absl::StrFormat("bad JSON at column %d: %s", e.byte, ShortParseError(e.what())));
+        problems->Report(line_number, absl::StrFormat("bad JSON at column %d: %s", e.byte,
+                                                      ShortParseError(e.what())));
       }
       continue;
     } catch (const Json::exception& e) {
-      report(line_number, absl::StrCat("bad JSON: ", ShortParseError(e.what())));
+      problems->Report(line_number, absl::StrCat("bad JSON: ", ShortParseError(e.what())));
       continue;
     }
-    object_lines += json.is_object();
-    if (const v1::Objective fields = ObjectiveOfFields(json);
-        fields != v1::OBJECTIVE_UNSPECIFIED && fields != objective &&
-        objective != v1::OBJECTIVE_UNSPECIFIED) {
-      if (other_objective_lines++ == 0) {
-        first_other_line = line_number;
-        other_objective = fields;
-      }
-      continue;
-    }
-    v1::TrainingExample example;
-    bool has_negative = false;
-    std::vector<std::string> problems;
-    CheckExample(json, objective, limits, &example, &has_negative, &problems);
-    if (problems.empty() && objective == v1::CONTRASTIVE) {
-      if (negatives_decided_by == 0) {
-        negatives_decided_by = line_number;
-        data.has_negatives = has_negative;
-      } else if (has_negative != data.has_negatives) {
-        problems.push_back(absl::StrFormat(
-            "%s \"negative\" but line %d %s: give a negative on every line or on none",
-            has_negative ? "has a" : "has no", negatives_decided_by,
-            data.has_negatives ? "has one" : "does not"));
-      }
-    }
-    if (!problems.empty()) {
-      report(line_number, absl::StrJoin(problems, "; "));
-      continue;
-    }
-    if (objective == v1::CLASSIFICATION || objective == v1::PAIR_CLASSIFICATION)
-      data.max_label = std::max(data.max_label, example.label());
-    data.examples.push_back(std::move(example));
+    each(line_number, json);
   }
-  if (total_errors > static_cast<int>(errors.size())) {
-    errors.push_back(absl::StrFormat("%s: ... and %d more problems", name,
-                                     total_errors - static_cast<int>(errors.size())));
-  }
-  if (other_objective_lines > 0) {
-    errors.insert(
-        errors.begin(),
-        absl::StrFormat("%s: this looks like %s data: %d of %d lines (the first is line %d) have "
-                        "the fields %s, not those of --objective %s, %s; pass --objective %s%s",
-                        name, ObjectiveFlagName(other_objective), other_objective_lines,
-                        object_lines, first_other_line, ObjectiveFields(other_objective),
-                        ObjectiveFlagName(objective), ObjectiveFields(objective),
-                        ObjectiveFlagName(other_objective),
-                        other_objective_lines < object_lines ? " or fix those lines" : ""));
-  }
-  if (!errors.empty()) return absl::InvalidArgumentError(absl::StrJoin(errors, "\n"));
-  if (data.examples.empty()) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "%s: no examples (one JSON object per line, like %s)", name, ObjectiveFields(objective)));
-  }
-  return data;
 }
 
-absl::StatusOr<TrainingData> ReadTrainingData(const std::string& path, v1::Objective objective,
-                                              const DataLimits& limits) {
+absl::StatusOr<std::string> ReadWholeFile(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) {
     const int error = errno;
@@ -370,7 +338,201 @@ absl::StatusOr<TrainingData> ReadTrainingData(const std::string& path, v1::Objec
     const int error = errno;
     return absl::ErrnoToStatus(error, absl::StrCat("cannot read ", path));
   }
-  return ParseTrainingData(buffer.str(), objective, path, limits);
+  return buffer.str();
+}
+
+}  // namespace
+
+absl::StatusOr<TrainingData> ParseTrainingData(absl::string_view text, v1::Objective objective,
+                                               absl::string_view name, const DataLimits& limits) {
+  TrainingData data;
+  data.objective = objective;
+  Problems problems(name, limits.max_errors);
+  // Contrastive negatives: all or none. The first example decides; later ones must agree.
+  int negatives_decided_by = 0;
+  // Lines written for another objective: said once for the file, not once per line.
+  int other_objective_lines = 0, first_other_line = 0, object_lines = 0;
+  v1::Objective other_objective = v1::OBJECTIVE_UNSPECIFIED;
+  ForEachJsonLine(text, &problems, [&](int line_number, const Json& json) {
+    object_lines += json.is_object();
+    if (const v1::Objective fields = ObjectiveOfFields(json);
+        fields != v1::OBJECTIVE_UNSPECIFIED && fields != objective &&
+        objective != v1::OBJECTIVE_UNSPECIFIED) {
+      if (other_objective_lines++ == 0) {
+        first_other_line = line_number;
+        other_objective = fields;
+      }
+      return;
+    }
+    v1::TrainingExample example;
+    bool has_negative = false;
+    std::vector<std::string> line_problems;
+    CheckExample(json, objective, limits, &example, &has_negative, &line_problems);
+    if (line_problems.empty() && objective == v1::CONTRASTIVE) {
+      if (negatives_decided_by == 0) {
+        negatives_decided_by = line_number;
+        data.has_negatives = has_negative;
+      } else if (has_negative != data.has_negatives) {
+        line_problems.push_back(absl::StrFormat(
+            "%s \"negative\" but line %d %s: give a negative on every line or on none",
+            has_negative ? "has a" : "has no", negatives_decided_by,
+            data.has_negatives ? "has one" : "does not"));
+      }
+    }
+    if (!line_problems.empty()) {
+      problems.Report(line_number, absl::StrJoin(line_problems, "; "));
+      return;
+    }
+    if (objective == v1::CLASSIFICATION || objective == v1::PAIR_CLASSIFICATION)
+      data.max_label = std::max(data.max_label, example.label());
+    data.examples.push_back(std::move(example));
+  });
+  if (other_objective_lines > 0) {
+    problems.ReportFirst(absl::StrFormat(
+        "%s: this looks like %s data: %d of %d lines (the first is line %d) have "
+        "the fields %s, not those of --objective %s, %s; pass --objective %s%s",
+        name, ObjectiveFlagName(other_objective), other_objective_lines, object_lines,
+        first_other_line, ObjectiveFields(other_objective), ObjectiveFlagName(objective),
+        ObjectiveFields(objective), ObjectiveFlagName(other_objective),
+        other_objective_lines < object_lines ? " or fix those lines" : ""));
+  }
+  if (absl::Status status = problems.Status(); !status.ok()) return status;
+  if (data.examples.empty()) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s: no examples (one JSON object per line, like %s)", name, ObjectiveFields(objective)));
+  }
+  return data;
+}
+
+namespace {
+
+constexpr char kRetrievalFields[] =
+    R"({"query": "...", "item": "..."} (the item relevant to the query), or {"item": "..."} (one more corpus item))";
+
+// The retrieval format: each query with its relevant item; the corpus is every distinct item in
+// order of first appearance.
+absl::StatusOr<v1::EvaluationSet> ParseRetrievalData(absl::string_view text, absl::string_view name,
+                                                     int max_errors) {
+  v1::EvaluationSet set;
+  set.set_task(v1::EVALUATION_RETRIEVAL);
+  std::map<std::string, int> item_index;
+  Problems problems(name, max_errors);
+  ForEachJsonLine(text, &problems, [&](int line_number, const Json& json) {
+    if (!json.is_object()) {
+      problems.Report(line_number, absl::StrFormat("expected a JSON object like %s, got %s",
+                                                   kRetrievalFields, TypeName(json)));
+      return;
+    }
+    std::vector<std::string> line_problems;
+    LineChecker check(json, &line_problems);
+    std::optional<std::string> query = check.String("query", /*optional=*/true);
+    std::optional<std::string> item = check.String("item");
+    if (!line_problems.empty()) {
+      problems.Report(line_number, absl::StrJoin(line_problems, "; "));
+      return;
+    }
+    auto [it, added] = item_index.emplace(*item, set.corpus_size());
+    if (added) set.add_corpus(*item);
+    if (query) {
+      set.add_queries(*query);
+      set.add_relevant(it->second);
+    }
+  });
+  if (absl::Status status = problems.Status(); !status.ok()) return status;
+  if (set.queries_size() == 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s: no queries (one JSON object per line, like %s)", name, kRetrievalFields));
+  }
+  return set;
+}
+
+// The task of an evaluation file, from the fields of its first JSON object.
+v1::EvaluationTask DetectEvaluationTask(absl::string_view text, v1::Objective* objective) {
+  v1::EvaluationTask task = v1::EVALUATION_TASK_UNSPECIFIED;
+  bool decided = false;
+  Problems ignored("", 0);
+  ForEachJsonLine(text, &ignored, [&](int, const Json& json) {
+    if (decided || !json.is_object()) return;
+    decided = true;
+    if (json.contains("query") || (json.contains("item") && json.size() == 1)) {
+      task = v1::EVALUATION_RETRIEVAL;
+      return;
+    }
+    *objective = ObjectiveOfFields(json);
+    switch (*objective) {
+      case v1::CONTRASTIVE:
+        task = v1::EVALUATION_RETRIEVAL;
+        break;
+      case v1::COSINE_SIMILARITY:
+        task = v1::EVALUATION_COSINE_SIMILARITY;
+        break;
+      case v1::CLASSIFICATION:
+        task = v1::EVALUATION_CLASSIFICATION;
+        break;
+      case v1::PAIR_CLASSIFICATION:
+        task = v1::EVALUATION_PAIR_CLASSIFICATION;
+        break;
+      default:
+        break;
+    }
+  });
+  return task;
+}
+
+}  // namespace
+
+absl::StatusOr<v1::EvaluationSet> ParseEvaluationData(absl::string_view text,
+                                                      absl::string_view name,
+                                                      const DataLimits& limits) {
+  v1::Objective objective = v1::OBJECTIVE_UNSPECIFIED;
+  const v1::EvaluationTask task = DetectEvaluationTask(text, &objective);
+  if (task == v1::EVALUATION_TASK_UNSPECIFIED) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s: cannot tell what to evaluate from its first JSON object; give one object per line, "
+        "either retrieval %s, or the training format of an objective: %s, %s, %s or %s",
+        name, kRetrievalFields, ObjectiveFields(v1::CONTRASTIVE),
+        ObjectiveFields(v1::COSINE_SIMILARITY), ObjectiveFields(v1::CLASSIFICATION),
+        ObjectiveFields(v1::PAIR_CLASSIFICATION)));
+  }
+  if (objective == v1::OBJECTIVE_UNSPECIFIED) {
+    return ParseRetrievalData(text, name, limits.max_errors);
+  }
+  absl::StatusOr<TrainingData> data = ParseTrainingData(text, objective, name, limits);
+  if (!data.ok()) return data.status();
+  v1::EvaluationSet set;
+  set.set_task(task);
+  if (objective != v1::CONTRASTIVE) {
+    for (v1::TrainingExample& example : data->examples) *set.add_examples() = std::move(example);
+    return set;
+  }
+  // Contrastive pairs as retrieval: each anchor retrieves its positive among every positive
+  // and negative of the file.
+  std::map<std::string, int> item_index;
+  auto add_item = [&](const std::string& item) {
+    auto [it, added] = item_index.emplace(item, set.corpus_size());
+    if (added) set.add_corpus(item);
+    return it->second;
+  };
+  for (const v1::TrainingExample& example : data->examples) {
+    set.add_queries(example.anchor());
+    set.add_relevant(add_item(example.positive()));
+    if (!example.negative().empty()) add_item(example.negative());
+  }
+  return set;
+}
+
+absl::StatusOr<v1::EvaluationSet> ReadEvaluationData(const std::string& path,
+                                                     const DataLimits& limits) {
+  absl::StatusOr<std::string> text = ReadWholeFile(path);
+  if (!text.ok()) return text.status();
+  return ParseEvaluationData(*text, path, limits);
+}
+
+absl::StatusOr<TrainingData> ReadTrainingData(const std::string& path, v1::Objective objective,
+                                              const DataLimits& limits) {
+  absl::StatusOr<std::string> text = ReadWholeFile(path);
+  if (!text.ok()) return text.status();
+  return ParseTrainingData(*text, objective, path, limits);
 }
 
 int64_t StepsPerEpoch(size_t examples, int batch_size) {

@@ -52,6 +52,22 @@ absl::StatusOr<TrainingData> ReadTrainingData(const std::string& path,
                                               attnserve::v1::Objective objective,
                                               const DataLimits& limits);
 
+// Evaluation data (a fine-tuning job's --eval-data, attnctl eval --data): JSON Lines in one of
+//   retrieval            {"query": "...", "item": "..."}: the query's relevant item; a line
+//                        {"item": "..."} alone adds a distractor. The corpus is every distinct
+//                        item, in order of first appearance.
+//   contrastive pairs    read as retrieval: each anchor is a query, its positive the relevant
+//                        item, every positive and negative of the file the corpus
+//   cosine similarity,   the training formats of those objectives (above)
+//   (pair) classification
+// The format is told from the fields of the first JSON object; every line is checked as
+// ParseTrainingData checks training data.
+absl::StatusOr<attnserve::v1::EvaluationSet> ParseEvaluationData(absl::string_view text,
+                                                                 absl::string_view name,
+                                                                 const DataLimits& limits);
+absl::StatusOr<attnserve::v1::EvaluationSet> ReadEvaluationData(const std::string& path,
+                                                                const DataLimits& limits);
+
 // Optimisation steps per epoch: ceil(examples / batch_size); the last batch may be smaller.
 int64_t StepsPerEpoch(size_t examples, int batch_size);
 

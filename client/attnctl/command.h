@@ -55,7 +55,7 @@ struct CommandGroup {
 };
 
 // The groups, one per file: encode, attention, tokenize, info, health (inspect_commands.cc);
-// finetune, versions, promote, rollback, serve-version (train_commands.cc).
+// finetune, versions, promote, rollback, serve-version, eval, report (train_commands.cc).
 CommandGroup InspectCommands();
 CommandGroup TrainCommands();
 // diff, neighbors (compare_commands.cc).

@@ -185,7 +185,9 @@ bool ParseCommandLine(const std::vector<CommandGroup>& table, int argc, char** a
       }
       continue;
     }
-    const FlagUse* use = FindFlagInTable(table, name);
+    // The command's own use of the flag (whether it repeats, say), else any command's: a flag
+    // another command takes is reported as not applying once the command is known.
+    const FlagUse* use = claimed ? FindFlag(*named, name) : FindFlagInTable(table, name);
     bool negated = false;
     if (use == nullptr && absl::StartsWith(name, "no") && !has_value) {
       // "--nojson" negates a boolean flag.

@@ -16,6 +16,8 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "client/attnctl/command.h"
 #include "google/protobuf/util/json_util.h"
@@ -323,6 +325,43 @@ bool WriteFile(const std::string& path, const std::string& content) {
   }
   std::fprintf(stderr, "wrote %s (%zu bytes)\n", path.c_str(), content.size());
   return true;
+}
+
+int PrintDataError(const absl::Status& status, const std::string& command) {
+  if (status.code() != absl::StatusCode::kInvalidArgument) {
+    std::fprintf(stderr, "attnctl: %s\n", std::string(status.message()).c_str());
+    return kExitFailure;
+  }
+  // One problem per line, each "file:line: what".
+  for (absl::string_view line : absl::StrSplit(status.message(), '\n')) {
+    std::fprintf(stderr, "attnctl: %s\n", std::string(line).c_str());
+  }
+  std::fprintf(stderr, "Run 'attnctl %s --help' for the data format.\n", command.c_str());
+  return kExitUsage;
+}
+
+std::string DescribeEvaluationSet(const attnserve::v1::EvaluationSet& set) {
+  switch (set.task()) {
+    case attnserve::v1::EVALUATION_RETRIEVAL:
+      return absl::StrFormat("retrieval: %d queries over %d items", set.queries_size(),
+                             set.corpus_size());
+    case attnserve::v1::EVALUATION_COSINE_SIMILARITY:
+      return absl::StrFormat("cosine similarity: %d pairs", set.examples_size());
+    case attnserve::v1::EVALUATION_CLASSIFICATION:
+      return absl::StrFormat("classification: %d examples", set.examples_size());
+    case attnserve::v1::EVALUATION_PAIR_CLASSIFICATION:
+      return absl::StrFormat("pair classification: %d pairs", set.examples_size());
+    default:
+      return "no task";
+  }
+}
+
+std::string FormatMetrics(const attnserve::v1::EvaluationResult& result) {
+  std::vector<std::string> parts;
+  for (const attnserve::v1::EvaluationMetric& m : result.metrics()) {
+    parts.push_back(absl::StrFormat("%s %.4f", m.name(), m.value()));
+  }
+  return absl::StrJoin(parts, ", ");
 }
 
 }  // namespace attn::client::attnctl

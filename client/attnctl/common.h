@@ -12,6 +12,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "attnserve/v1/encoder.pb.h"
+#include "attnserve/v1/trainer.pb.h"
 #include "client/client.h"
 #include "google/protobuf/message.h"
 
@@ -107,5 +108,14 @@ absl::StatusOr<std::vector<InputText>> FillSharedRequestFields(Request* request)
 std::string TruncationNote(bool truncated, int untruncated_length);
 // "model V: N tokens, X ms total (tokenize ..., queue ..., inference ...; batch of N inputs)".
 void PrintMetadata(const std::string& version, const attnserve::v1::ResponseMetadata& m);
+
+// A data file's problems on stderr ("attnctl: file:line: what", one per line, and where the
+// format is explained: 'attnctl <command> --help'); returns the exit code (usage for bad data,
+// failure when the file could not be read).
+int PrintDataError(const absl::Status& status, const std::string& command);
+// "retrieval: 60 queries over 100 items", "classification: 40 examples".
+std::string DescribeEvaluationSet(const attnserve::v1::EvaluationSet& set);
+// "mrr@10 0.9500, recall@1 0.9000, ...".
+std::string FormatMetrics(const attnserve::v1::EvaluationResult& result);
 
 }  // namespace attn::client::attnctl

@@ -19,6 +19,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "client/attnctl/command.h"
 #include "client/attnctl/common.h"
@@ -58,6 +59,14 @@ ABSL_FLAG(int, log_every, 0,
           "without a terminal: a progress line every N steps; also how often the server reports "
           "training telemetry (the matrices that moved most); 0 = about 20 per job");
 ABSL_FLAG(bool, dry_run, false, "check the data, print the plan, do not connect");
+ABSL_FLAG(std::string, eval_data, "",
+          "held-out data (JSON Lines, see 'attnctl eval --help') scored on the base, every "
+          "--eval-every steps and on the trained weights");
+ABSL_FLAG(int, eval_every, 0,
+          "steps between evaluations on --eval-data; 0 = only the base and the end");
+ABSL_FLAG(std::string, promote_if, "",
+          "with --commit: promote the version only if this holds on --eval-data, e.g. "
+          "\"recall@1>=0.8\" or \"mrr@10>base\" (conditions joined by ',')");
 
 namespace attn::client::attnctl {
 namespace {
@@ -89,6 +98,7 @@ struct FineTunePlan {
   bool commit = false;
   bool promote = false;
   std::string description;
+  std::string eval_data_path;  // "" = no evaluation set
   v1::FineTuneConfig config;
 };
 
@@ -97,7 +107,6 @@ int64_t LogEvery(const FineTunePlan& plan) {
   const int log_every = absl::GetFlag(FLAGS_log_every);
   return log_every > 0 ? log_every : std::max<int64_t>(1, (plan.total_steps + 19) / 20);
 }
-
 
 std::string DescribePlan(const FineTunePlan& plan) {
   const size_t n = plan.data.examples.size();
@@ -127,8 +136,20 @@ std::string DescribePlan(const FineTunePlan& plan) {
     absl::StrAppendFormat(&lr, ", warm-up %d steps", plan.config.warmup_steps());
   }
   absl::StrAppend(&lr, ", linear decay to 0");
-  return absl::StrFormat("%s: %s\nplan: %s; %s; seed %d", plan.data_path, what, steps, lr,
-                         plan.seed);
+  std::string described =
+      absl::StrFormat("%s: %s\nplan: %s; %s; seed %d", plan.data_path, what, steps, lr, plan.seed);
+  if (!plan.eval_data_path.empty()) {
+    const v1::EvaluationSet& set = plan.config.evaluation();
+    absl::StrAppendFormat(&described, "\nevaluation: %s, %s", plan.eval_data_path,
+                          DescribeEvaluationSet(set));
+    absl::StrAppend(&described, plan.config.eval_every() > 0
+                                    ? absl::StrFormat(", every %d steps", plan.config.eval_every())
+                                    : std::string(", on the base and the trained weights"));
+    if (!plan.config.promote_if().empty()) {
+      absl::StrAppend(&described, "; promote if ", plan.config.promote_if());
+    }
+  }
+  return described;
 }
 
 // Checks the flags and the data file: the whole job, before any connection. Returns the exit
@@ -214,6 +235,18 @@ absl::StatusOr<FineTunePlan> PlanFineTune(const Command& command, int* exit_code
         "--promote and --do-not-serve contradict each other (--do-not-serve is "
         "deprecated: a commit is staged unless --promote)");
   }
+  const std::string eval_data = absl::GetFlag(FLAGS_eval_data);
+  const int eval_every = absl::GetFlag(FLAGS_eval_every);
+  const std::string promote_if = absl::GetFlag(FLAGS_promote_if);
+  if (eval_every < 0) return usage("--eval-every must be >= 0");
+  if (eval_every > 0 && eval_data.empty()) return usage("--eval-every goes with --eval-data FILE");
+  if (!promote_if.empty()) {
+    if (eval_data.empty()) {
+      return usage("--promote-if needs --eval-data FILE: the gate compares its scores");
+    }
+    if (!plan.commit) return usage("--promote-if goes with --commit");
+    plan.promote = true;  // promote when the gate holds, else stage
+  }
   plan.description = absl::GetFlag(FLAGS_description);
   if (!plan.description.empty() && !plan.commit) {
     return usage("--description is stored with a committed version: add --commit");
@@ -226,20 +259,21 @@ absl::StatusOr<FineTunePlan> PlanFineTune(const Command& command, int* exit_code
   limits.num_labels = num_labels;
   auto data = ReadTrainingData(plan.data_path, objective, limits);
   if (!data.ok()) {
-    if (data.status().code() == absl::StatusCode::kInvalidArgument) {
-      // One problem per line, each "file:line: what".
-      for (absl::string_view line : absl::StrSplit(data.status().message(), '\n')) {
-        std::fprintf(stderr, "attnctl: %s\n", std::string(line).c_str());
-      }
-      std::fprintf(stderr, "Run 'attnctl finetune --help' for the data format.\n");
-      *exit_code = kExitUsage;
-    } else {
-      std::fprintf(stderr, "attnctl: %s\n", std::string(data.status().message()).c_str());
-      *exit_code = kExitFailure;
-    }
+    *exit_code = PrintDataError(data.status(), "finetune");
     return data.status();
   }
   plan.data = *std::move(data);
+  if (!eval_data.empty()) {
+    auto evaluation = ReadEvaluationData(eval_data, DataLimits{});
+    if (!evaluation.ok()) {
+      *exit_code = PrintDataError(evaluation.status(), "finetune");
+      return evaluation.status();
+    }
+    *plan.config.mutable_evaluation() = *std::move(evaluation);
+    plan.config.set_eval_every(eval_every);
+    plan.config.set_promote_if(promote_if);
+    plan.eval_data_path = eval_data;
+  }
   plan.steps_per_epoch = StepsPerEpoch(plan.data.examples.size(), plan.batch_size);
   plan.total_steps = plan.steps_per_epoch * plan.epochs;
   if (warmup > plan.total_steps) {
@@ -318,6 +352,14 @@ class ProgressPrinter final : public FineTuneObserver {
       std::fflush(stdout);
       return;
     }
+    for (const v1::EvaluationResult& e : p.evaluations()) {
+      if (first_evaluation_.metrics_size() == 0) first_evaluation_ = e;
+      last_evaluation_ = e;
+      BreakLine();
+      std::fprintf(stderr, "evaluation %s: %s\n",
+                   e.step() == 0 ? "of the base" : absl::StrCat("after step ", e.step()).c_str(),
+                   FormatMetrics(e).c_str());
+    }
     if (!new_step) return;
     const int64_t step = p.step();
     const auto now = std::chrono::steady_clock::now();
@@ -375,6 +417,24 @@ class ProgressPrinter final : public FineTuneObserver {
       note = "the commit was already requested; waiting for it (Ctrl-C again to disconnect)";
     }
     std::fprintf(stderr, "attnctl: %s\n", note);
+  }
+
+  // "recall@1 0.000 -> 0.850, mrr@10 ..." from the base's evaluation to the last one; "" when
+  // there were fewer than two.
+  std::string EvaluationChange() const {
+    if (first_evaluation_.step() == last_evaluation_.step() ||
+        first_evaluation_.metrics_size() != last_evaluation_.metrics_size()) {
+      return "";
+    }
+    std::vector<std::string> parts;
+    for (int i = 0; i < last_evaluation_.metrics_size(); ++i) {
+      parts.push_back(absl::StrFormat("%s %.4f \u2192 %.4f", last_evaluation_.metrics(i).name(),
+                                      first_evaluation_.metrics(i).value(),
+                                      last_evaluation_.metrics(i).value()));
+    }
+    return absl::StrFormat("evaluation (%d examples, step 0 \u2192 %d): %s",
+                           last_evaluation_.examples(), last_evaluation_.step(),
+                           absl::StrJoin(parts, ", "));
   }
 
   // Ends the bar's line (before other output, and at the end).
@@ -435,6 +495,7 @@ class ProgressPrinter final : public FineTuneObserver {
   std::chrono::steady_clock::time_point last_draw_;
   bool bar_visible_ = false;  // a progress bar is on the terminal's line above the current one
   std::string most_changed_;  // the last telemetry's summary, shown under the bar
+  v1::EvaluationResult first_evaluation_, last_evaluation_;
 };
 
 // Set by SIGINT/SIGTERM: the runner to interrupt, and the last signal.
@@ -533,6 +594,9 @@ int RunFineTune(const Command& command) {
     return kExitFailure;
   }
   std::fprintf(out, "%s\n", summary.c_str());
+  if (const std::string change = printer.EvaluationChange(); !change.empty()) {
+    std::fprintf(out, "%s\n", change.c_str());
+  }
   if (plan.commit) {
     if (outcome.committed_version.empty()) {
       std::fprintf(stderr, "attnctl: the server ended the job without a committed version\n");
@@ -588,6 +652,13 @@ Data, one JSON object per line (other fields ignored, blank lines skipped):
                     'attnctl rerank' scores
 A classification job's version has a head 'attnctl classify' uses: leave it staged
 (no --promote) so the embeddings every other client gets stay as they are.
+
+Evaluation: --eval-data FILE (held-out data; formats in 'attnctl eval --help') is scored on
+the base version before the first step, every --eval-every steps and on the weights a
+--commit publishes; the scores are printed, stored in the version's training report
+('attnctl report --version V') and can gate promotion: --commit --promote-if
+"recall@1>=0.8" promotes only if that holds, else the version stays staged and the
+summary says why ("base", "base+0.02" compare with the base version's score).
 )",
           {{"Flags",
             {{"data", "FILE"},
@@ -609,6 +680,9 @@ A classification job's version has a head 'attnctl classify' uses: leave it stag
              {"promote", ""},
              {"do_not_serve", ""},
              {"description", "TEXT"},
+             {"eval_data", "FILE"},
+             {"eval_every", "N"},
+             {"promote_if", "EXPR"},
              {"token_file", "PATH"},
              {"log_every", "N"},
              {"dry_run", ""}}},
@@ -622,6 +696,8 @@ A classification job's version has a head 'attnctl classify' uses: leave it stag
   attnctl finetune --data intents.jsonl --objective classification --num-labels 5 --json
   attnctl finetune --data tickets.jsonl --objective classification \
       --label-names billing,bug,other --commit
+  attnctl finetune --data catalog-train.jsonl --objective contrastive --lr 1e-4 \
+      --eval-data catalog-heldout.jsonl --eval-every 5 --commit --promote-if "recall@1>=base+0.3"
 )",
           RunFineTune};
 }

@@ -1,5 +1,6 @@
 // attnctl's Trainer commands besides finetune (finetune_command.cc): versions, promote,
-// rollback, serve-version.
+// rollback, serve-version, eval, report.
+#include <algorithm>
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -7,9 +8,16 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "client/attnctl/command.h"
 #include "client/attnctl/common.h"
 #include "client/client.h"
+#include "client/training_data.h"
+
+ABSL_DECLARE_FLAG(std::string, data);  // finetune_command.cc
 
 namespace attn::client::attnctl {
 
@@ -72,6 +80,111 @@ int RunServingChange(const Command& command) {
                         : "now serving",
               response->serving_version().c_str());
   PrintVersionsTable(*response);
+  return kExitOk;
+}
+
+// One row per metric, one column per version.
+void PrintEvaluations(const std::vector<v1::EvaluationResult>& results) {
+  std::vector<std::string> header = {"metric"};
+  for (const v1::EvaluationResult& r : results) header.push_back(r.model_version());
+  std::vector<std::vector<std::string>> rows;
+  for (int m = 0; m < results.front().metrics_size(); ++m) {
+    std::vector<std::string> row = {results.front().metrics(m).name()};
+    for (const v1::EvaluationResult& r : results) {
+      row.push_back(m < r.metrics_size() ? absl::StrFormat("%.4f", r.metrics(m).value()) : "");
+    }
+    rows.push_back(std::move(row));
+  }
+  PrintTable(header, rows, "", {});
+}
+
+int RunEval(const Command& command) {
+  const std::string path = absl::GetFlag(FLAGS_data);
+  if (path.empty()) return UsageError("eval needs --data FILE (JSON Lines)", &command);
+  auto set = ReadEvaluationData(path, DataLimits{});
+  if (!set.ok()) return PrintDataError(set.status(), "eval");
+  auto tokenization = TokenizationFromFlags();
+  if (!tokenization.ok()) return UsageError(std::string(tokenization.status().message()), &command);
+  std::vector<std::string> versions =
+      absl::StrSplit(absl::GetFlag(FLAGS_model_version), kRepeatedFlagSeparator);
+  int exit_code = kExitOk;
+  auto client = MakeTrainerClient(&exit_code);
+  if (client == nullptr) return exit_code;
+  const bool json = absl::GetFlag(FLAGS_json);
+  if (!json) std::printf("%s: %s\n", path.c_str(), DescribeEvaluationSet(*set).c_str());
+  std::vector<v1::EvaluationResult> results;
+  for (const std::string& version : versions) {
+    v1::EvaluateRequest request;
+    request.set_model(absl::GetFlag(FLAGS_model));
+    request.set_version(version);
+    *request.mutable_evaluation() = *set;
+    *request.mutable_tokenization() = *tokenization;
+    auto result = client->Evaluate(request);
+    if (!result.ok()) return TrainerRpcError(result.status(), client->target());
+    if (json && !PrintJson(*result)) return kExitFailure;
+    results.push_back(*std::move(result));
+  }
+  if (!json) PrintEvaluations(results);
+  return kExitOk;
+}
+
+int RunReport(const Command& command) {
+  const std::string version = absl::GetFlag(FLAGS_model_version);
+  if (version.empty()) {
+    return UsageError("report needs --version V (see 'attnctl versions')", &command);
+  }
+  int exit_code = kExitOk;
+  auto client = MakeTrainerClient(&exit_code);
+  if (client == nullptr) return exit_code;
+  auto report = client->GetTrainingReport(version, absl::GetFlag(FLAGS_model));
+  if (!report.ok()) return TrainerRpcError(report.status(), client->target());
+  if (absl::GetFlag(FLAGS_json)) return PrintJson(*report) ? kExitOk : kExitFailure;
+  std::printf("version %s\n", report->version().c_str());
+  const auto& settings = report->settings();
+  std::vector<std::string> names;
+  for (const auto& [name, value] : settings) names.push_back(name);
+  std::sort(names.begin(), names.end());
+  std::vector<std::string> shown;
+  for (const std::string& name : names) shown.push_back(name + " " + settings.at(name));
+  std::printf("settings: %s\n", absl::StrJoin(shown, ", ").c_str());
+  if (report->loss_curve_size() > 0) {
+    const v1::LossPoint& first = report->loss_curve(0);
+    const v1::LossPoint& last = report->loss_curve(report->loss_curve_size() - 1);
+    std::printf("loss: %.4f at step %d -> %.4f at step %d\n", first.loss(),
+                static_cast<int>(first.step()), last.loss(), static_cast<int>(last.step()));
+  }
+  if (report->evaluations_size() > 0) {
+    std::printf("\nevaluations\n");
+    std::vector<std::string> header = {"step"};
+    for (const v1::EvaluationMetric& m : report->evaluations(0).metrics()) {
+      header.push_back(m.name());
+    }
+    std::vector<std::vector<std::string>> rows;
+    for (const v1::EvaluationResult& e : report->evaluations()) {
+      std::vector<std::string> row = {e.step() == 0 ? std::string("0 (base)")
+                                                    : absl::StrCat(e.step())};
+      for (const v1::EvaluationMetric& m : e.metrics()) {
+        row.push_back(absl::StrFormat("%.4f", m.value()));
+      }
+      rows.push_back(std::move(row));
+    }
+    PrintTable(header, rows, "  ", {});
+  }
+  if (!report->promotion().empty()) std::printf("\n%s\n", report->promotion().c_str());
+  std::vector<const v1::ParameterGroupTelemetry*> groups;
+  for (const v1::ParameterGroupTelemetry& g : report->relative_change()) groups.push_back(&g);
+  const size_t top = std::min<size_t>(8, groups.size());
+  std::partial_sort(groups.begin(), groups.begin() + top, groups.end(),
+                    [](auto* a, auto* b) { return a->relative_change() > b->relative_change(); });
+  if (top > 0) {
+    std::printf("\nparameter groups that moved most (||W - W0|| / ||W0||)\n");
+    std::vector<std::vector<std::string>> rows;
+    for (size_t i = 0; i < top; ++i) {
+      rows.push_back({groups[i]->name(), absl::StrFormat("%.3e", groups[i]->relative_change())});
+    }
+    PrintTable({"group", "relative change"}, rows, "  ", {});
+  }
+  std::printf("embedding rows changed: %d\n", static_cast<int>(report->embedding_rows_changed()));
   return kExitOk;
 }
 
@@ -145,6 +258,58 @@ version and the versions table. Requests that pin a version keep it.
         CommonFlags()},
        "  attnctl serve-version --version ft-000002-20261122T041900Z\n",
        RunServingChange});
+  FlagUse versions{"model_version", "V",
+                   "a version to score (repeat --version to compare; default: the served one)",
+                   "version"};
+  versions.repeatable = true;
+  group.commands.push_back(
+      {"eval",
+       "score versions on held-out data: retrieval, cosine similarity or classification",
+       "attnctl eval --data FILE [--version V --version W ...] [flags]",
+       R"(Scores each version on the file without training (the server's Evaluate call: read-only,
+the same token as 'attnctl versions') and prints one row per metric, one column per version.
+The file's first JSON object tells the task:
+  retrieval            {"query": "...", "item": "..."}   the item relevant to the query; a
+                       line {"item": "..."} alone adds a distractor. The corpus is every
+                       distinct item. Metrics: mrr@10, recall@1, recall@10, ndcg@10 (the
+                       relevant item's rank among the corpus by cosine)
+  contrastive pairs    {"anchor": ..., "positive": ...[, "negative": ...]}: retrieval of each
+                       anchor's positive among every positive and negative of the file
+  cosine similarity    {"first": ..., "second": ..., "score": 0.8}: spearman
+  classification       {"text": ..., "label": 2}: accuracy, macro_f1 (a version with a head)
+  pair classification  {"first": ..., "second": ..., "label": 1}: accuracy, macro_f1
+At most 5,000 texts per file. --json prints each version's result, per example included (the
+rank, cosine or predicted label of each line).
+)",
+       {{"Flags",
+         {{"data", "FILE", "held-out data (JSON Lines), required"},
+          versions,
+          {"max_length", "N", "max tokens per text; 0 = the model's default"},
+          {"truncation", "MODE"},
+          model,
+          token_file}},
+        CommonFlags()},
+       "  attnctl eval --data catalog-heldout.jsonl\n"
+       "  attnctl eval --data catalog-heldout.jsonl --version base --version "
+       "ft-000001-20261127T230000Z\n",
+       RunEval});
+  group.commands.push_back(
+      {"report",
+       "what a fine-tuning job recorded with its version: settings, loss, evaluations",
+       "attnctl report --version V [flags]",
+       R"(Prints the training report stored with a committed version: the job's settings, the loss
+from the first to the last step, its evaluations (the base at step 0, every --eval-every steps,
+the committed weights last), the promotion decision, the parameter groups that moved most
+and how many word-embedding rows changed. --json prints it all (the whole loss curve).
+)",
+       {{"Flags",
+         {{"model_version", "V", "a committed version, required (see 'attnctl versions')",
+           "version"},
+          model,
+          token_file}},
+        CommonFlags()},
+       "  attnctl report --version ft-000001-20261127T230000Z\n",
+       RunReport});
   return group;
 }
 
