@@ -27,6 +27,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <set>
 #include <sstream>
 
@@ -287,17 +288,40 @@ TEST(ProductCatalogTest, JsonlExport) {
   }
   EXPECT_EQ(count, catalog.train_queries().size());
   std::istringstream held_out_lines(held_out);
-  count = 0;
-  for (std::string line; std::getline(held_out_lines, line); ++count) {
-    const nlohmann::json query = nlohmann::json::parse(line);
-    EXPECT_EQ(held_out_names.count(query.at("item")), 1u) << line;
+  size_t items = 0, queries = 0;
+  for (std::string line; std::getline(held_out_lines, line);) {
+    const nlohmann::json entry = nlohmann::json::parse(line);
+    if (!entry.contains("query")) {
+      EXPECT_EQ(queries, 0u) << "items come first: " << line;
+      EXPECT_EQ(entry.at("item"), catalog.items()[items++].name);
+      continue;
+    }
+    EXPECT_EQ(entry.at("query"), catalog.held_out_queries()[queries].text);
+    EXPECT_EQ(held_out_names.count(entry.at("item")), 1u) << line;
+    ++queries;
   }
-  EXPECT_EQ(count, catalog.held_out_queries().size());
+  EXPECT_EQ(items, catalog.items().size());
+  EXPECT_EQ(queries, catalog.held_out_queries().size());
   if (const char* dir = std::getenv("ATTN_CATALOG_JSONL_DIR")) {
     std::filesystem::create_directories(dir);
     std::ofstream(std::string(dir) + "/catalog-train.jsonl") << train;
     std::ofstream(std::string(dir) + "/catalog-heldout.jsonl") << held_out;
     std::printf("[learns] wrote %s/catalog-train.jsonl and catalog-heldout.jsonl\n", dir);
+  }
+  // The copies the README uses are what this generator makes (regenerate them with
+  // ATTN_CATALOG_JSONL_DIR=examples/catalog when the catalogue changes).
+  for (const auto& [name, expected] :
+       {std::pair<std::string, const std::string*>{"catalog-train.jsonl", &train},
+        {"catalog-heldout.jsonl", &held_out}}) {
+    const std::string path = std::string(ATTN_CATALOG_EXAMPLES_DIR) + "/" + name;
+    std::ifstream in(path, std::ios::binary);
+    ASSERT_TRUE(in) << path << " is missing";
+    const std::string shipped((std::istreambuf_iterator<char>(in)),
+                              std::istreambuf_iterator<char>());
+    EXPECT_TRUE(shipped == *expected)
+        << path << " differs from the generator's output; regenerate it: "
+        << "ATTN_CATALOG_JSONL_DIR=examples/catalog integration_learns_test "
+           "--gtest_filter='ProductCatalog*'";
   }
 }
 

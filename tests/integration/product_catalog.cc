@@ -159,6 +159,10 @@ std::string ProductCatalog::TrainingJsonl(uint64_t seed) const {
 
 std::string ProductCatalog::HeldOutJsonl() const {
   std::string out;
+  // Every item first, in catalogue order: the corpus a held-out query ranks its item among.
+  for (const CatalogItem& item : items_) {
+    out += nlohmann::ordered_json({{"item", item.name}}).dump() + "\n";
+  }
   for (const CatalogQuery& query : held_out_queries_) {
     const nlohmann::ordered_json line = {{"query", query.text}, {"item", items_[query.item].name}};
     out += line.dump() + "\n";

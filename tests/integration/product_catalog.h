@@ -78,7 +78,9 @@ class ProductCatalog {
   // JSON Lines for `attnctl finetune --objective contrastive`: every training query with its
   // item and a hard negative, one {"anchor","positive","negative"} per line.
   std::string TrainingJsonl(uint64_t seed) const;
-  // The held-out evaluation set, one {"query","item"} per line.
+  // The held-out evaluation set in the retrieval format of `attnctl eval` and `--eval-data`:
+  // every item as {"item"} (the corpus, in catalogue order), then one {"query","item"} per
+  // held-out query. examples/catalog/ ships both files (JsonlExport checks they are current).
   std::string HeldOutJsonl() const;
 
  private:
