@@ -1742,6 +1742,259 @@ std::vector<HostileCase> Catalogue() {
        {"v999"},
        "Neighbors"});
 
+  // --- Evaluate and evaluation sets in a FineTune config (issue 16) --------------------------
+  auto evaluate = [](Clients& c, const pb::EvaluateRequest& request) {
+    grpc::ClientContext context;
+    context.AddMetadata("authorization", std::string("Bearer ") + kToken);
+    context.set_deadline(Deadline());
+    pb::EvaluationResult response;
+    return c.trainer->Evaluate(&context, request, &response);
+  };
+  // A retrieval set of `queries` queries over `corpus` items, then `edit`.
+  auto retrieval_of = [](int queries, int corpus,
+                         const std::function<void(pb::EvaluationSet*)>& edit = nullptr) {
+    pb::EvaluationSet set;
+    set.set_task(pb::EVALUATION_RETRIEVAL);
+    for (int i = 0; i < queries; ++i) {
+      set.add_queries("a red kettle");
+      set.add_relevant(i % corpus);
+    }
+    for (int i = 0; i < corpus; ++i) set.add_corpus("Vornak Zelto");
+    if (edit) edit(&set);
+    return set;
+  };
+  auto evaluate_of = [](const pb::EvaluationSet& set, const std::string& version = "") {
+    pb::EvaluateRequest request;
+    request.set_version(version);
+    *request.mutable_evaluation() = set;
+    return request;
+  };
+  add({"evaluate_unknown_version",
+       "Evaluate version 'v999'",
+       [=](Clients& c) { return evaluate(c, evaluate_of(retrieval_of(2, 2), "v999")); },
+       StatusCode::NOT_FOUND,
+       {"v999"},
+       "Evaluate"});
+  add({"evaluate_version_path_traversal",
+       "Evaluate version '../../etc'",
+       [=](Clients& c) { return evaluate(c, evaluate_of(retrieval_of(2, 2), "../../etc")); },
+       StatusCode::INVALID_ARGUMENT,
+       {"version"},
+       "Evaluate"});
+  add({"evaluate_no_task",
+       "Evaluate an empty evaluation set",
+       [=](Clients& c) { return evaluate(c, evaluate_of(pb::EvaluationSet())); },
+       StatusCode::INVALID_ARGUMENT,
+       {"evaluation.task is not set"},
+       "Evaluate"});
+  add({"evaluate_unknown_task",
+       "Evaluate with task 9",
+       [=](Clients& c) {
+         return evaluate(c, evaluate_of(retrieval_of(2, 2, [](pb::EvaluationSet* s) {
+                           s->set_task(static_cast<pb::EvaluationTask>(9));
+                         })));
+       },
+       StatusCode::INVALID_ARGUMENT,
+       {"evaluation.task: unknown value 9"},
+       "Evaluate"});
+  add({"evaluate_no_queries",
+       "Evaluate a retrieval set with a corpus and no queries",
+       [=](Clients& c) { return evaluate(c, evaluate_of(retrieval_of(0, 3))); },
+       StatusCode::INVALID_ARGUMENT,
+       {"0 queries", "at least one of each"},
+       "Evaluate"});
+  add({"evaluate_10000_texts",
+       "Evaluate 9,000 queries over 1,000 items (limit 5,000 texts)",
+       [=](Clients& c) { return evaluate(c, evaluate_of(retrieval_of(9000, 1000))); },
+       StatusCode::INVALID_ARGUMENT,
+       {"10000 texts", "5000"},
+       "Evaluate"});
+  add({"evaluate_relevant_out_of_range",
+       "Evaluate with relevant[1] = 7 of a 3-item corpus",
+       [=](Clients& c) {
+         return evaluate(c, evaluate_of(retrieval_of(
+                                2, 3, [](pb::EvaluationSet* s) { s->set_relevant(1, 7); })));
+       },
+       StatusCode::INVALID_ARGUMENT,
+       {"relevant[1] is 7", "0 to 2"},
+       "Evaluate"});
+  add({"evaluate_relevant_negative",
+       "Evaluate with relevant[0] = -2^31",
+       [=](Clients& c) {
+         return evaluate(c, evaluate_of(retrieval_of(2, 3, [](pb::EvaluationSet* s) {
+                           s->set_relevant(0, std::numeric_limits<int32_t>::min());
+                         })));
+       },
+       StatusCode::INVALID_ARGUMENT,
+       {"relevant[0] is -2147483648"},
+       "Evaluate"});
+  add({"evaluate_missing_relevant",
+       "Evaluate 3 queries with 2 relevant indices",
+       [=](Clients& c) {
+         return evaluate(c, evaluate_of(retrieval_of(3, 3, [](pb::EvaluationSet* s) {
+                           s->mutable_relevant()->RemoveLast();
+                         })));
+       },
+       StatusCode::INVALID_ARGUMENT,
+       {"3 queries but 2 relevant"},
+       "Evaluate"});
+  add({"evaluate_empty_corpus_item",
+       "Evaluate with an empty corpus item at index 1",
+       [=](Clients& c) {
+         return evaluate(c, evaluate_of(retrieval_of(
+                                2, 3, [](pb::EvaluationSet* s) { s->set_corpus(1, ""); })));
+       },
+       StatusCode::INVALID_ARGUMENT,
+       {"evaluation.corpus[1] is empty"},
+       "Evaluate"});
+  add({"evaluate_1mib_query",
+       "Evaluate with a 1 MiB query (limit 8,192 bytes)",
+       [=](Clients& c) {
+         return evaluate(c, evaluate_of(retrieval_of(2, 2, [](pb::EvaluationSet* s) {
+                           s->set_queries(0, std::string(1 << 20, 'q'));
+                         })));
+       },
+       StatusCode::INVALID_ARGUMENT,
+       {"evaluation.queries[0] has 1048576 bytes", "8192"},
+       "Evaluate"});
+  add({"evaluate_retrieval_with_examples",
+       "Evaluate a retrieval set that also carries classification examples",
+       [=](Clients& c) {
+         return evaluate(c, evaluate_of(retrieval_of(2, 2, [](pb::EvaluationSet* s) {
+                           s->add_examples()->set_text("stray");
+                         })));
+       },
+       StatusCode::INVALID_ARGUMENT,
+       {"evaluation.examples is set", "retrieval"},
+       "Evaluate"});
+  add({"evaluate_classification_without_head",
+       "Evaluate a classification set on base (no head)",
+       [=](Clients& c) {
+         pb::EvaluationSet set;
+         set.set_task(pb::EVALUATION_CLASSIFICATION);
+         set.add_examples()->set_text("a kettle");
+         return evaluate(c, evaluate_of(set, "base"));
+       },
+       StatusCode::FAILED_PRECONDITION,
+       {"base has no classification head"},
+       "Evaluate"});
+  add({"evaluate_one_cosine_pair",
+       "Evaluate a cosine-similarity set of 1 pair (Spearman needs 2)",
+       [=](Clients& c) {
+         pb::EvaluationSet set;
+         set.set_task(pb::EVALUATION_COSINE_SIMILARITY);
+         pb::TrainingExample* e = set.add_examples();
+         e->set_first("a");
+         e->set_second("b");
+         e->set_score(0.5f);
+         return evaluate(c, evaluate_of(set));
+       },
+       StatusCode::INVALID_ARGUMENT,
+       {"1 pair", "at least 2"},
+       "Evaluate"});
+  add({"evaluate_nan_score",
+       "Evaluate a cosine-similarity pair with score NaN",
+       [=](Clients& c) {
+         pb::EvaluationSet set;
+         set.set_task(pb::EVALUATION_COSINE_SIMILARITY);
+         for (float score : {0.5f, std::numeric_limits<float>::quiet_NaN()}) {
+           pb::TrainingExample* e = set.add_examples();
+           e->set_first("a");
+           e->set_second("b");
+           e->set_score(score);
+         }
+         return evaluate(c, evaluate_of(set));
+       },
+       StatusCode::INVALID_ARGUMENT,
+       {"examples[1].score is not a finite number"},
+       "Evaluate"});
+  add({"evaluate_without_token",
+       "Evaluate without the trainer token",
+       [=](Clients& c) {
+         grpc::ClientContext context;
+         pb::EvaluationResult response;
+         return c.trainer->Evaluate(&context, evaluate_of(retrieval_of(2, 2)), &response);
+       },
+       StatusCode::UNAUTHENTICATED,
+       {},
+       "Evaluate"});
+  add({"finetune_eval_every_negative",
+       "FineTune config.eval_every = -1",
+       [=](Clients& c) {
+         pb::FineTuneRequest config = Config(pb::CONTRASTIVE);
+         *config.mutable_config()->mutable_evaluation() = retrieval_of(2, 2);
+         config.mutable_config()->set_eval_every(-1);
+         return FineTune(c, {config});
+       },
+       StatusCode::INVALID_ARGUMENT,
+       {"config.eval_every is -1"},
+       "FineTune"});
+  add({"finetune_promote_if_without_evaluation",
+       "FineTune config.promote_if without an evaluation set",
+       [](Clients& c) {
+         pb::FineTuneRequest config = Config(pb::CONTRASTIVE);
+         config.mutable_config()->set_promote_if("recall@1>=0.8");
+         return FineTune(c, {config});
+       },
+       StatusCode::INVALID_ARGUMENT,
+       {"config.promote_if needs an evaluation set"},
+       "FineTune"});
+  add({"finetune_promote_if_garbage",
+       "FineTune config.promote_if = 'recall@1 >= lots; rm -rf /'",
+       [=](Clients& c) {
+         pb::FineTuneRequest config = Config(pb::CONTRASTIVE);
+         *config.mutable_config()->mutable_evaluation() = retrieval_of(2, 2);
+         config.mutable_config()->set_promote_if("recall@1 >= lots; rm -rf /");
+         return FineTune(c, {config});
+       },
+       StatusCode::INVALID_ARGUMENT,
+       {"config.promote_if", "the threshold is not a number"},
+       "FineTune"});
+  add({"finetune_promote_if_unknown_metric",
+       "FineTune config.promote_if on accuracy for a retrieval set",
+       [=](Clients& c) {
+         pb::FineTuneRequest config = Config(pb::CONTRASTIVE);
+         *config.mutable_config()->mutable_evaluation() = retrieval_of(2, 2);
+         config.mutable_config()->set_promote_if("accuracy>0.9");
+         return FineTune(c, {config});
+       },
+       StatusCode::INVALID_ARGUMENT,
+       {"reports mrr@10, recall@1, recall@10, ndcg@10, not 'accuracy'"},
+       "FineTune"});
+  add({"finetune_promote_if_10000_bytes",
+       "FineTune config.promote_if of 10,000 bytes (limit 256)",
+       [=](Clients& c) {
+         pb::FineTuneRequest config = Config(pb::CONTRASTIVE);
+         *config.mutable_config()->mutable_evaluation() = retrieval_of(2, 2);
+         config.mutable_config()->set_promote_if(std::string(10000, '>'));
+         return FineTune(c, {config});
+       },
+       StatusCode::INVALID_ARGUMENT,
+       {"10000 bytes", "256"},
+       "FineTune"});
+  add({"finetune_classification_eval_on_contrastive",
+       "FineTune contrastive job with a classification evaluation set",
+       [](Clients& c) {
+         pb::FineTuneRequest config = Config(pb::CONTRASTIVE);
+         pb::EvaluationSet* set = config.mutable_config()->mutable_evaluation();
+         set->set_task(pb::EVALUATION_CLASSIFICATION);
+         set->add_examples()->set_text("a kettle");
+         return FineTune(c, {config});
+       },
+       StatusCode::INVALID_ARGUMENT,
+       {"contrastive job has no classification head"},
+       "FineTune"});
+  add({"finetune_eval_set_6000_texts",
+       "FineTune with an evaluation set of 6,000 texts (limit 5,000)",
+       [=](Clients& c) {
+         pb::FineTuneRequest config = Config(pb::CONTRASTIVE);
+         *config.mutable_config()->mutable_evaluation() = retrieval_of(5000, 1000);
+         return FineTune(c, {config});
+       },
+       StatusCode::INVALID_ARGUMENT,
+       {"config.evaluation has 6000 texts", "5000"},
+       "FineTune"});
+
   // --- Explain (issue 19): every limit named; none of these reaches the engine -------------------
   add({"explain_steps_0",
        "Explain with steps explicitly 0",
