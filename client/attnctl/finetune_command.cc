@@ -347,20 +347,16 @@ class ProgressPrinter final : public FineTuneObserver {
   }
 
   void OnProgress(const v1::FineTuneProgress& p, bool new_step) override {
+    for (const v1::EvaluationResult& e : p.evaluations()) {
+      if (first_evaluation_.metrics_size() == 0) first_evaluation_ = e;
+      last_evaluation_ = e;
+    }
     if (mode_ == Mode::kJson) {
       PrintJson(p);
       std::fflush(stdout);
       return;
     }
-    for (const v1::EvaluationResult& e : p.evaluations()) {
-      if (first_evaluation_.metrics_size() == 0) first_evaluation_ = e;
-      last_evaluation_ = e;
-      BreakLine();
-      std::fprintf(stderr, "evaluation %s: %s\n",
-                   e.step() == 0 ? "of the base" : absl::StrCat("after step ", e.step()).c_str(),
-                   FormatMetrics(e).c_str());
-    }
-    if (!new_step) return;
+    if (!new_step) return PrintEvaluations(p);
     const int64_t step = p.step();
     const auto now = std::chrono::steady_clock::now();
     if (first_step_ < 0) {
@@ -372,11 +368,13 @@ class ProgressPrinter final : public FineTuneObserver {
         std::fprintf(stderr, "%s\n", Status(p, now).c_str());
       }
       if (p.has_telemetry()) std::fprintf(stderr, "  %s\n", MostChanged(p.telemetry(), 5).c_str());
-      return;
+      return PrintEvaluations(p);
     }
+    PrintEvaluations(p);  // above the bar, which is redrawn under them
     if (p.has_telemetry()) most_changed_ = MostChanged(p.telemetry(), 3);
     // A bar: redraw at most 10 times a second, and always for the last step.
-    if (step < plan_.total_steps && last_draw_ != std::chrono::steady_clock::time_point() &&
+    if (step < plan_.total_steps && p.evaluations_size() == 0 &&
+        last_draw_ != std::chrono::steady_clock::time_point() &&
         now - last_draw_ < std::chrono::milliseconds(100)) {
       return;
     }
@@ -417,6 +415,16 @@ class ProgressPrinter final : public FineTuneObserver {
       note = "the commit was already requested; waiting for it (Ctrl-C again to disconnect)";
     }
     std::fprintf(stderr, "attnctl: %s\n", note);
+  }
+
+  // One line per evaluation the message carries.
+  void PrintEvaluations(const v1::FineTuneProgress& p) {
+    for (const v1::EvaluationResult& e : p.evaluations()) {
+      BreakLine();
+      std::fprintf(stderr, "evaluation %s: %s\n",
+                   e.step() == 0 ? "of the base" : absl::StrCat("after step ", e.step()).c_str(),
+                   FormatMetrics(e).c_str());
+    }
   }
 
   // "recall@1 0.000 -> 0.850, mrr@10 ..." from the base's evaluation to the last one; "" when
