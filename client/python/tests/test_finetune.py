@@ -74,3 +74,40 @@ def test_finetune_bad_data_is_refused_before_and_by_the_server(client, tmp_path)
                         progress=False)
     assert e.value.code == grpc.StatusCode.INVALID_ARGUMENT
     assert client.versions() == before
+
+
+HELD_OUT = [{"item": "lightweight sneakers for jogging in red"},
+            {"item": "heavy skillet for searing steak"},
+            {"item": "warm knitted beanie for cold weather"},
+            {"query": "red running shoes", "item": "lightweight sneakers for jogging in red"},
+            {"query": "cast iron pan", "item": "heavy skillet for searing steak"},
+            {"query": "wool winter hat", "item": "warm knitted beanie for cold weather"}]
+
+
+def test_evaluate_and_a_gated_finetune_with_its_report(client):
+    base = client.evaluate(HELD_OUT, version="base")
+    assert base.task == "retrieval" and base.examples == 3
+    assert list(base.metrics) == ["mrr@10", "recall@1", "recall@10", "ndcg@10"]
+    assert base.per_example.shape == (3,) and np.all(base.per_example >= 1)
+    assert base.metrics["recall@1"] == np.mean(base.per_example == 1)
+
+    # A gate that cannot hold: the version is committed staged, saying why.
+    result = client.finetune(PAIRS, "contrastive", batch_size=3, epochs=1, learning_rate=1e-5,
+                             seed=3, progress=False, eval_data=HELD_OUT, eval_every=1,
+                             promote_if="recall@1>1")
+    assert [e.step for e in result.evaluations] == [0, 1, 2]
+    assert result.evaluations[0].metrics == base.metrics
+    assert not result.promoted
+    assert result.promotion.startswith("staged: the gate recall@1>1 failed")
+    assert not next(v for v in client.versions() if v.version == result.committed_version).serving
+
+    report = client.training_report(result.committed_version)
+    assert [e.step for e in report.evaluations] == [0, 1, 2]
+    assert [e.metrics for e in report.evaluations] == [e.metrics for e in result.evaluations]
+    assert report.promotion == result.promotion
+    assert report.losses == pytest.approx(result.losses)
+    assert report.settings["objective"] == "contrastive"
+
+    with pytest.raises(attnserve.AttnserveError) as error:
+        client.evaluate([{"text": "a kettle", "label": 0}], version="base")
+    assert error.value.code == grpc.StatusCode.FAILED_PRECONDITION

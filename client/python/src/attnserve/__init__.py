@@ -9,6 +9,7 @@ message.
 """
 from attnserve._convert import (Attention, LabelScore, Ranking, RerankHit, Token,
                                 TokenStates)
+from attnserve._evaluation import Evaluation, TrainingReport
 from attnserve._finetune import FineTuneResult
 from attnserve import aio
 from attnserve.client import Client, VersionInfo
@@ -18,12 +19,14 @@ __all__ = [
     "Attention",
     "AttnserveError",
     "Client",
+    "Evaluation",
     "FineTuneResult",
     "LabelScore",
     "Ranking",
     "RerankHit",
     "Token",
     "TokenStates",
+    "TrainingReport",
     "VersionInfo",
 ]
 __version__ = "0.1.0"

@@ -8,6 +8,7 @@ import random
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple, Union, cast
 
 from attnserve import _convert
+from attnserve._evaluation import Evaluation
 from attnserve.v1 import trainer_pb2 as tpb
 
 OBJECTIVES = {
@@ -47,6 +48,11 @@ class FineTuneResult:
     losses: List[float]
     # The server's notes on batches that may not teach the model anything.
     warnings: List[str]
+    # With eval_data: the base's scores (step 0), every eval_every steps, the committed weights'.
+    evaluations: List["Evaluation"] = dataclasses.field(default_factory=list)
+    # Whether the commit made the version the default, and why (the gate's numbers).
+    promoted: bool = False
+    promotion: str = ""
 
 
 def objective(value: Union[str, int]) -> "tpb.Objective":

@@ -8,7 +8,7 @@ from typing import Any, Callable, Iterable, List, Optional, Sequence, Tuple, Uni
 import grpc
 import numpy as np
 
-from attnserve import _convert, _finetune
+from attnserve import _convert, _evaluation, _finetune
 from attnserve._convert import Attention, LabelScore, Ranking, TextInput, Token, TokenStates
 from attnserve._finetune import FineTuneResult, TrainingData
 from attnserve.errors import AttnserveError
@@ -271,6 +271,28 @@ class Client:
         return versions_of(self._call(self._trainer.Promote, tpb.PromoteRequest(version=version),
                                       trainer=True))
 
+    def evaluate(self, data: _evaluation.EvaluationData, *, version: str = "",
+                 max_length: int = 0) -> _evaluation.Evaluation:
+        """Scores `version` ("" = the served one) on held-out data without training.
+
+        data: a JSON Lines file or dicts, one example each (the task is told from the first):
+        retrieval {"query": ..., "item": ...} ({"item": ...} alone adds a distractor),
+        contrastive pairs (each anchor retrieves its positive), {"first", "second", "score"}
+        (Spearman), {"text", "label"} or {"first", "second", "label"} (a version with a
+        classification head: accuracy, macro-F1). At most 5,000 texts.
+        """
+        request = tpb.EvaluateRequest(
+            version=version, evaluation=_evaluation.evaluation_set(data),
+            tokenization=_convert.tokenization(max_length, None))
+        return _evaluation.from_proto(self._call(self._trainer.Evaluate, request, trainer=True))
+
+    def training_report(self, version: str) -> _evaluation.TrainingReport:
+        """What the job that committed `version` recorded: settings, losses, evaluations, the
+        promotion decision, how far each parameter group moved."""
+        return _evaluation.report_from_proto(self._call(
+            self._trainer.GetTrainingReport, tpb.GetTrainingReportRequest(version=version),
+            trainer=True))
+
     def finetune(self, data: TrainingData, objective: Union[str, int], *, batch_size: int = 16,
                  epochs: int = 1, learning_rate: float = 0.0, num_labels: int = 0,
                  label_names: Optional[Sequence[str]] = None, parameters: Union[str, int] = "all",
@@ -278,7 +300,9 @@ class Client:
                  total_steps: int = 0, disable_dropout: bool = False, base_version: str = "",
                  max_length: int = 0, commit: bool = True, description: str = "",
                  promote: bool = False, serve: Optional[bool] = None, progress: bool = True,
-                 batches_in_flight: int = 2) -> FineTuneResult:
+                 batches_in_flight: int = 2,
+                 eval_data: Optional[_evaluation.EvaluationData] = None, eval_every: int = 0,
+                 promote_if: str = "") -> FineTuneResult:
         """Fine-tunes on `data` and commits a new version (or aborts with commit=False).
 
         The version is staged (pin it with model_version=..., then promote() it) unless
@@ -290,6 +314,9 @@ class Client:
         objective: "contrastive", "cosine", "classification", "pair_classification".
         progress=True shows a tqdm bar with the loss. Ctrl-C aborts the job (nothing is
         published) and re-raises KeyboardInterrupt.
+        eval_data (see evaluate()) is scored on the base, every eval_every steps and on the
+        committed weights (FineTuneResult.evaluations); promote_if ("recall@1>=0.8",
+        "mrr@10>base") promotes the version only when it holds (FineTuneResult.promotion says).
         """
         from tqdm.auto import tqdm
 
@@ -303,6 +330,11 @@ class Client:
             label_names=label_names, parameters_value=_finetune.parameters(parameters),
             seed=seed, warmup_steps=warmup_steps, total_steps=total_steps,
             disable_dropout=disable_dropout, base_version=base_version, max_length=max_length)
+        if eval_data is not None:
+            job_config.evaluation.CopyFrom(_evaluation.evaluation_set(eval_data))
+            job_config.eval_every = eval_every
+            job_config.promote_if = promote_if
+            promote = promote or bool(promote_if)
 
         requests: "queue.Queue[Optional[tpb.FineTuneRequest]]" = queue.Queue()
 
@@ -313,7 +345,9 @@ class Client:
                     return
                 yield request
 
-        job_id = base = committed = ""
+        job_id = base = committed = promotion = ""
+        promoted = False
+        evaluations: List[_evaluation.Evaluation] = []
         losses: List[float] = []
         warnings: List[str] = []
         sent = 0
@@ -346,6 +380,9 @@ class Client:
                 base = message.base_version or base
                 committed = message.committed_version or committed
                 warnings.extend(message.warnings)
+                evaluations.extend(_evaluation.from_proto(e) for e in message.evaluations)
+                promoted = promoted or message.promoted
+                promotion = message.promotion or promotion
                 if message.step > len(losses):
                     losses.append(message.loss)
                     bar.update(1)
@@ -371,4 +408,5 @@ class Client:
                                  f"job {job_id} ended after {len(losses)} steps without a "
                                  "committed version")
         return FineTuneResult(job_id=job_id, base_version=base, committed_version=committed,
-                              steps=len(losses), losses=losses, warnings=warnings)
+                              steps=len(losses), losses=losses, warnings=warnings,
+                              evaluations=evaluations, promoted=promoted, promotion=promotion)
