@@ -313,6 +313,12 @@ absl::StatusOr<ForwardResult> EncoderForward(const BertConfig& config,
   }
 }
 
+int64_t CountTokens(const std::vector<SequenceInput>& sequences) {
+  int64_t tokens = 0;
+  for (const SequenceInput& s : sequences) tokens += static_cast<int64_t>(s.token_ids.size());
+  return tokens;
+}
+
 absl::StatusOr<ForwardResult> EncoderForward(const BertConfig& config, const BertWeights& weights,
                                              const std::vector<SequenceInput>& batch,
                                              const ForwardOptions& options) {

@@ -30,6 +30,9 @@ struct SequenceInput {
   std::vector<int32_t> type_ids;  // empty = all 0
 };
 
+// Tokens of all `sequences` together.
+int64_t CountTokens(const std::vector<SequenceInput>& sequences);
+
 // What to keep from a forward; everything off except the pooled embedding by default.
 struct ForwardOptions {
   // Hidden states to return: 0 = embedding output (after LayerNorm), i = output of layer i

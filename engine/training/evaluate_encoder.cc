@@ -14,12 +14,6 @@ namespace attn {
 
 namespace {
 
-int64_t CountTokens(const std::vector<SequenceInput>& sequences) {
-  int64_t tokens = 0;
-  for (const SequenceInput& s : sequences) tokens += static_cast<int64_t>(s.token_ids.size());
-  return tokens;
-}
-
 // What each task compares, per sequence (S, H): the L2-normalised pooled embedding, or the
 // segment product of the pair's last layer.
 absl::StatusOr<std::vector<float>> Features(const std::vector<SequenceInput>& sequences,

@@ -14,12 +14,6 @@
 namespace attn {
 namespace {
 
-int64_t CountTokens(const std::vector<SequenceInput>& sequences) {
-  int64_t tokens = 0;
-  for (const SequenceInput& s : sequences) tokens += static_cast<int64_t>(s.token_ids.size());
-  return tokens;
-}
-
 void Append(std::vector<SequenceInput>* out, const std::vector<SequenceInput>& more) {
   out->insert(out->end(), more.begin(), more.end());
 }

@@ -107,7 +107,7 @@ void CompareVersions(const ModelSet& models, const CompareVersionsRequest& reque
   response->default_probes = default_probes;
   const int top_heads = request.top_heads == 0 ? 10 : request.top_heads;
   // Two forwards with every attention map per probe, and the weights read once.
-  const int64_t tokens = 2 * TotalTokens(*probes);
+  const int64_t tokens = 2 * CountTokens(*probes);
   SubmitTask<CompareVersionsResponse>(
       **served_a, a, tokens, control,
       [a, b, probes = *std::move(probes), top_heads, start, head_a = *std::move(head_a),
@@ -219,7 +219,7 @@ void Neighbors(const ModelSet& models, const NeighborsRequest& request, const Ca
   }
   const int top_k = request.top_k == 0 ? 10 : request.top_k;
   SubmitTask<NeighborsResponse>(
-      **served, model, TotalTokens(*sentences) + 1, control,
+      **served, model, CountTokens(*sentences) + 1, control,
       [model, response, sentences = *std::move(sentences), starts, layer, top_k](
           const std::function<bool()>&, NeighborsResponse* out) -> absl::Status {
         *out = *response;

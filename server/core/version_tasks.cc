@@ -38,10 +38,4 @@ absl::StatusOr<std::optional<VersionHead>> StoredHead(const ServedModel& served,
   return std::optional<VersionHead>(std::move(out));
 }
 
-int64_t TotalTokens(const std::vector<SequenceInput>& sequences) {
-  int64_t total = 0;
-  for (const SequenceInput& sequence : sequences) total += sequence.token_ids.size();
-  return total;
-}
-
 }  // namespace attn::server::core

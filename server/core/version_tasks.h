@@ -28,8 +28,6 @@ absl::StatusOr<ModelVersion> FindVersion(const ServedModel& served, const std::s
 absl::StatusOr<std::optional<VersionHead>> StoredHead(const ServedModel& served,
                                                       const ModelVersion& version, int64_t hidden);
 
-int64_t TotalTokens(const std::vector<SequenceInput>& sequences);
-
 // Runs `work` as a task job on `served`'s batcher, costing `tokens` token-forwards; `done` gets
 // its status or `result`, on the batcher thread (or on the caller's when the queue refuses it).
 template <typename Response>

@@ -41,17 +41,6 @@ constexpr char kToken[] = "compare-test-token";
 constexpr int kSteps = 10;
 constexpr int kBatchSize = 16;
 
-std::string RunCommand(const std::string& command, int* exit_code) {
-  FILE* pipe = popen(command.c_str(), "r");
-  std::string output;
-  if (pipe == nullptr) return output;
-  char buffer[4096];
-  while (size_t n = fread(buffer, 1, sizeof(buffer), pipe)) output.append(buffer, n);
-  const int status = pclose(pipe);
-  *exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return output;
-}
-
 std::string Reference(const std::string& args) {
   const std::string python = ATTN_TEST_VENV_PYTHON;
   EXPECT_EQ(access(python.c_str(), X_OK), 0) << python << " is missing (scripts/setup.sh)";

@@ -44,17 +44,6 @@ constexpr char kToken[] = "evaluation-test-token";
 constexpr int kBatchSize = 16;
 constexpr uint64_t kDataSeed = 11;
 
-std::string RunCommand(const std::string& command, int* exit_code) {
-  FILE* pipe = popen(command.c_str(), "r");
-  std::string output;
-  if (pipe == nullptr) return output;
-  char buffer[4096];
-  while (size_t n = fread(buffer, 1, sizeof(buffer), pipe)) output.append(buffer, n);
-  const int status = pclose(pipe);
-  *exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return output;
-}
-
 std::map<std::string, double> Metrics(const pb::EvaluationResult& result) {
   std::map<std::string, double> metrics;
   for (const pb::EvaluationMetric& m : result.metrics()) metrics[m.name()] = m.value();

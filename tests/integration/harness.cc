@@ -328,6 +328,18 @@ bool AcceptsConnections(int port) {
   return connected;
 }
 
+std::string RunCommand(const std::string& command, int* exit_code) {
+  FILE* pipe = popen(command.c_str(), "r");
+  std::string output;
+  *exit_code = -1;
+  if (pipe == nullptr) return output;
+  char buffer[4096];
+  while (size_t n = fread(buffer, 1, sizeof(buffer), pipe)) output.append(buffer, n);
+  const int status = pclose(pipe);
+  *exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return output;
+}
+
 bool FindOnPath(const std::string& name, std::string* path) {
   const char* env = std::getenv("PATH");
   std::stringstream dirs(env != nullptr ? env : "/usr/local/bin:/usr/bin:/bin");

@@ -148,6 +148,10 @@ bool AcceptsConnections(int port);
 // Whether an executable named `name` is on $PATH; its full path in *path.
 bool FindOnPath(const std::string& name, std::string* path);
 
+// Runs `command` with /bin/sh and returns what it wrote to stdout; `exit_code` gets its exit
+// status (-1 when it did not exit normally).
+std::string RunCommand(const std::string& command, int* exit_code);
+
 // ---------------------------------------------------------------------------------------------
 // HTTP and Prometheus text format
 
