@@ -57,7 +57,8 @@ int64_t StepsPerEpoch(size_t examples, int batch_size);
 
 // The order examples are visited in epoch `epoch` (0-based): a permutation of [0, n) from a
 // Fisher-Yates shuffle with a generator seeded by (seed, epoch) only, so a run is reproducible
-// and independent of the standard library.
+// and independent of the standard library. The same order as a server-side job's
+// (engine/training/epoch_order.h, header-only: the client links no engine code).
 std::vector<size_t> EpochOrder(size_t n, uint64_t seed, int epoch);
 
 }  // namespace attn::client
