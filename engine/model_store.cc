@@ -606,8 +606,9 @@ absl::StatusOr<std::vector<StoredVersion>> ListStore(const std::string& store_di
   };
   for (const std::string& name : names) {
     if (absl::StartsWith(name, kTempDirPrefix)) continue;  // in progress or a crash leftover
-    // The store's serving state (engine/serving_state.h), not a version.
-    if (name == kServingStateFile || name == kServingLockFile || name == kServingTempFile) {
+    // The store's serving state (engine/serving_state.h) and its jobs, not versions.
+    if (name == kServingStateFile || name == kServingLockFile || name == kServingTempFile ||
+        name == kJobsDir) {
       continue;
     }
     if (absl::Status status = ValidateVersionName(name); !status.ok()) {
