@@ -65,20 +65,23 @@ absl::StatusOr<core::FineTuneConfig> ToCore(const v1::FineTuneConfig& config) {
   return out;
 }
 
+core::TrainingExample ToCore(const v1::TrainingExample& e) {
+  core::TrainingExample example;
+  example.anchor = e.anchor();
+  example.positive = e.positive();
+  example.negative = e.negative();
+  example.first = e.first();
+  example.second = e.second();
+  example.score = e.score();
+  example.text = e.text();
+  example.label = e.label();
+  return example;
+}
+
 core::TrainingBatchRequest ToCore(const v1::TrainingBatch& batch) {
   core::TrainingBatchRequest out;
   out.examples.reserve(batch.examples_size());
-  for (const v1::TrainingExample& e : batch.examples()) {
-    core::TrainingExample& example = out.examples.emplace_back();
-    example.anchor = e.anchor();
-    example.positive = e.positive();
-    example.negative = e.negative();
-    example.first = e.first();
-    example.second = e.second();
-    example.score = e.score();
-    example.text = e.text();
-    example.label = e.label();
-  }
+  for (const v1::TrainingExample& e : batch.examples()) out.examples.push_back(ToCore(e));
   return out;
 }
 

@@ -13,6 +13,7 @@ namespace attn::server {
 // OBJECTIVE_UNSPECIFIED becomes an unset objective (the core says what to set).
 absl::StatusOr<core::FineTuneConfig> ToCore(const attnserve::v1::FineTuneConfig& config);
 core::TrainingBatchRequest ToCore(const attnserve::v1::TrainingBatch& batch);
+core::TrainingExample ToCore(const attnserve::v1::TrainingExample& example);
 core::CommitRequest ToCore(const attnserve::v1::CommitRequest& commit);
 
 void ToProto(const core::FineTuneProgress& progress, attnserve::v1::FineTuneProgress* out);
