@@ -1,5 +1,7 @@
 #include "client/training_data.h"
 
+#include <openssl/sha.h>
+
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
@@ -17,6 +19,8 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "engine/training/epoch_order.h"
+#include "google/protobuf/io/zero_copy_stream_impl_lite.h"
+#include "google/protobuf/util/delimited_message_util.h"
 #include "nlohmann/json.hpp"
 
 namespace attn::client {
@@ -372,6 +376,25 @@ absl::StatusOr<TrainingData> ReadTrainingData(const std::string& path, v1::Objec
     return absl::ErrnoToStatus(error, absl::StrCat("cannot read ", path));
   }
   return ParseTrainingData(buffer.str(), objective, path, limits);
+}
+
+JobDataset EncodeJobDataset(const std::vector<attnserve::v1::TrainingExample>& examples) {
+  JobDataset dataset;
+  {
+    google::protobuf::io::StringOutputStream out(&dataset.bytes);
+    for (const attnserve::v1::TrainingExample& example : examples) {
+      google::protobuf::util::SerializeDelimitedToZeroCopyStream(example, &out);
+    }
+  }
+  unsigned char digest[SHA256_DIGEST_LENGTH];
+  SHA256(reinterpret_cast<const unsigned char*>(dataset.bytes.data()), dataset.bytes.size(),
+         digest);
+  std::string hex;
+  for (unsigned char byte : digest) absl::StrAppendFormat(&hex, "%02x", byte);
+  dataset.info.set_bytes(static_cast<int64_t>(dataset.bytes.size()));
+  dataset.info.set_examples(static_cast<int64_t>(examples.size()));
+  dataset.info.set_sha256(hex);
+  return dataset;
 }
 
 int64_t StepsPerEpoch(size_t examples, int batch_size) {

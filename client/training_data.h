@@ -52,6 +52,14 @@ absl::StatusOr<TrainingData> ReadTrainingData(const std::string& path,
                                               attnserve::v1::Objective objective,
                                               const DataLimits& limits);
 
+// A server-side job's dataset as CreateJob uploads it: the examples in protobuf's delimited
+// format (each preceded by its size as a varint), with their size, count and SHA-256.
+struct JobDataset {
+  std::string bytes;
+  attnserve::v1::DatasetInfo info;
+};
+JobDataset EncodeJobDataset(const std::vector<attnserve::v1::TrainingExample>& examples);
+
 // Optimisation steps per epoch: ceil(examples / batch_size); the last batch may be smaller.
 int64_t StepsPerEpoch(size_t examples, int batch_size);
 
