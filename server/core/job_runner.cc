@@ -177,19 +177,19 @@ absl::Status JobRunner::Usable() const {
 
 absl::Status JobRunner::Start() {
   if (!Usable().ok()) return absl::OkStatus();  // every call says why
+  // The jobs directory appears with the first job: a server that runs none leaves the store as
+  // it was.
   const std::string dir = JobsDir();
   std::error_code error;
-  fs::create_directories(dir, error);
-  if (error) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("cannot create the jobs directory ", dir, ": ", error.message()));
-  }
   std::vector<std::string> names;
-  for (fs::directory_iterator it(dir, error), end; !error && it != end; it.increment(error)) {
-    names.push_back(it->path().filename().string());
-  }
-  if (error) {
-    return absl::FailedPreconditionError(absl::StrCat("cannot list ", dir, ": ", error.message()));
+  if (fs::exists(fs::symlink_status(dir, error))) {
+    for (fs::directory_iterator it(dir, error), end; !error && it != end; it.increment(error)) {
+      names.push_back(it->path().filename().string());
+    }
+    if (error) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("cannot list ", dir, ": ", error.message()));
+    }
   }
   std::vector<std::string> recovered;
   for (const std::string& name : names) {
@@ -340,11 +340,14 @@ absl::StatusOr<std::unique_ptr<JobUpload>> JobRunner::BeginUpload(JobSpec spec,
   auto upload = std::unique_ptr<JobUpload>(
       new JobUpload(this, id, std::move(spec), *plan, std::move(checked->settings)));
   std::error_code error;
+  const bool first_job = !fs::exists(JobsDir(), error);
   fs::create_directories(upload->dir_, error);
   absl::Status ready =
-      error ? absl::Status(absl::ErrnoToStatusCode(error.value()),
-                           absl::StrCat("cannot create ", upload->dir_, ": ", error.message()))
-            : WriteFileDurably(Join(upload->dir_, kSpecFile), spec_bytes);
+      error       ? absl::Status(absl::ErrnoToStatusCode(error.value()),
+                                 absl::StrCat("cannot create ", upload->dir_, ": ", error.message()))
+      : first_job ? FsyncDir(options_.store)  // the jobs directory itself, made just now
+                  : absl::OkStatus();
+  if (ready.ok()) ready = WriteFileDurably(Join(upload->dir_, kSpecFile), spec_bytes);
   if (ready.ok()) {
     const std::string path = Join(upload->dir_, kDatasetFile);
     upload->fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0644);

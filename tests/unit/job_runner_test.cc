@@ -306,7 +306,7 @@ TEST_F(JobRunnerTest, ChecksBeforeAnyUpload) {
   { std::ofstream(store_) << "not a directory"; }
   runner_ = std::make_unique<JobRunner>(JobRunnerOptions{"minilm", store_, false, 3, 1 << 20},
                                         fine_tuning_.get(), TextCodec(), &metrics_);
-  EXPECT_EQ(runner_->Start().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(runner_->Start().ok());  // nothing to read: the jobs directory comes with a job
   const absl::Status not_dir = runner_->BeginUpload(Spec(Pairs(4)), "").status();
   EXPECT_EQ(not_dir.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_TRUE(absl::StrContains(not_dir.message(), "is not a directory")) << not_dir;
