@@ -217,25 +217,12 @@ absl::StatusOr<std::string> DatasetFile::Read(int64_t index) const {
   }
   const uint32_t begin = offsets_[index];
   const uint32_t end = offsets_[index + 1];
-  std::string record(end - begin, '\0');
-  const int fd = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
-  if (fd < 0) return ErrnoError(path_, "open", errno);
-  size_t done = 0;
-  while (done < record.size()) {
-    const ssize_t n = ::pread(fd, record.data() + done, record.size() - done, begin + done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      const int err = n < 0 ? errno : EIO;
-      ::close(fd);
-      return ErrnoError(path_, "read", err);
-    }
-    done += static_cast<size_t>(n);
-  }
-  ::close(fd);
+  absl::StatusOr<std::string> record = ReadFileRange(path_, begin, end - begin);
+  if (!record.ok()) return record.status();
   uint64_t size = 0;
   bool malformed = false;
-  const size_t header = ReadVarint(record, &size, &malformed);
-  return record.substr(header);
+  const size_t header = ReadVarint(*record, &size, &malformed);
+  return record->substr(header);
 }
 
 namespace {

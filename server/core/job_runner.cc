@@ -44,30 +44,6 @@ std::string Join(const std::string& dir, std::string_view name) {
   return (fs::path(dir) / std::string(name)).string();
 }
 
-absl::StatusOr<std::string> ReadFile(const std::string& path, size_t max_bytes) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
-  if (fd < 0) return ErrnoError(path, "open", errno);
-  std::string data;
-  char buffer[1 << 16];
-  while (true) {
-    const ssize_t n = ::read(fd, buffer, sizeof(buffer));
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      const int err = errno;
-      ::close(fd);
-      return ErrnoError(path, "read", err);
-    }
-    if (n == 0) break;
-    data.append(buffer, static_cast<size_t>(n));
-    if (data.size() > max_bytes) {
-      ::close(fd);
-      return absl::FailedPreconditionError(absl::StrCat(path, " is larger than ", max_bytes));
-    }
-  }
-  ::close(fd);
-  return data;
-}
-
 absl::Status AppendToFile(const std::string& path, std::string_view data) {
   const int fd = ::open(path.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
   if (fd < 0) return ErrnoError(path, "open", errno);
@@ -142,6 +118,7 @@ struct JobRunner::Job {
   std::vector<Stopped> on_stopped;
   std::vector<std::weak_ptr<std::function<void()>>> listeners;
   Clock::time_point persisted;
+  int64_t order = 0;  // creation order, for jobs created within the same second
 
   int64_t events() const { return static_cast<int64_t>(event_offsets.size()) - 1; }
 };
@@ -191,6 +168,7 @@ absl::Status JobRunner::Start() {
           absl::StrCat("cannot list ", dir, ": ", error.message()));
     }
   }
+  std::sort(names.begin(), names.end());  // ids begin with their creation time
   std::vector<std::string> recovered;
   for (const std::string& name : names) {
     if (absl::StartsWith(name, kUploadPrefix)) {
@@ -227,7 +205,7 @@ absl::Status JobRunner::Start() {
 
 absl::Status JobRunner::LoadJob(const std::string& id, std::vector<std::string>* recovered) {
   const std::string dir = JobDir(id);
-  absl::StatusOr<std::string> text = ReadFile(Join(dir, kRecordFile), kMaxRecordBytes);
+  absl::StatusOr<std::string> text = ReadFileNoFollow(Join(dir, kRecordFile), kMaxRecordBytes);
   if (!text.ok()) return text.status();
   absl::StatusOr<JobRecord> record = ParseJobRecord(*text, Join(dir, kRecordFile));
   if (!record.ok()) return record.status();
@@ -239,7 +217,7 @@ absl::Status JobRunner::LoadJob(const std::string& id, std::vector<std::string>*
   job->record = *std::move(record);
   // Events: those complete on disk (a stop may have cut the last one short: cut it off).
   const std::string events_path = Join(dir, kEventsFile);
-  absl::StatusOr<std::string> events = ReadFile(events_path, kMaxJobEventBytes * 2);
+  absl::StatusOr<std::string> events = ReadFileNoFollow(events_path, kMaxJobEventBytes * 2);
   if (!events.ok() || !DelimitedOffsets(*events, kMaxJobEventBytes, &job->event_offsets)) {
     job->event_offsets = {0};
   }
@@ -251,6 +229,7 @@ absl::Status JobRunner::LoadJob(const std::string& id, std::vector<std::string>*
 
   absl::MutexLock lock(&mutex_);
   Job* loaded = job.get();
+  loaded->order = ++jobs_created_;
   jobs_[id] = std::move(job);
   JobRecord& r = loaded->record;
   if (IsFinal(r.state)) return absl::OkStatus();
@@ -460,6 +439,7 @@ absl::StatusOr<JobView> JobRunner::Enqueue(JobUpload* upload) {
     job->event_offsets.push_back(static_cast<uint32_t>(encoded.size()));
     job->persisted = Clock::now();
     Job* queued = job.get();
+    queued->order = ++jobs_created_;
     jobs_[r.id] = std::move(job);
     queue_.push_back(queued->record.id);
     wake_ = true;
@@ -497,20 +477,22 @@ absl::StatusOr<JobView> JobRunner::Get(const std::string& id) const {
 absl::StatusOr<std::string> JobRunner::Spec(const std::string& id) const {
   absl::StatusOr<JobView> job = Get(id);
   if (!job.ok()) return job.status();
-  return ReadFile(Join(JobDir(id), kSpecFile), kMaxSpecBytes);
+  return ReadFileNoFollow(Join(JobDir(id), kSpecFile), kMaxSpecBytes);
 }
 
 std::vector<JobView> JobRunner::List() const {
   std::vector<JobView> views;
   if (!Usable().ok()) return views;
   absl::MutexLock lock(&mutex_);
-  for (const auto& [id, job] : jobs_) views.push_back(ViewLocked(*job));
-  // Ids start with their creation time; ties (the same second) by the full id.
-  std::sort(views.begin(), views.end(), [](const JobView& a, const JobView& b) {
-    return a.record.created_utc != b.record.created_utc
-               ? a.record.created_utc > b.record.created_utc
-               : a.record.id > b.record.id;
+  std::vector<const Job*> jobs;
+  for (const auto& [id, job] : jobs_) jobs.push_back(job.get());
+  // Newest first; within one second (the records' resolution), in the order they were created.
+  std::sort(jobs.begin(), jobs.end(), [](const Job* a, const Job* b) {
+    return a->record.created_utc != b->record.created_utc
+               ? a->record.created_utc > b->record.created_utc
+               : a->order > b->order;
   });
+  for (const Job* job : jobs) views.push_back(ViewLocked(*job));
   return views;
 }
 
@@ -593,22 +575,10 @@ absl::StatusOr<JobRunner::Events> JobRunner::ReadEvents(const std::string& id, i
   if (end > from) {
     const uint32_t begin_offset = job.event_offsets[from];
     const uint32_t end_offset = job.event_offsets[end];
-    const std::string path = Join(JobDir(id), kEventsFile);
-    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
-    if (fd < 0) return ErrnoError(path, "open", errno);
-    std::string bytes(end_offset - begin_offset, '\0');
-    size_t done = 0;
-    while (done < bytes.size()) {
-      const ssize_t n = ::pread(fd, bytes.data() + done, bytes.size() - done, begin_offset + done);
-      if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) {
-        const int err = n < 0 ? errno : EIO;
-        ::close(fd);
-        return ErrnoError(path, "read", err);
-      }
-      done += static_cast<size_t>(n);
-    }
-    ::close(fd);
+    absl::StatusOr<std::string> read =
+        ReadFileRange(Join(JobDir(id), kEventsFile), begin_offset, end_offset - begin_offset);
+    if (!read.ok()) return read.status();
+    const std::string& bytes = *read;
     for (int64_t i = from; i < end; ++i) {
       std::string_view record(bytes.data() + (job.event_offsets[i] - begin_offset),
                               job.event_offsets[i + 1] - job.event_offsets[i]);

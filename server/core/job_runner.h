@@ -178,6 +178,7 @@ class JobRunner {
   std::map<std::string, std::unique_ptr<Job>> jobs_ ABSL_GUARDED_BY(mutex_);
   std::deque<std::string> queue_ ABSL_GUARDED_BY(mutex_);  // pending ids, next first
   int uploads_ ABSL_GUARDED_BY(mutex_) = 0;
+  int64_t jobs_created_ ABSL_GUARDED_BY(mutex_) = 0;
   bool started_ ABSL_GUARDED_BY(mutex_) = false;
   bool stopping_ ABSL_GUARDED_BY(mutex_) = false;
   bool wake_ ABSL_GUARDED_BY(mutex_) = false;  // the slot may have been freed

@@ -258,28 +258,30 @@ grpc::Status WatchJob(Clients& c, const std::string& id, int64_t from = 0,
   return stream->Finish();
 }
 
-grpc::Status CancelJob(Clients& c, const std::string& id, pb::Job* job = nullptr,
-                       const std::string& model = "") {
+// GetJob or CancelJob (`method`) of job `id` of `model`, with the token.
+template <typename Request>
+grpc::Status JobCall(Clients& c,
+                     grpc::Status (pb::Trainer::Stub::*method)(grpc::ClientContext*, const Request&,
+                                                               pb::Job*),
+                     const std::string& id, pb::Job* job, const std::string& model) {
   grpc::ClientContext context;
   context.set_deadline(Deadline());
   context.AddMetadata("authorization", std::string("Bearer ") + kToken);
-  pb::CancelJobRequest request;
+  Request request;
   request.set_job_id(id);
   request.set_model(model);
   pb::Job ignored;
-  return c.trainer->CancelJob(&context, request, job != nullptr ? job : &ignored);
+  return (c.trainer.get()->*method)(&context, request, job != nullptr ? job : &ignored);
+}
+
+grpc::Status CancelJob(Clients& c, const std::string& id, pb::Job* job = nullptr,
+                       const std::string& model = "") {
+  return JobCall(c, &pb::Trainer::Stub::CancelJob, id, job, model);
 }
 
 grpc::Status GetJob(Clients& c, const std::string& id, pb::Job* job = nullptr,
                     const std::string& model = "") {
-  grpc::ClientContext context;
-  context.set_deadline(Deadline());
-  context.AddMetadata("authorization", std::string("Bearer ") + kToken);
-  pb::GetJobRequest request;
-  request.set_job_id(id);
-  request.set_model(model);
-  pb::Job ignored;
-  return c.trainer->GetJob(&context, request, job != nullptr ? job : &ignored);
+  return JobCall(c, &pb::Trainer::Stub::GetJob, id, job, model);
 }
 
 // ---------------------------------------------------------------------------------------------

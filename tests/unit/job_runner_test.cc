@@ -21,6 +21,7 @@
 #include "engine/durable_file.h"
 #include "engine/model_store.h"
 #include "server/core/fine_tuning.h"
+#include "tests/test_model.h"
 
 namespace attn::server::core {
 namespace {
@@ -75,18 +76,12 @@ Upload Pairs(int n) {
 class JobRunnerTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    static const absl::StatusOr<std::shared_ptr<const Model>>* model =
-        new absl::StatusOr<std::shared_ptr<const Model>>(Model::Load(ATTN_TEST_MODEL_DIR));
-    ASSERT_TRUE(model->ok()) << model->status();
+    ASSERT_TRUE(testing::TestModel().ok()) << testing::TestModel().status();
     registry_ = std::make_unique<ModelRegistry>(4);
-    ModelVersion base;
-    base.version = "base";
-    base.model = **model;
-    registry_->Add(base);
-    store_ = (std::filesystem::temp_directory_path() /
-              ("job_runner_test_" + std::to_string(getpid()) + "_" +
-               ::testing::UnitTest::GetInstance()->current_test_info()->name()))
-                 .string();
+    registry_->Add({"base", "loaded for the test", *testing::TestModel()});
+    store_ =
+        absl::StrCat(std::filesystem::temp_directory_path().string(), "/job_runner_test_", getpid(),
+                     "_", ::testing::UnitTest::GetInstance()->current_test_info()->name());
     std::filesystem::remove_all(store_);
     ASSERT_TRUE(std::filesystem::create_directories(store_));
     fine_tuning_ = std::make_unique<FineTuning>(
