@@ -676,10 +676,11 @@ int WatchJobEvents(TrainerClient* client, const v1::Job& job, int64_t from_index
                                                         : ProgressPrinter::Mode::kLines);
   if (!json) {
     absl::FPrintF(stderr,
-                  "job %s (model %s): %s from version %s, %d steps (%d epochs x %d), batches of "
+                  "job %s (model %s): %s from version %s, %d steps (%d epoch%s x %d), batches of "
                   "%d, %d examples\n",
                   job.job_id(), job.model(), job.objective(), job.base_version(), plan.total_steps,
-                  plan.epochs, plan.steps_per_epoch, job.batch_size(), job.dataset().examples());
+                  plan.epochs, plan.epochs == 1 ? "" : "s", plan.steps_per_epoch, job.batch_size(),
+                  job.dataset().examples());
   }
   v1::JobState state = job.state();
   int64_t steps = 0;

@@ -80,8 +80,9 @@ void PrintJob(const v1::Job& job) {
   line("ended", job.ended_utc());
   line("objective", job.objective());
   line("base version", job.base_version());
-  line("steps", absl::StrFormat("%d of %d (%d epochs, batches of %d)", job.step(),
-                                job.total_steps(), job.epochs(), job.batch_size()));
+  line("steps",
+       absl::StrFormat("%d of %d (%d epoch%s, batches of %d)", job.step(), job.total_steps(),
+                       job.epochs(), job.epochs() == 1 ? "" : "s", job.batch_size()));
   if (job.step() > 0) line("loss", absl::StrFormat("%.4f", job.loss()));
   line("dataset", absl::StrFormat("%d examples, %d bytes, sha256 %s", job.dataset().examples(),
                                   job.dataset().bytes(), job.dataset().sha256()));
@@ -159,7 +160,11 @@ answers once it has stopped; nothing is published. A job that has ended, or is c
 version, cannot be cancelled.
 show: everything the server records about the job (its error, if it failed).
 )",
-       {{"Flags", {{"from_event", "N"}, model, token_file}},
+       {{"Flags",
+         {{"from_event", "N"},
+          {"log_every", "N", "watch without a terminal: a progress line every N steps"},
+          model,
+          token_file}},
         CommonFlags({{"json", "", "every event (watch) or the job as JSON on stdout"}})},
        "  attnctl job watch job-20261127T225000Z-1a2b3c4d\n"
        "  attnctl job watch job-20261127T225000Z-1a2b3c4d --from-event 40\n"
