@@ -1,6 +1,5 @@
 #include "server/job_calls.h"
 
-#include <atomic>
 #include <chrono>
 #include <deque>
 #include <memory>

@@ -180,6 +180,10 @@ bool ParseCommandLine(const std::vector<CommandGroup>& table, int argc, char** a
         Arguments().emplace_back(arg);
         continue;
       }
+      if (command->max_arguments > 0) {
+        return fail(absl::StrCat("unexpected argument '", arg, "'; usage: ", command->usage),
+                    command);
+      }
       return fail(TakesInputs(*command) ? absl::StrCat("unexpected argument '", arg,
                                                        "'; give texts with --text or on stdin")
                                         : absl::StrCat("unexpected argument '", arg, "'; '",

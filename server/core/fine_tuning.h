@@ -71,8 +71,7 @@ class FineTuning {
   // a job frees it: how queued server-side jobs learn that their turn may have come.
   std::string RunningJob() const;
   void SetSlotFreedListener(std::function<void()> listener);
-  // The store commits go to ("" = none), and the most examples one step may take.
-  const std::string& model_store() const { return options_.model_store; }
+  // The most examples one step may take (--max-inputs-per-request).
   int max_examples_per_batch() const { return options_.max_examples_per_batch; }
 
   // The version served by default now.

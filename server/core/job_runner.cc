@@ -15,6 +15,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/notification.h"
 #include "engine/durable_file.h"
+#include "engine/json_file.h"
 #include "engine/log.h"
 #include "engine/model_store.h"
 #include "engine/training/epoch_order.h"
@@ -39,10 +40,6 @@ constexpr size_t kMaxSpecBytes = size_t{256} << 20;
 // A running job's record is rewritten (fsynced) at most this often between its state changes: a
 // restart after a crash names the step it reached to within this.
 constexpr auto kPersistInterval = std::chrono::seconds(1);
-
-std::string Join(const std::string& dir, std::string_view name) {
-  return (fs::path(dir) / std::string(name)).string();
-}
 
 absl::Status AppendToFile(const std::string& path, std::string_view data) {
   const int fd = ::open(path.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
@@ -135,8 +132,8 @@ JobRunner::~JobRunner() {
   fine_tuning_->SetSlotFreedListener(nullptr);
 }
 
-std::string JobRunner::JobsDir() const { return Join(options_.store, kJobsDir); }
-std::string JobRunner::JobDir(const std::string& id) const { return Join(JobsDir(), id); }
+std::string JobRunner::JobsDir() const { return JoinPath(options_.store, kJobsDir); }
+std::string JobRunner::JobDir(const std::string& id) const { return JoinPath(JobsDir(), id); }
 
 absl::Status JobRunner::Usable() const {
   if (options_.store.empty()) {
@@ -173,7 +170,7 @@ absl::Status JobRunner::Start() {
   for (const std::string& name : names) {
     if (absl::StartsWith(name, kUploadPrefix)) {
       // An upload that a stop cut short: never a job.
-      fs::remove_all(Join(dir, name), error);
+      fs::remove_all(JoinPath(dir, name), error);
       Log(LogLevel::kWarning, "model %s: removed the unfinished job upload %s", options_.model,
           name);
       continue;
@@ -205,18 +202,18 @@ absl::Status JobRunner::Start() {
 
 absl::Status JobRunner::LoadJob(const std::string& id, std::vector<std::string>* recovered) {
   const std::string dir = JobDir(id);
-  absl::StatusOr<std::string> text = ReadFileNoFollow(Join(dir, kRecordFile), kMaxRecordBytes);
+  absl::StatusOr<std::string> text = ReadFileNoFollow(JoinPath(dir, kRecordFile), kMaxRecordBytes);
   if (!text.ok()) return text.status();
-  absl::StatusOr<JobRecord> record = ParseJobRecord(*text, Join(dir, kRecordFile));
+  absl::StatusOr<JobRecord> record = ParseJobRecord(*text, JoinPath(dir, kRecordFile));
   if (!record.ok()) return record.status();
   if (record->id != id) {
     return absl::FailedPreconditionError(
-        absl::StrCat(Join(dir, kRecordFile), " names job ", record->id));
+        absl::StrCat(JoinPath(dir, kRecordFile), " names job ", record->id));
   }
   auto job = std::make_unique<Job>();
   job->record = *std::move(record);
   // Events: those complete on disk (a stop may have cut the last one short: cut it off).
-  const std::string events_path = Join(dir, kEventsFile);
+  const std::string events_path = JoinPath(dir, kEventsFile);
   absl::StatusOr<std::string> events = ReadFileNoFollow(events_path, kMaxJobEventBytes * 2);
   if (!events.ok() || !DelimitedOffsets(*events, kMaxJobEventBytes, &job->event_offsets)) {
     job->event_offsets = {0};
@@ -326,9 +323,9 @@ absl::StatusOr<std::unique_ptr<JobUpload>> JobRunner::BeginUpload(JobSpec spec,
                                  absl::StrCat("cannot create ", upload->dir_, ": ", error.message()))
       : first_job ? FsyncDir(options_.store)  // the jobs directory itself, made just now
                   : absl::OkStatus();
-  if (ready.ok()) ready = WriteFileDurably(Join(upload->dir_, kSpecFile), spec_bytes);
+  if (ready.ok()) ready = WriteFileDurably(JoinPath(upload->dir_, kSpecFile), spec_bytes);
   if (ready.ok()) {
-    const std::string path = Join(upload->dir_, kDatasetFile);
+    const std::string path = JoinPath(upload->dir_, kDatasetFile);
     upload->fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0644);
     if (upload->fd_ < 0) ready = ErrnoError(path, "open", errno);
   }
@@ -340,7 +337,7 @@ JobUpload::JobUpload(JobRunner* runner, std::string id, JobSpec spec, JobPlan pl
                      JobSettings settings)
     : runner_(runner),
       id_(std::move(id)),
-      dir_(Join(runner->JobsDir(), absl::StrCat(kUploadPrefix, id_))),
+      dir_(JoinPath(runner->JobsDir(), absl::StrCat(kUploadPrefix, id_))),
       spec_(std::move(spec)),
       plan_(plan),
       settings_(std::move(settings)),
@@ -367,14 +364,14 @@ absl::Status JobUpload::Add(int64_t index, std::string_view data) {
   if (finished_) return absl::FailedPreconditionError("the upload is finished");
   if (absl::Status valid = receiver_.Add(index, data); !valid.ok()) return valid;
   if (const int err = WriteAll(fd_, data.data(), data.size()); err != 0) {
-    return ErrnoError(Join(dir_, kDatasetFile), "write", err);
+    return ErrnoError(JoinPath(dir_, kDatasetFile), "write", err);
   }
   return absl::OkStatus();
 }
 
 absl::StatusOr<JobView> JobUpload::Finish() {
   if (absl::Status valid = receiver_.Finish(); !valid.ok()) return valid;
-  if (::fsync(fd_) != 0) return ErrnoError(Join(dir_, kDatasetFile), "fsync", errno);
+  if (::fsync(fd_) != 0) return ErrnoError(JoinPath(dir_, kDatasetFile), "fsync", errno);
   ::close(fd_);
   fd_ = -1;
   return runner_->Enqueue(this);
@@ -422,9 +419,9 @@ absl::StatusOr<JobView> JobRunner::Enqueue(JobUpload* upload) {
     event.time_utc = r.created_utc;
     std::string encoded;
     AppendDelimited(codec_.encode_event(event), &encoded);
-    absl::Status made = WriteFileDurably(Join(upload->dir_, kEventsFile), encoded);
+    absl::Status made = WriteFileDurably(JoinPath(upload->dir_, kEventsFile), encoded);
     if (made.ok()) {
-      made = WriteFileDurably(Join(upload->dir_, kRecordFile), JobRecordJson(r));
+      made = WriteFileDurably(JoinPath(upload->dir_, kRecordFile), JobRecordJson(r));
     }
     if (made.ok() && ::rename(upload->dir_.c_str(), final_dir.c_str()) != 0) {
       made = ErrnoError(final_dir, "rename", errno);
@@ -477,7 +474,7 @@ absl::StatusOr<JobView> JobRunner::Get(const std::string& id) const {
 absl::StatusOr<std::string> JobRunner::Spec(const std::string& id) const {
   absl::StatusOr<JobView> job = Get(id);
   if (!job.ok()) return job.status();
-  return ReadFileNoFollow(Join(JobDir(id), kSpecFile), kMaxSpecBytes);
+  return ReadFileNoFollow(JoinPath(JobDir(id), kSpecFile), kMaxSpecBytes);
 }
 
 std::vector<JobView> JobRunner::List() const {
@@ -576,7 +573,7 @@ absl::StatusOr<JobRunner::Events> JobRunner::ReadEvents(const std::string& id, i
     const uint32_t begin_offset = job.event_offsets[from];
     const uint32_t end_offset = job.event_offsets[end];
     absl::StatusOr<std::string> read =
-        ReadFileRange(Join(JobDir(id), kEventsFile), begin_offset, end_offset - begin_offset);
+        ReadFileRange(JoinPath(JobDir(id), kEventsFile), begin_offset, end_offset - begin_offset);
     if (!read.ok()) return read.status();
     const std::string& bytes = *read;
     for (int64_t i = from; i < end; ++i) {
@@ -601,7 +598,7 @@ void JobRunner::Listen(const std::string& id, std::weak_ptr<std::function<void()
 
 absl::Status JobRunner::PersistLocked(const Job& job) const {
   const std::string dir = JobDir(job.record.id);
-  return ReplaceFileDurably(Join(dir, kRecordFile), Join(dir, kRecordTempFile),
+  return ReplaceFileDurably(JoinPath(dir, kRecordFile), JoinPath(dir, kRecordTempFile),
                             JobRecordJson(job.record));
 }
 
@@ -627,7 +624,7 @@ void JobRunner::AppendEventLocked(Job* job, JobEvent event, bool persist,
     if (event.time_utc.empty()) event.time_utc = UtcTimestamp();
     std::string encoded;
     AppendDelimited(codec_.encode_event(event), &encoded);
-    const std::string path = Join(JobDir(job->record.id), kEventsFile);
+    const std::string path = JoinPath(JobDir(job->record.id), kEventsFile);
     if (absl::Status appended = AppendToFile(path, encoded); appended.ok()) {
       job->event_offsets.push_back(bytes_so_far + static_cast<uint32_t>(encoded.size()));
     } else {
@@ -670,7 +667,7 @@ void JobRunner::EndLocked(Job* job, JobState state, const absl::Status& error, s
   event.progress = std::move(progress);
   AppendEventLocked(job, std::move(event), /*persist=*/true, after);
   std::error_code ignored;
-  fs::remove(Join(JobDir(r.id), kDatasetFile), ignored);
+  fs::remove(JoinPath(JobDir(r.id), kDatasetFile), ignored);
   Log(LogLevel::kInfo, "model %s: job %s %s after %d of %d steps%s", options_.model, r.id,
       JobStateName(state), r.step, r.total_steps, error.ok() ? "" : ": " + r.error);
   JobView view = ViewLocked(*job);
@@ -818,7 +815,7 @@ void JobRunner::Run(const std::string& id) {
     failed(begun.status(), 0);
   }
   absl::StatusOr<DatasetFile> dataset =
-      run != nullptr ? DatasetFile::Open(Join(JobDir(id), kDatasetFile), start.dataset)
+      run != nullptr ? DatasetFile::Open(JoinPath(JobDir(id), kDatasetFile), start.dataset)
                      : absl::StatusOr<DatasetFile>(absl::CancelledError());
   if (run != nullptr && !dataset.ok()) {
     failed(dataset.status(), 0);
