@@ -1,10 +1,12 @@
 #include "client/client.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/cord.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_format.h"
+#include "client/training_data.h"
 #include "grpcpp/client_context.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
@@ -359,6 +361,86 @@ absl::StatusOr<v1::TrainingReport> TrainerClient::GetTrainingReport(const std::s
 
 absl::StatusOr<v1::EvaluationResult> TrainerClient::Evaluate(const v1::EvaluateRequest& request) {
   return Unary(&v1::Trainer::Stub::Evaluate, request);
+}
+
+absl::StatusOr<v1::Job> TrainerClient::CreateJob(v1::JobSpec spec,
+                                                 const std::vector<v1::TrainingExample>& examples) {
+  const JobDataset dataset = EncodeJobDataset(examples);
+  *spec.mutable_dataset() = dataset.info;
+  ::grpc::ClientContext context;
+  SetUpContext(options_, /*with_deadline=*/false, &context);
+  auto stream = trainer_->CreateJob(&context);
+  auto finish = [&]() -> absl::Status {
+    ::grpc::Status status = stream->Finish();
+    if (status.ok()) return absl::InternalError("the server ended CreateJob without the job");
+    return ToClientStatus(status, channel_.get(), target_);
+  };
+  v1::CreateJobRequest request;
+  *request.mutable_spec() = std::move(spec);
+  v1::CreateJobResponse response;
+  // The server answers the spec before any chunk is sent: a refused job costs no upload.
+  if (!stream->Write(request) || !stream->Read(&response)) return finish();
+  const size_t chunk_bytes =
+      static_cast<size_t>(std::clamp<int64_t>(response.max_chunk_bytes(), 1, 1 << 20));
+  int64_t index = 0;
+  for (size_t at = 0; at < dataset.bytes.size(); at += chunk_bytes) {
+    request.Clear();
+    v1::DatasetChunk* chunk = request.mutable_chunk();
+    chunk->set_index(index++);
+    chunk->set_data(dataset.bytes.substr(at, chunk_bytes));
+    if (!stream->Write(request)) break;  // the server ended the call: Finish says why
+  }
+  stream->WritesDone();
+  if (!stream->Read(&response) || !response.has_job()) return finish();
+  ::grpc::Status status = stream->Finish();
+  if (!status.ok()) return ToClientStatus(status, channel_.get(), target_);
+  return response.job();
+}
+
+absl::StatusOr<v1::Job> TrainerClient::GetJob(const std::string& job_id, const std::string& model) {
+  v1::GetJobRequest request;
+  request.set_job_id(job_id);
+  request.set_model(model);
+  return Unary(&v1::Trainer::Stub::GetJob, request);
+}
+
+absl::StatusOr<v1::ListJobsResponse> TrainerClient::ListJobs(const std::string& model) {
+  v1::ListJobsRequest request;
+  request.set_model(model);
+  return Unary(&v1::Trainer::Stub::ListJobs, request);
+}
+
+absl::StatusOr<v1::Job> TrainerClient::CancelJob(const std::string& job_id,
+                                                 const std::string& model) {
+  v1::CancelJobRequest request;
+  request.set_job_id(job_id);
+  request.set_model(model);
+  return Unary(&v1::Trainer::Stub::CancelJob, request);
+}
+
+absl::Status TrainerClient::WatchJob(const std::string& job_id, const std::string& model,
+                                     int64_t from_index,
+                                     const std::function<bool(const v1::JobEvent&)>& on_event) {
+  ::grpc::ClientContext context;
+  SetUpContext(options_, /*with_deadline=*/false, &context);
+  v1::WatchJobRequest request;
+  request.set_job_id(job_id);
+  request.set_model(model);
+  request.set_from_index(from_index);
+  auto stream = trainer_->WatchJob(&context, request);
+  v1::JobEvent event;
+  while (stream->Read(&event)) {
+    if (!on_event(event)) {
+      context.TryCancel();
+      while (stream->Read(&event)) {
+      }
+      stream->Finish();
+      return absl::CancelledError("stopped watching");
+    }
+  }
+  ::grpc::Status status = stream->Finish();
+  if (!status.ok()) return ToClientStatus(status, channel_.get(), target_);
+  return absl::OkStatus();
 }
 
 }  // namespace attn::client

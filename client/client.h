@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -187,6 +188,22 @@ class TrainerClient {
   // Scores a version on an evaluation set without training (read-only).
   absl::StatusOr<attnserve::v1::EvaluationResult> Evaluate(
       const attnserve::v1::EvaluateRequest& request);
+
+  // Server-side jobs. CreateJob sends `spec` (its dataset field set from `examples`, see
+  // EncodeJobDataset), and once the server has accepted it (a refused spec costs no upload)
+  // uploads the examples in chunks; the job as created. The upload has no deadline.
+  absl::StatusOr<attnserve::v1::Job> CreateJob(
+      attnserve::v1::JobSpec spec, const std::vector<attnserve::v1::TrainingExample>& examples);
+  absl::StatusOr<attnserve::v1::Job> GetJob(const std::string& job_id,
+                                            const std::string& model = "");
+  absl::StatusOr<attnserve::v1::ListJobsResponse> ListJobs(const std::string& model = "");
+  // Answers once the job has stopped (a running one finishes its current step first).
+  absl::StatusOr<attnserve::v1::Job> CancelJob(const std::string& job_id,
+                                               const std::string& model = "");
+  // Calls `on_event` with the job's events from `from_index` on, then with each new one, until
+  // the job's last event (OK), an error, or `on_event` returns false (CANCELLED). No deadline.
+  absl::Status WatchJob(const std::string& job_id, const std::string& model, int64_t from_index,
+                        const std::function<bool(const attnserve::v1::JobEvent&)>& on_event);
 
   const std::string& target() const { return target_; }
   const ClientOptions& options() const { return options_; }

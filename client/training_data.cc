@@ -1,5 +1,7 @@
 #include "client/training_data.h"
 
+#include <openssl/sha.h>
+
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
@@ -17,6 +19,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "engine/training/epoch_order.h"
+#include "google/protobuf/io/zero_copy_stream_impl_lite.h"
+#include "google/protobuf/util/delimited_message_util.h"
 #include "nlohmann/json.hpp"
 
 namespace attn::client {
@@ -535,44 +540,31 @@ absl::StatusOr<TrainingData> ReadTrainingData(const std::string& path, v1::Objec
   return ParseTrainingData(*text, objective, path, limits);
 }
 
+JobDataset EncodeJobDataset(const std::vector<attnserve::v1::TrainingExample>& examples) {
+  JobDataset dataset;
+  {
+    google::protobuf::io::StringOutputStream out(&dataset.bytes);
+    for (const attnserve::v1::TrainingExample& example : examples) {
+      google::protobuf::util::SerializeDelimitedToZeroCopyStream(example, &out);
+    }
+  }
+  unsigned char digest[SHA256_DIGEST_LENGTH];
+  SHA256(reinterpret_cast<const unsigned char*>(dataset.bytes.data()), dataset.bytes.size(),
+         digest);
+  std::string hex;
+  for (unsigned char byte : digest) absl::StrAppendFormat(&hex, "%02x", byte);
+  dataset.info.set_bytes(static_cast<int64_t>(dataset.bytes.size()));
+  dataset.info.set_examples(static_cast<int64_t>(examples.size()));
+  dataset.info.set_sha256(hex);
+  return dataset;
+}
+
 int64_t StepsPerEpoch(size_t examples, int batch_size) {
-  if (batch_size <= 0) return 0;
-  return static_cast<int64_t>((examples + batch_size - 1) / batch_size);
+  return attn::StepsPerEpoch(examples, batch_size);
 }
-
-namespace {
-
-// SplitMix64: seeds the shuffle generator from (seed, epoch) and is the generator.
-uint64_t SplitMix64(uint64_t* state) {
-  uint64_t z = (*state += 0x9E3779B97F4A7C15ULL);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-  return z ^ (z >> 31);
-}
-
-// Uniform in [0, bound) without modulo bias (rejection sampling).
-uint64_t Below(uint64_t bound, uint64_t* state) {
-  const uint64_t limit =
-      std::numeric_limits<uint64_t>::max() - std::numeric_limits<uint64_t>::max() % bound;
-  uint64_t r;
-  do {
-    r = SplitMix64(state);
-  } while (r >= limit);
-  return r % bound;
-}
-
-}  // namespace
 
 std::vector<size_t> EpochOrder(size_t n, uint64_t seed, int epoch) {
-  std::vector<size_t> order(n);
-  for (size_t i = 0; i < n; ++i) order[i] = i;
-  uint64_t state = seed;
-  state = SplitMix64(&state) ^ (static_cast<uint64_t>(epoch) * 0xD1B54A32D192ED03ULL);
-  for (size_t i = n; i > 1; --i) {
-    const size_t j = static_cast<size_t>(Below(i, &state));
-    std::swap(order[i - 1], order[j]);
-  }
-  return order;
+  return attn::EpochOrder(n, seed, epoch);
 }
 
 }  // namespace attn::client

@@ -68,12 +68,21 @@ absl::StatusOr<attnserve::v1::EvaluationSet> ParseEvaluationData(absl::string_vi
 absl::StatusOr<attnserve::v1::EvaluationSet> ReadEvaluationData(const std::string& path,
                                                                 const DataLimits& limits);
 
+// A server-side job's dataset as CreateJob uploads it: the examples in protobuf's delimited
+// format (each preceded by its size as a varint), with their size, count and SHA-256.
+struct JobDataset {
+  std::string bytes;
+  attnserve::v1::DatasetInfo info;
+};
+JobDataset EncodeJobDataset(const std::vector<attnserve::v1::TrainingExample>& examples);
+
 // Optimisation steps per epoch: ceil(examples / batch_size); the last batch may be smaller.
 int64_t StepsPerEpoch(size_t examples, int batch_size);
 
 // The order examples are visited in epoch `epoch` (0-based): a permutation of [0, n) from a
 // Fisher-Yates shuffle with a generator seeded by (seed, epoch) only, so a run is reproducible
-// and independent of the standard library.
+// and independent of the standard library. The same order as a server-side job's
+// (engine/training/epoch_order.h, header-only: the client links no engine code).
 std::vector<size_t> EpochOrder(size_t n, uint64_t seed, int epoch);
 
 }  // namespace attn::client

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <filesystem>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 
 namespace attn {
@@ -40,6 +41,55 @@ absl::Status FsyncDir(const std::string& dir) {
   }
   ::close(fd);
   return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> ReadFileNoFollow(const std::string& path, size_t max_bytes) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+  if (fd < 0) {
+    const int err = errno;
+    if (err == ELOOP) {
+      return absl::FailedPreconditionError(absl::StrCat(path, " is a symlink (not followed)"));
+    }
+    return ErrnoError(path, "open", err);
+  }
+  std::string data;
+  char buffer[4096];
+  while (true) {
+    const ssize_t n = ::read(fd, buffer, sizeof(buffer));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      const int err = errno;
+      ::close(fd);
+      return ErrnoError(path, "read", err);
+    }
+    if (n == 0) break;
+    data.append(buffer, static_cast<size_t>(n));
+    if (data.size() > max_bytes) {
+      ::close(fd);
+      return absl::DataLossError(absl::StrCat(path, " is larger than ", max_bytes, " bytes"));
+    }
+  }
+  ::close(fd);
+  return data;
+}
+
+absl::StatusOr<std::string> ReadFileRange(const std::string& path, uint64_t offset, size_t size) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+  if (fd < 0) return ErrnoError(path, "open", errno);
+  std::string data(size, '\0');
+  size_t done = 0;
+  while (done < size) {
+    const ssize_t n = ::pread(fd, data.data() + done, size - done, offset + done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const int err = n < 0 ? errno : EIO;  // 0: the file ends before the range does
+      ::close(fd);
+      return ErrnoError(path, "read", err);
+    }
+    done += static_cast<size_t>(n);
+  }
+  ::close(fd);
+  return data;
 }
 
 absl::Status WriteFileDurably(const std::string& path, std::string_view data) {

@@ -88,37 +88,6 @@ absl::Status CopyFileDurably(const std::string& src, const std::string& dst) {
   return status;
 }
 
-// Reads a small file without following a symlink at its last component.
-absl::StatusOr<std::string> ReadSmallFileNoFollow(const std::string& path, size_t max_bytes) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
-  if (fd < 0) {
-    const int err = errno;
-    if (err == ELOOP) {
-      return absl::FailedPreconditionError(absl::StrCat(path, " is a symlink (not followed)"));
-    }
-    return ErrnoError(path, "open", err);
-  }
-  std::string data;
-  char buffer[4096];
-  while (true) {
-    const ssize_t n = ::read(fd, buffer, sizeof(buffer));
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      const int err = errno;
-      ::close(fd);
-      return ErrnoError(path, "read", err);
-    }
-    if (n == 0) break;
-    data.append(buffer, static_cast<size_t>(n));
-    if (data.size() > max_bytes) {
-      ::close(fd);
-      return absl::DataLossError(absl::StrCat(path, " is larger than ", max_bytes, " bytes"));
-    }
-  }
-  ::close(fd);
-  return data;
-}
-
 std::string FormatUtc(std::time_t t, const char* format) {
   std::tm tm{};
   gmtime_r(&t, &tm);
@@ -344,7 +313,7 @@ absl::StatusOr<StoredVersion> InspectVersionDir(const std::string& store_dir,
   }
   if (ec) return ErrnoError(dir, "list", ec.value());
   const std::string info_path = Join(dir, kVersionInfoFile);
-  absl::StatusOr<std::string> text = ReadSmallFileNoFollow(info_path, kMaxInfoBytes);
+  absl::StatusOr<std::string> text = ReadFileNoFollow(info_path, kMaxInfoBytes);
   if (!text.ok()) {
     if (absl::IsNotFound(text.status())) {
       return absl::FailedPreconditionError(
@@ -606,8 +575,9 @@ absl::StatusOr<std::vector<StoredVersion>> ListStore(const std::string& store_di
   };
   for (const std::string& name : names) {
     if (absl::StartsWith(name, kTempDirPrefix)) continue;  // in progress or a crash leftover
-    // The store's serving state (engine/serving_state.h), not a version.
-    if (name == kServingStateFile || name == kServingLockFile || name == kServingTempFile) {
+    // The store's serving state (engine/serving_state.h) and its jobs, not versions.
+    if (name == kServingStateFile || name == kServingLockFile || name == kServingTempFile ||
+        name == kJobsDir) {
       continue;
     }
     if (absl::Status status = ValidateVersionName(name); !status.ok()) {

@@ -13,6 +13,8 @@
 //                                               objective, steps, final_loss, sequence,
 //                                               num_labels, description, format_version}
 //   <store>/.tmp-<version>-<pid>/              a checkpoint being written (or a crash leftover)
+//   <store>/jobs/                              server-side fine-tuning jobs
+//                                              (server/core/job_runner.h), not a version
 //
 // A version directory appears in one rename() of a complete, fsynced temp directory, so a
 // reader sees either nothing or the whole checkpoint, also after a crash or power loss.
@@ -40,6 +42,7 @@ namespace attn {
 inline constexpr char kVersionInfoFile[] = "attnserve_version.json";
 inline constexpr char kHeadFile[] = "head.safetensors";
 inline constexpr char kTempDirPrefix[] = ".tmp-";
+inline constexpr char kJobsDir[] = "jobs";
 inline constexpr size_t kMaxVersionNameLength = 64;
 // attnserve_version.json must stay far below the reader's 1 MiB cap, or a committed version
 // would be skipped at the next start.

@@ -9,19 +9,6 @@ namespace v1 = attnserve::v1;
 
 namespace {
 
-core::TrainingExample ExampleToCore(const v1::TrainingExample& e) {
-  core::TrainingExample example;
-  example.anchor = e.anchor();
-  example.positive = e.positive();
-  example.negative = e.negative();
-  example.first = e.first();
-  example.second = e.second();
-  example.score = e.score();
-  example.text = e.text();
-  example.label = e.label();
-  return example;
-}
-
 v1::EvaluationTask TaskToProto(EvaluationTask task) {
   switch (task) {
     case EvaluationTask::kRetrieval:
@@ -64,7 +51,7 @@ absl::StatusOr<core::EvaluationSetRequest> ToCore(const v1::EvaluationSet& set,
   out.corpus.assign(set.corpus().begin(), set.corpus().end());
   out.relevant.assign(set.relevant().begin(), set.relevant().end());
   out.examples.reserve(set.examples_size());
-  for (const v1::TrainingExample& e : set.examples()) out.examples.push_back(ExampleToCore(e));
+  for (const v1::TrainingExample& e : set.examples()) out.examples.push_back(ToCore(e));
   return out;
 }
 
@@ -147,10 +134,23 @@ absl::StatusOr<core::FineTuneConfig> ToCore(const v1::FineTuneConfig& config) {
   return out;
 }
 
+core::TrainingExample ToCore(const v1::TrainingExample& e) {
+  core::TrainingExample example;
+  example.anchor = e.anchor();
+  example.positive = e.positive();
+  example.negative = e.negative();
+  example.first = e.first();
+  example.second = e.second();
+  example.score = e.score();
+  example.text = e.text();
+  example.label = e.label();
+  return example;
+}
+
 core::TrainingBatchRequest ToCore(const v1::TrainingBatch& batch) {
   core::TrainingBatchRequest out;
   out.examples.reserve(batch.examples_size());
-  for (const v1::TrainingExample& e : batch.examples()) out.examples.push_back(ExampleToCore(e));
+  for (const v1::TrainingExample& e : batch.examples()) out.examples.push_back(ToCore(e));
   return out;
 }
 

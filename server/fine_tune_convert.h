@@ -21,6 +21,7 @@ absl::StatusOr<core::EvaluationSetRequest> ToCore(const attnserve::v1::Evaluatio
 // `step`: the job's steps before the evaluation (0 for Evaluate).
 void ToProto(const EvaluationResult& result, int64_t step, attnserve::v1::EvaluationResult* out);
 core::TrainingBatchRequest ToCore(const attnserve::v1::TrainingBatch& batch);
+core::TrainingExample ToCore(const attnserve::v1::TrainingExample& example);
 core::CommitRequest ToCore(const attnserve::v1::CommitRequest& commit);
 
 void ToProto(const core::FineTuneProgress& progress, attnserve::v1::FineTuneProgress* out);

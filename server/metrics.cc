@@ -97,6 +97,11 @@ Metrics::Metrics()
                          .Help("Finished fine-tuning jobs by model and outcome (committed, "
                                "aborted, failed, cancelled).")
                          .Register(*registry_)),
+      finetune_jobs_queued_(prometheus::BuildGauge()
+                                .Name("attnserve_finetune_jobs_queued")
+                                .Help("Server-side fine-tuning jobs waiting to run (CreateJob; "
+                                      "at most --max-queued-jobs), by model.")
+                                .Register(*registry_)),
       finetune_update_norm_(prometheus::BuildGauge()
                                 .Name("attnserve_finetune_update_norm")
                                 .Help("Last telemetry step of the last fine-tuning job: the "
@@ -152,7 +157,8 @@ ModelMetrics::ModelMetrics(Metrics* metrics, const std::string& model)
       finetune_steps_(metrics->finetune_steps_.Add({{"model", model}})),
       finetune_loss_(metrics->finetune_loss_.Add({{"model", model}})),
       finetune_examples_(metrics->finetune_examples_.Add({{"model", model}})),
-      versions_published_(metrics->versions_published_.Add({{"model", model}})) {
+      versions_published_(metrics->versions_published_.Add({{"model", model}})),
+      finetune_jobs_queued_(metrics->finetune_jobs_queued_.Add({{"model", model}})) {
   // Pre-create the common series so dashboards and rate() see zeros before the first event.
   for (const char* reason : {"cancelled", "deadline"}) {
     for (const char* stage : {"queue", "compute", "reply"}) {
@@ -240,6 +246,10 @@ void ModelMetrics::RecordFineTuneJob(std::string_view outcome) {
 }
 
 void ModelMetrics::RecordVersionPublished() { versions_published_.Increment(); }
+
+void ModelMetrics::SetQueuedJobs(int64_t jobs) {
+  finetune_jobs_queued_.Set(static_cast<double>(jobs));
+}
 
 void ModelMetrics::SetServedVersionWeightChange(double relative_change) {
   metrics_->served_weight_change_.Add({{"model", model_}}).Set(relative_change);

@@ -50,6 +50,7 @@ class ModelMetrics final : public ServingMetrics, public TrainingMetrics {
   void RecordVersionPublished() override;
   void RecordUpdateNorms(
       const std::vector<std::pair<std::string, double>>& update_norm_by_kind) override;
+  void SetQueuedJobs(int64_t jobs) override;
   // attnserve_serving_version_info{model, version} 1 for the version the model serves by
   // default (replaces the model's previous series).
   void SetServingVersion(const std::string& version);
@@ -71,6 +72,7 @@ class ModelMetrics final : public ServingMetrics, public TrainingMetrics {
   prometheus::Gauge& finetune_loss_;
   prometheus::Counter& finetune_examples_;
   prometheus::Counter& versions_published_;
+  prometheus::Gauge& finetune_jobs_queued_;
   std::mutex info_mutex_;
   prometheus::Gauge* current_model_info_ = nullptr;
   prometheus::Gauge* current_serving_version_ = nullptr;
@@ -116,6 +118,7 @@ class Metrics {
   prometheus::Family<prometheus::Gauge>& finetune_loss_;
   prometheus::Family<prometheus::Counter>& finetune_examples_;
   prometheus::Family<prometheus::Counter>& finetune_jobs_;
+  prometheus::Family<prometheus::Gauge>& finetune_jobs_queued_;
   prometheus::Family<prometheus::Gauge>& finetune_update_norm_;
   prometheus::Family<prometheus::Gauge>& served_weight_change_;
   prometheus::Family<prometheus::Counter>& versions_published_;

@@ -101,7 +101,7 @@ ABSL_FLAG(double, drain_timeout_s, kDefaults.drain_timeout_s,
           "On SIGTERM/SIGINT: seconds to let in-flight requests finish before exiting.");
 ABSL_FLAG(std::string, log_level, kDefaults.log_level, "debug, info, warning or error.");
 ABSL_FLAG(std::string, trainer_token_file, "",
-          "Enables the Trainer service (FineTune, ListVersions, Rollback, SetServingVersion): "
+          "Enables the Trainer service (FineTune, the job calls, versions and promotion): "
           "a file holding the bearer token clients must send as 'authorization: Bearer <token>' "
           "(surrounding whitespace is ignored; an empty file is an error). Without it the "
           "Trainer answers UNIMPLEMENTED. The Encoder service needs no token.");
@@ -117,6 +117,14 @@ ABSL_FLAG(int, trainer_nice, kDefaults.trainer_nice,
           "Niceness (0-19) added to the training thread's: under CPU contention the kernel "
           "prefers the threads serving Encode/AttentionMap, so their latency stays near idle "
           "while a job runs; an idle server still gives training every spare cycle.");
+ABSL_FLAG(int, max_queued_jobs, kDefaults.max_queued_jobs,
+          "Server-side fine-tuning jobs (CreateJob, 'attnctl finetune --detach') that may wait "
+          "per model, uploads in progress included; one runs at a time. Beyond it CreateJob "
+          "answers RESOURCE_EXHAUSTED. A waiting job holds its dataset in --model-store.");
+ABSL_FLAG(int64_t, max_job_dataset_bytes, kDefaults.max_job_dataset_bytes,
+          "Largest dataset a server-side job may upload, in bytes (at most 4 GiB - 1). A bigger "
+          "declared size is refused before any upload, a size that lied is caught while it "
+          "arrives.");
 ABSL_FLAG(double, watch_store, kDefaults.watch_store_s,
           "Seconds between polls of --model-store for versions committed by another process "
           "(a trainer replica sharing the store); 0 = off. New complete versions are "
@@ -259,6 +267,8 @@ absl::StatusOr<ServerOptions> OptionsFromFlags() {
   options.model_store = absl::GetFlag(FLAGS_model_store);
   options.trainer_threads = absl::GetFlag(FLAGS_trainer_threads);
   options.trainer_nice = absl::GetFlag(FLAGS_trainer_nice);
+  options.max_queued_jobs = absl::GetFlag(FLAGS_max_queued_jobs);
+  options.max_job_dataset_bytes = absl::GetFlag(FLAGS_max_job_dataset_bytes);
   options.watch_store_s = absl::GetFlag(FLAGS_watch_store);
   options.max_loaded_versions = absl::GetFlag(FLAGS_max_loaded_versions);
   options.tls_cert = absl::GetFlag(FLAGS_tls_cert);
@@ -307,6 +317,13 @@ absl::StatusOr<ServerOptions> OptionsFromFlags() {
   }
   if (options.drain_timeout_s < 0) return invalid("--drain-timeout-s must be >= 0");
   if (options.trainer_threads < 0) return invalid("--trainer-threads must be >= 0");
+  if (options.max_queued_jobs < 1 || options.max_queued_jobs > 10000) {
+    return invalid("--max-queued-jobs must be in [1, 10000]");
+  }
+  // Datasets are indexed with 32-bit offsets (core/job_dataset.h).
+  if (options.max_job_dataset_bytes < 1 || options.max_job_dataset_bytes > (int64_t{4} << 30) - 1) {
+    return invalid("--max-job-dataset-bytes must be in [1, 4294967295]");
+  }
   if (options.trainer_nice < 0 || options.trainer_nice > 19) {
     return invalid("--trainer-nice must be in [0, 19]");
   }

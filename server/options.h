@@ -51,6 +51,10 @@ struct ServerOptions {
   std::string model_store;         // committed versions live here ("" = no fine-tuning jobs)
   int trainer_threads = 1;         // OpenMP threads of the training thread
   int trainer_nice = 10;           // niceness added to the training thread (0 = as the server)
+  // Server-side jobs (CreateJob), per model: pending jobs (uploads included) and the largest
+  // dataset one may upload.
+  int max_queued_jobs = 16;
+  int64_t max_job_dataset_bytes = 256ll << 20;
 
   // Scaling out: several servers share one model store that a single trainer writes.
   double watch_store_s = 0;  // poll --model-store this often for new versions (0 = off)

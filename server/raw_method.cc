@@ -117,6 +117,12 @@ grpc::internal::MethodHandler* RawMethods::Bidi(
       std::move(open));
 }
 
+grpc::internal::MethodHandler* RawMethods::ServerStream(
+    std::function<WriteReactor*(grpc::CallbackServerContext*, const grpc::ByteBuffer*)> open) {
+  return new grpc::internal::CallbackServerStreamingHandler<grpc::ByteBuffer, grpc::ByteBuffer>(
+      std::move(open));
+}
+
 absl::Status CheckRequestSize(int64_t bytes, int64_t limit) {
   if (bytes <= limit) return absl::OkStatus();
   return TooLargeError(

@@ -94,6 +94,10 @@ class RawMethods {
   using BidiReactor = grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>;
   static grpc::internal::MethodHandler* Bidi(
       std::function<BidiReactor*(grpc::CallbackServerContext*)> open);
+  // A server-streaming method: `open` gets the request's raw bytes and makes the call's reactor.
+  using WriteReactor = grpc::ServerWriteReactor<grpc::ByteBuffer>;
+  static grpc::internal::MethodHandler* ServerStream(
+      std::function<WriteReactor*(grpc::CallbackServerContext*, const grpc::ByteBuffer*)> open);
 
  private:
   using BytesHandler = std::function<void(std::shared_ptr<UnaryCall>, grpc::CallbackServerContext*,

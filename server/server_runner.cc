@@ -336,6 +336,12 @@ int RunServer(const ServerOptions& options, std::optional<std::string> trainer_t
     }
   }
   loaded.clear();
+  // After the store's versions are known: a job a previous stop left running is recorded
+  // failed, or succeeded when its commit had completed.
+  if (absl::Status jobs = trainer.StartJobs(); !jobs.ok()) {
+    server->Shutdown();
+    return Fail(absl::StrCat("cannot use the model store: ", jobs.message()));
+  }
   health->SetServingStatus(true);
   health->SetServingStatus(kEncoderServiceName, true);
   http_routes.SetServing(true);
@@ -371,6 +377,9 @@ int RunServer(const ServerOptions& options, std::optional<std::string> trainer_t
   std::thread http_drain([&http_server] {
     if (http_server != nullptr) http_server->Stop();
   });
+  // Server-side jobs cannot finish within a drain: they end now, recorded failed, so that their
+  // watchers get the last event and end their streams instead of holding the drain.
+  trainer.StopJobs();
   // Shutdown stops accepting calls and waits for the running ones (they finish through the
   // batcher, which keeps working) until the deadline, then cancels the rest.
   server->Shutdown(std::chrono::system_clock::now() +

@@ -16,6 +16,8 @@
 #include "server/fine_tune_convert.h"
 #include "server/fine_tune_reactor.h"
 #include "server/proto_convert.h"
+#include "server/job_calls.h"
+#include "server/job_convert.h"
 #include "server/raw_method.h"
 
 namespace attn::server {
@@ -136,6 +138,10 @@ TrainerService::TrainerService(const ServerOptions& options, std::optional<std::
         core::FineTuningOptions{options.max_inputs_per_request, served.store,
                                 options.trainer_threads, options.trainer_nice},
         served.registry, metrics->ForModel(served.name));
+    jobs_[served.name] = std::make_unique<core::JobRunner>(
+        core::JobRunnerOptions{served.name, served.store, options.watch_store_s > 0,
+                               options.max_queued_jobs, options.max_job_dataset_bytes},
+        fine_tuning_[served.name].get(), JobProtoCodec(), metrics->ForModel(served.name));
   }
   const google::protobuf::FileDescriptor& file = *v1::FineTuneRequest::descriptor()->file();
   // FineTune takes raw bytes (see FineTuneReactor).
@@ -154,6 +160,22 @@ TrainerService::TrainerService(const ServerOptions& options, std::optional<std::
   ServeAnalysisMethod<v1::NeighborsRequest, v1::NeighborsResponse>("Neighbors", &core::Neighbors);
   ServeVersionsMethod<v1::PromoteRequest>("Promote", &TrainerService::HandlePromote);
   ServeAnalysisMethod<v1::EvaluateRequest, v1::EvaluationResult>("Evaluate", &core::Evaluate);
+  MarkMethodRawCallback(MethodIndex(file, "Trainer", "CreateJob"),
+                        RawMethods::Bidi([this](grpc::CallbackServerContext* context) {
+                          return NewCreateJobReactor(this, context);
+                        }));
+  MarkMethodRawCallback(MethodIndex(file, "Trainer", "WatchJob"),
+                        RawMethods::ServerStream([this](grpc::CallbackServerContext* context,
+                                                        const grpc::ByteBuffer* request) {
+                          return NewWatchJobReactor(this, context, request);
+                        }));
+  ServeVersionsMethod<v1::GetJobRequest, v1::Job>("GetJob", &TrainerService::HandleGetJob);
+  ServeVersionsMethod<v1::ListJobsRequest, v1::ListJobsResponse>("ListJobs",
+                                                                 &TrainerService::HandleListJobs);
+  ServeUnary<v1::CancelJobRequest>(
+      "CancelJob", [this](std::shared_ptr<UnaryCall> call, const v1::CancelJobRequest& request) {
+        HandleCancelJob(std::move(call), request);
+      });
 }
 
 template <typename Request>

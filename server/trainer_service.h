@@ -5,7 +5,8 @@
 //
 // Threads: gRPC threads only validate messages and move them along; every engine step runs on
 // the core's training thread with --trainer-threads OpenMP threads, so training leaves the other
-// cores to the batcher that serves Encode/AttentionMap. One job runs at a time.
+// cores to the batcher that serves Encode/AttentionMap. One job runs at a time per model: an
+// interactive FineTune stream, or a server-side job from the model's queue (CreateJob).
 #pragma once
 
 #include <cstdint>
@@ -20,6 +21,7 @@
 #include "attnserve/v1/trainer.grpc.pb.h"
 #include "server/core/calls.h"
 #include "server/core/fine_tuning.h"
+#include "server/core/job_runner.h"
 #include "server/core/model_registry.h"
 #include "server/core/model_set.h"
 #include "server/metrics.h"
@@ -41,8 +43,17 @@ class TrainerService final : public attnserve::v1::Trainer::CallbackService {
   // The sequence number the next commit of `model` gets (1 + the highest one in its store).
   void SetNextSequence(const std::string& model, int64_t sequence);
 
+  // Server-side jobs (job_calls.cc, core/job_runner.h). StartJobs once the model store is
+  // loaded: each model's runner records the jobs a previous stop left pending or running as
+  // failed, then runs the queue. StopJobs before the gRPC server shuts down: running and queued
+  // jobs end as failed ("the server shut down") and watchers get that last event.
+  absl::Status StartJobs();
+  void StopJobs();
+
  private:
   friend class FineTuneReactor;
+  friend class CreateJobReactor;
+  friend class WatchJobReactor;
 
   // A request's model (empty = the default): its registry and its jobs; NOT_FOUND naming the
   // served models.
@@ -97,6 +108,20 @@ class TrainerService final : public attnserve::v1::Trainer::CallbackService {
                             const std::string& model,
                             attnserve::v1::ListVersionsResponse* response);
 
+  // GetJob, ListJobs, CancelJob (job_calls.cc, like the CreateJob and WatchJob reactors).
+  absl::Status HandleGetJob(const attnserve::v1::GetJobRequest& request,
+                            attnserve::v1::Job* response);
+  absl::Status HandleListJobs(const attnserve::v1::ListJobsRequest& request,
+                              attnserve::v1::ListJobsResponse* response);
+  // Finishes `call` once the job has stopped.
+  void HandleCancelJob(std::shared_ptr<UnaryCall> call,
+                       const attnserve::v1::CancelJobRequest& request);
+  // The job runner of `model` ("" = the default); NOT_FOUND naming the served models.
+  absl::StatusOr<core::JobRunner*> Jobs(const std::string& model) const;
+  // The runner of `model` that has job `id`: INVALID_ARGUMENT for a malformed id, NOT_FOUND
+  // (naming the model that has it, if another one does) when `model` has no such job.
+  absl::StatusOr<core::JobRunner*> FindJob(const std::string& model, const std::string& id) const;
+
   const ServerOptions options_;
   const std::optional<std::string> token_;
   const ModelSet* const models_;
@@ -104,6 +129,8 @@ class TrainerService final : public attnserve::v1::Trainer::CallbackService {
   // Last: destroyed first, their training threads running the tasks still queued while the
   // members they use live. One per served model, by name.
   std::map<std::string, std::unique_ptr<core::FineTuning>> fine_tuning_;
+  // Destroyed before the FineTuning they run their jobs through.
+  std::map<std::string, std::unique_ptr<core::JobRunner>> jobs_;
 };
 
 }  // namespace attn::server

@@ -46,7 +46,13 @@ struct Command {
   std::vector<FlagGroup> flag_groups;  // every flag the command takes, as --help lists them
   std::string examples;                // indented lines
   int (*run)(const Command& command) = nullptr;
+  // Words after the command's name that are not flags ("job watch ID"): at most this many,
+  // read with CommandArguments(); beyond it a stray word is a usage error.
+  int max_arguments = 0;
 };
+
+// The command's words after its name (see Command::max_arguments), once the line is parsed.
+const std::vector<std::string>& CommandArguments();
 
 // The commands of one group, as `attnctl --help` lists them.
 struct CommandGroup {
@@ -60,6 +66,8 @@ CommandGroup InspectCommands();
 CommandGroup TrainCommands();
 // diff, neighbors (compare_commands.cc).
 CommandGroup CompareCommands();
+// jobs, job watch|cancel|show (job_commands.cc).
+CommandGroup JobCommands();
 
 // The flags every command takes (--server, --timeout-ms, --wait-for-ready, --json), with
 // `overrides` replacing the help of the flags they name.

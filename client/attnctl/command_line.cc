@@ -136,6 +136,15 @@ std::string CommandListHelp(const std::vector<CommandGroup>& table,
   return out;
 }
 
+namespace {
+std::vector<std::string>& Arguments() {
+  static std::vector<std::string>* arguments = new std::vector<std::string>();
+  return *arguments;
+}
+}  // namespace
+
+const std::vector<std::string>& CommandArguments() { return Arguments(); }
+
 bool ParseCommandLine(const std::vector<CommandGroup>& table, int argc, char** argv,
                       CommandLine* line, int* exit_code) {
   const Command* command = nullptr;
@@ -166,6 +175,14 @@ bool ParseCommandLine(const std::vector<CommandGroup>& table, int argc, char** a
         command = FindCommand(table, std::string(arg));
         if (command == nullptr) return fail(absl::StrCat("unknown command '", arg, "'"), nullptr);
         continue;
+      }
+      if (static_cast<int>(Arguments().size()) < command->max_arguments) {
+        Arguments().emplace_back(arg);
+        continue;
+      }
+      if (command->max_arguments > 0) {
+        return fail(absl::StrCat("unexpected argument '", arg, "'; usage: ", command->usage),
+                    command);
       }
       return fail(TakesInputs(*command) ? absl::StrCat("unexpected argument '", arg,
                                                        "'; give texts with --text or on stdin")

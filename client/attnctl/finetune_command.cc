@@ -67,6 +67,10 @@ ABSL_FLAG(int, eval_every, 0,
 ABSL_FLAG(std::string, promote_if, "",
           "with --commit: promote the version only if this holds on --eval-data, e.g. "
           "\"recall@1>=0.8\" or \"mrr@10>base\" (conditions joined by ',')");
+ABSL_FLAG(bool, detach, false,
+          "upload the data and let the server run the job on its own (a server-side job): "
+          "prints its id and exits; the job commits its version at its end (staged unless "
+          "--promote). 'attnctl job watch ID' follows it, 'attnctl job cancel ID' stops it");
 
 namespace attn::client::attnctl {
 namespace {
@@ -225,7 +229,8 @@ absl::StatusOr<FineTunePlan> PlanFineTune(const Command& command, int* exit_code
         "--parameters head needs --objective classification or pair_classification (only they "
         "have a head)");
   }
-  plan.commit = absl::GetFlag(FLAGS_commit);
+  // A detached job always commits its version (what else would it leave?).
+  plan.commit = absl::GetFlag(FLAGS_commit) || absl::GetFlag(FLAGS_detach);
   plan.promote = absl::GetFlag(FLAGS_promote);
   const bool do_not_serve = absl::GetFlag(FLAGS_do_not_serve);
   if (do_not_serve && !plan.commit) return usage("--do-not-serve goes with --commit");
@@ -506,6 +511,48 @@ class ProgressPrinter final : public FineTuneObserver {
   v1::EvaluationResult first_evaluation_, last_evaluation_;
 };
 
+// "committed version V (staged: ...)" and the server's word on the promotion.
+void PrintCommitted(FILE* out, const std::string& version, bool promoted,
+                    const std::string& promotion) {
+  if (promoted) {
+    std::fprintf(out,
+                 "committed version %s (promoted: now served by default; 'attnctl "
+                 "rollback' undoes)\n",
+                 version.c_str());
+  } else {
+    std::fprintf(out,
+                 "committed version %s (staged: not served by default; try it with "
+                 "--model-version %s, then 'attnctl promote --version %s')\n",
+                 version.c_str(), version.c_str(), version.c_str());
+  }
+  if (!promotion.empty()) std::fprintf(out, "%s\n", promotion.c_str());
+}
+
+// --detach: the plan as a server-side job (CreateJob); its id on stdout, the rest on stderr.
+int RunDetached(const FineTunePlan& plan, TrainerClient* client) {
+  v1::JobSpec spec;
+  *spec.mutable_config() = plan.config;
+  spec.set_epochs(plan.epochs);
+  spec.set_batch_size(plan.batch_size);
+  spec.set_description(plan.description);
+  spec.set_promote(plan.promote);
+  absl::StatusOr<v1::Job> job = client->CreateJob(std::move(spec), plan.data.examples);
+  if (!job.ok()) return TrainerRpcError(job.status(), client->target());
+  if (absl::GetFlag(FLAGS_json)) return PrintJson(*job) ? kExitOk : kExitFailure;
+  const std::string& id = job->job_id();
+  const std::string where = job->state() != v1::JOB_PENDING ? "running"
+                            : job->queue_position() == 0
+                                ? "queued, next to run"
+                                : absl::StrCat("queued behind ", job->queue_position(), " job(s)");
+  std::printf("%s\n", id.c_str());
+  absl::FPrintF(stderr,
+                "created job %s (%s, %d steps): the server runs it with no client attached and "
+                "commits its version at the end, %s\n  follow it: attnctl job watch %s\n  "
+                "stop it:   attnctl job cancel %s\n",
+                id, where, job->total_steps(), job->promote() ? "promoted" : "staged", id, id);
+  return kExitOk;
+}
+
 // Set by SIGINT/SIGTERM: the runner to interrupt, and the last signal.
 std::atomic<FineTuneRunner*> g_runner{nullptr};
 std::atomic<int> g_interrupt_signal{0};
@@ -539,6 +586,7 @@ int RunFineTune(const Command& command) {
   auto client = MakeTrainerClient(&exit_code);
   if (client == nullptr) return exit_code;
   std::fprintf(stderr, "%s\n", DescribePlan(plan).c_str());
+  if (absl::GetFlag(FLAGS_detach)) return RunDetached(plan, client.get());
 
   const ProgressPrinter::Mode mode = json                    ? ProgressPrinter::Mode::kJson
                                      : isatty(STDERR_FILENO) ? ProgressPrinter::Mode::kBar
@@ -610,19 +658,7 @@ int RunFineTune(const Command& command) {
       std::fprintf(stderr, "attnctl: the server ended the job without a committed version\n");
       return kExitFailure;
     }
-    if (outcome.promoted) {
-      std::fprintf(out,
-                   "committed version %s (promoted: now served by default; 'attnctl "
-                   "rollback' undoes)\n",
-                   outcome.committed_version.c_str());
-    } else {
-      std::fprintf(out,
-                   "committed version %s (staged: not served by default; try it with "
-                   "--model-version %s, then 'attnctl promote --version %s')\n",
-                   outcome.committed_version.c_str(), outcome.committed_version.c_str(),
-                   outcome.committed_version.c_str());
-    }
-    if (!outcome.promotion.empty()) std::fprintf(out, "%s\n", outcome.promotion.c_str());
+    PrintCommitted(out, outcome.committed_version, outcome.promoted, outcome.promotion);
   } else {
     std::fprintf(out, "not committed (pass --commit to publish)\n");
   }
@@ -693,7 +729,8 @@ summary says why ("base", "base+0.02" compare with the base version's score).
              {"promote_if", "EXPR"},
              {"token_file", "PATH"},
              {"log_every", "N"},
-             {"dry_run", ""}}},
+             {"dry_run", ""},
+             {"detach", ""}}},
            CommonFlags({{"timeout_ms", "N",
                          "longest wait for the server's next message in milliseconds; 0 = none"},
                         {"json", "", "every progress message as a JSON line on stdout"}})},
@@ -708,6 +745,71 @@ summary says why ("base", "base+0.02" compare with the base version's score).
       --eval-data catalog-heldout.jsonl --eval-every 5 --commit --promote-if "recall@1>=base+0.3"
 )",
           RunFineTune};
+}
+
+// attnctl job watch (job_commands.cc): `job`'s events from `from_index` on, with the progress
+// display of finetune (--json: every event as a JSON line), then the job's outcome. 0 when it
+// succeeded.
+int WatchJobEvents(TrainerClient* client, const v1::Job& job, int64_t from_index) {
+  FineTunePlan plan;
+  plan.epochs = std::max(1, job.epochs());
+  plan.total_steps = job.total_steps();
+  plan.steps_per_epoch = plan.total_steps / plan.epochs;
+  const bool json = absl::GetFlag(FLAGS_json);
+  ProgressPrinter printer(plan, json                    ? ProgressPrinter::Mode::kJson
+                                : isatty(STDERR_FILENO) ? ProgressPrinter::Mode::kBar
+                                                        : ProgressPrinter::Mode::kLines);
+  if (!json) {
+    absl::FPrintF(stderr,
+                  "job %s (model %s): %s from version %s, %d steps (%d epoch%s x %d), batches of "
+                  "%d, %d examples\n",
+                  job.job_id(), job.model(), job.objective(), job.base_version(), plan.total_steps,
+                  plan.epochs, plan.epochs == 1 ? "" : "s", plan.steps_per_epoch, job.batch_size(),
+                  job.dataset().examples());
+  }
+  v1::JobState state = job.state();
+  int64_t steps = 0;
+  double first_loss = std::numeric_limits<double>::quiet_NaN(), last_loss = first_loss;
+  v1::FineTuneProgress committed;
+  const absl::Status status =
+      client->WatchJob(job.job_id(), job.model(), from_index, [&](const v1::JobEvent& event) {
+        state = event.state();
+        if (json) {
+          PrintJson(event);
+          std::fflush(stdout);
+          return true;
+        }
+        if (event.has_progress()) {
+          const v1::FineTuneProgress& p = event.progress();
+          if (!p.committed_version().empty()) committed = p;
+          const bool new_step = p.step() > steps;
+          if (new_step) {
+            if (std::isnan(first_loss)) first_loss = p.loss();
+            last_loss = p.loss();
+            steps = p.step();
+          }
+          printer.OnProgress(p, new_step);
+        }
+        if (!event.message().empty()) {
+          printer.BreakLine();
+          absl::FPrintF(stderr, "[%s] %s\n", event.time_utc(), event.message());
+        }
+        return true;
+      });
+  printer.BreakLine();
+  if (!status.ok()) return TrainerRpcError(status, client->target());
+  if (json) return state == v1::JOB_SUCCEEDED ? kExitOk : kExitFailure;
+  std::string summary = absl::StrFormat("job %s: %s, %d/%d steps", job.job_id(),
+                                        absl::AsciiStrToLower(v1::JobState_Name(state)).substr(4),
+                                        steps, plan.total_steps);
+  if (!std::isnan(first_loss)) {
+    absl::StrAppendFormat(&summary, ", loss %.4f \u2192 %.4f", first_loss, last_loss);
+  }
+  std::printf("%s\n", summary.c_str());
+  if (state != v1::JOB_SUCCEEDED) return kExitFailure;
+  PrintCommitted(stdout, committed.committed_version(), committed.promoted(),
+                 committed.promotion());
+  return kExitOk;
 }
 
 }  // namespace attn::client::attnctl

@@ -2,6 +2,7 @@
 //
 //   attnctl encode|attention|tokenize|info|health [flags]
 //   attnctl finetune|versions|promote|rollback|serve-version [flags]
+//   attnctl jobs, attnctl job watch|cancel|show ID [flags]
 //
 // Human-readable output by default, --json for machine output. Exit status: 0 ok, 1 RPC or I/O
 // failure (health: also "not SERVING"), 2 usage error (finetune: also a bad data file), 128+N
@@ -45,6 +46,9 @@ Usage: attnctl <command> [flags]
   attnctl finetune --data pairs.jsonl --objective contrastive --epochs 2 --commit
   attnctl versions
   attnctl promote --version ft-000001-20261122T040000Z
+  attnctl finetune --data pairs.jsonl --objective contrastive --detach
+  attnctl jobs
+  attnctl job watch job-20261127T225000Z-1a2b3c4d
 
 Run 'attnctl <command> --help' for the flags of a command. Flag names may be written with
 dashes or underscores (--timeout-ms = --timeout_ms).
@@ -60,7 +64,8 @@ bool IsInformationalFlag(absl::string_view name) {
 }
 
 int Main(int argc, char** argv) {
-  const std::vector<CommandGroup> table = {InspectCommands(), TrainCommands(), CompareCommands()};
+  const std::vector<CommandGroup> table = {InspectCommands(), TrainCommands(), JobCommands(),
+                                           CompareCommands()};
   // Help first, before any validation: "attnctl", "attnctl --help", "attnctl help [cmd]",
   // "attnctl <cmd> --help".
   const Command* named = nullptr;

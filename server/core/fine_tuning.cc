@@ -61,7 +61,8 @@ absl::Status Cancelled(const CallControl& control) {
 
 }  // namespace
 
-absl::Status CheckStoreCanTakeCheckpoint(const std::string& store, int64_t checkpoint_bytes) {
+absl::Status CheckStoreCanTakeCheckpoint(const std::string& store, int64_t checkpoint_bytes,
+                                         int64_t dataset_bytes) {
   if (store.empty()) {
     return absl::FailedPreconditionError(
         "this server keeps no model store, so a fine-tuned version could not be committed; "
@@ -82,12 +83,14 @@ absl::Status CheckStoreCanTakeCheckpoint(const std::string& store, int64_t check
   if (statvfs(store.c_str(), &fs) == 0) {
     const auto free_bytes = static_cast<int64_t>(fs.f_bavail) * static_cast<int64_t>(fs.f_frsize);
     // The weights, the tokenizer and config files (a few MB), and a margin for the file system.
-    const int64_t needed = checkpoint_bytes + checkpoint_bytes / 10 + (int64_t{16} << 20);
+    const int64_t needed =
+        checkpoint_bytes + checkpoint_bytes / 10 + (int64_t{16} << 20) + dataset_bytes;
     if (free_bytes < needed) {
       return absl::FailedPreconditionError(
-          absl::StrCat("the model store ", store, " has ", free_bytes >> 20,
-                       " MiB free; a checkpoint of this model needs about ", needed >> 20,
-                       " MiB: free space or point --model-store at a larger volume"));
+          absl::StrCat("the model store ", store, " has ", free_bytes >> 20, " MiB free; ",
+                       dataset_bytes > 0 ? "the job's dataset and " : "",
+                       "a checkpoint of this model need", dataset_bytes > 0 ? "" : "s", " about ",
+                       needed >> 20, " MiB: free space or point --model-store at a larger volume"));
     }
   }
   return absl::OkStatus();
@@ -111,7 +114,7 @@ int64_t FineTuning::TakeSequence() {
   return next_sequence_++;
 }
 
-absl::StatusOr<std::unique_ptr<FineTuneJob>> FineTuning::Begin(const FineTuneConfig& config) {
+absl::StatusOr<FineTuning::CheckedConfig> FineTuning::Check(const FineTuneConfig& config) const {
   if (!config.base_version.empty()) {
     if (absl::Status name = ValidateVersionName(config.base_version); !name.ok()) {
       return absl::InvalidArgumentError(absl::StrCat("config.base_version: ", name.message()));
@@ -127,6 +130,15 @@ absl::StatusOr<std::unique_ptr<FineTuneJob>> FineTuning::Begin(const FineTuneCon
       !room.ok()) {
     return room;
   }
+  return CheckedConfig{*std::move(base), *std::move(settings)};
+}
+
+absl::StatusOr<std::unique_ptr<FineTuneJob>> FineTuning::Begin(const FineTuneConfig& config,
+                                                               const std::string& job_id) {
+  absl::StatusOr<CheckedConfig> checked = Check(config);
+  if (!checked.ok()) return checked.status();
+  ModelVersion& base = checked->base;
+  JobSettings& settings = checked->settings;
 
   std::string id;
   {
@@ -137,18 +149,36 @@ absl::StatusOr<std::unique_ptr<FineTuneJob>> FineTuning::Begin(const FineTuneCon
                        " is running; one job runs at a time (wait for it to commit or abort)"));
     }
     ++jobs_started_;
-    running_job_ = absl::StrFormat("job-%s-%d", UtcNow("%Y%m%dT%H%M%SZ"), jobs_started_);
+    running_job_ = !job_id.empty()
+                       ? job_id
+                       : absl::StrFormat("job-%s-%d", UtcNow("%Y%m%dT%H%M%SZ"), jobs_started_);
     id = running_job_;
   }
   Log(LogLevel::kInfo, "fine-tuning job %s started: %s from version %s (lr %g)", id,
-      ObjectiveName(settings->trainer.objective), base->version, settings->trainer.adamw.lr);
+      ObjectiveName(settings.trainer.objective), base.version, settings.trainer.adamw.lr);
   return std::unique_ptr<FineTuneJob>(
-      new FineTuneJob(this, std::move(id), *std::move(base), *std::move(settings)));
+      new FineTuneJob(this, std::move(id), std::move(base), std::move(settings)));
 }
 
 void FineTuning::EndJob(const std::string& job_id) {
+  std::function<void()> listener;
+  {
+    absl::MutexLock lock(&mutex_);
+    if (running_job_ != job_id) return;
+    running_job_.clear();
+    listener = slot_freed_;
+  }
+  if (listener) listener();
+}
+
+std::string FineTuning::RunningJob() const {
   absl::MutexLock lock(&mutex_);
-  if (running_job_ == job_id) running_job_.clear();
+  return running_job_;
+}
+
+void FineTuning::SetSlotFreedListener(std::function<void()> listener) {
+  absl::MutexLock lock(&mutex_);
+  slot_freed_ = std::move(listener);
 }
 
 std::string FineTuning::ServedVersion() const {

@@ -38,7 +38,9 @@ class FineTuneJob;
 // What a commit to `store` needs, checked before a job starts rather than after its training:
 // a store at all, a directory this process may write, and free space for a checkpoint of
 // `checkpoint_bytes` (with a margin). FAILED_PRECONDITION saying which and how to fix it.
-absl::Status CheckStoreCanTakeCheckpoint(const std::string& store, int64_t checkpoint_bytes);
+// `dataset_bytes` > 0: room for a job's uploaded dataset besides (job_runner.h).
+absl::Status CheckStoreCanTakeCheckpoint(const std::string& store, int64_t checkpoint_bytes,
+                                         int64_t dataset_bytes = 0);
 
 class FineTuning {
  public:
@@ -54,7 +56,24 @@ class FineTuning {
   // store checked for a commit of it (CheckStoreCanTakeCheckpoint), and the single job slot
   // claimed (FAILED_PRECONDITION naming the running job). The job holds the slot until it ends
   // or is destroyed.
-  absl::StatusOr<std::unique_ptr<FineTuneJob>> Begin(const FineTuneConfig& config);
+  // `job_id` names the job (a server-side job's id, job_runner.h); empty = a new one.
+  absl::StatusOr<std::unique_ptr<FineTuneJob>> Begin(const FineTuneConfig& config,
+                                                     const std::string& job_id = "");
+
+  // What Begin checks before it claims the slot (config, base version, store), without claiming
+  // it: the base version and the settings the job would run with.
+  struct CheckedConfig {
+    ModelVersion base;
+    JobSettings settings;
+  };
+  absl::StatusOr<CheckedConfig> Check(const FineTuneConfig& config) const;
+
+  // The job holding the slot ("" = none), and a function called (outside any lock) each time
+  // a job frees it: how queued server-side jobs learn that their turn may have come.
+  std::string RunningJob() const;
+  void SetSlotFreedListener(std::function<void()> listener);
+  // The most examples one step may take (--max-inputs-per-request).
+  int max_examples_per_batch() const { return options_.max_examples_per_batch; }
 
   // The version served by default now.
   std::string ServedVersion() const;
@@ -78,6 +97,7 @@ class FineTuning {
   std::string running_job_ ABSL_GUARDED_BY(mutex_);
   int64_t jobs_started_ ABSL_GUARDED_BY(mutex_) = 0;
   int64_t next_sequence_ ABSL_GUARDED_BY(mutex_) = 1;
+  std::function<void()> slot_freed_ ABSL_GUARDED_BY(mutex_);
   // Last: destroyed first, running the tasks still queued while the members they use live.
   TrainingThread training_thread_;
 };

@@ -47,6 +47,8 @@ class TrainingMetrics {
   // bounded set), all layers together: sqrt(sum of the groups' squared update norms).
   virtual void RecordUpdateNorms(
       const std::vector<std::pair<std::string, double>>& update_norm_by_kind) = 0;
+  // Server-side jobs waiting to run (job_runner.h).
+  virtual void SetQueuedJobs(int64_t jobs) = 0;
 };
 
 }  // namespace attn::server

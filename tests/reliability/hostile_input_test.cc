@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "attnserve/v1/trainer.grpc.pb.h"
+#include "client/training_data.h"
 #include "tests/integration/harness.h"
 #include "tests/reliability/reliability_util.h"
 
@@ -28,6 +29,9 @@ namespace attn::integration {
 constexpr char kToken[] = "hostile-catalogue-token-7f3a";
 constexpr int kMaxMessageBytes = 4 << 20;  // 4 MiB: a 1 MiB text fits, five of them do not
 constexpr int kMaxInputs = 256;
+// Server-side jobs: datasets up to 1 MiB, 8 jobs waiting per model.
+constexpr int64_t kMaxJobDatasetBytes = 1 << 20;
+constexpr int kMaxQueuedJobs = 8;
 constexpr int64_t kMaxRequestMemory = 128
                                       << 20;  // 128 MiB: a 3 x 512-token rollout does not fit //
                                               // the server default, named here for the messages
@@ -41,7 +45,9 @@ std::optional<std::vector<std::string>> SharedServerFlags() {
       "--trainer_token_file=" + dir->WriteFile("token", std::string(kToken) + "\n"),
       "--trainer_threads=1",
       "--max_request_memory_bytes=" + std::to_string(kMaxRequestMemory),
-      "--model_store=" + dir->path() + "/store"};
+      "--model_store=" + dir->path() + "/store",
+      "--max_job_dataset_bytes=" + std::to_string(kMaxJobDatasetBytes),
+      "--max_queued_jobs=" + std::to_string(kMaxQueuedJobs)};
 }
 
 namespace {
@@ -172,6 +178,110 @@ grpc::Status FineTune(Clients& c, const std::vector<pb::FineTuneRequest>& reques
     if (answers != nullptr) answers->push_back(progress);
   }
   return stream->Finish();
+}
+
+// Server-side jobs. One CreateJob stream: writes `requests` in order (stopping once the server
+// has ended the call), half-closes, reads every answer and returns the final status.
+grpc::Status CreateJob(Clients& c, const std::vector<pb::CreateJobRequest>& requests,
+                       pb::CreateJobResponse* last = nullptr, const std::string& token = kToken) {
+  grpc::ClientContext context;
+  context.set_deadline(Deadline());
+  if (!token.empty()) context.AddMetadata("authorization", "Bearer " + token);
+  auto stream = c.trainer->CreateJob(&context);
+  for (const pb::CreateJobRequest& request : requests) {
+    if (!stream->Write(request)) break;
+  }
+  stream->WritesDone();
+  pb::CreateJobResponse response;
+  while (stream->Read(&response)) {
+    if (last != nullptr) *last = response;
+  }
+  return stream->Finish();
+}
+
+// `n` contrastive pairs the model does not know.
+std::vector<pb::TrainingExample> JobPairs(int n) {
+  std::vector<pb::TrainingExample> examples(n);
+  for (int i = 0; i < n; ++i) {
+    examples[i].set_anchor("hostile anchor number " + std::to_string(i));
+    examples[i].set_positive("an unrelated positive " + std::to_string(i * 7));
+  }
+  return examples;
+}
+
+// The spec of a contrastive job over `dataset` in batches of 2, then `edit`.
+pb::CreateJobRequest JobSpecOf(const client::JobDataset& dataset, int epochs = 1,
+                               const std::function<void(pb::JobSpec*)>& edit = nullptr) {
+  pb::CreateJobRequest request;
+  pb::JobSpec* spec = request.mutable_spec();
+  spec->mutable_config()->set_objective(pb::CONTRASTIVE);
+  spec->mutable_config()->set_disable_dropout(true);
+  spec->set_epochs(epochs);
+  spec->set_batch_size(2);
+  *spec->mutable_dataset() = dataset.info;
+  if (edit) edit(spec);
+  return request;
+}
+
+// `bytes` as chunks of `size` bytes numbered from `first`.
+std::vector<pb::CreateJobRequest> ChunksOf(const std::string& bytes, size_t size, int first = 0) {
+  std::vector<pb::CreateJobRequest> chunks;
+  for (size_t at = 0; at < bytes.size(); at += size) {
+    pb::CreateJobRequest& request = chunks.emplace_back();
+    request.mutable_chunk()->set_index(first++);
+    request.mutable_chunk()->set_data(bytes.substr(at, size));
+  }
+  return chunks;
+}
+
+// The spec, then the chunks.
+std::vector<pb::CreateJobRequest> Upload(pb::CreateJobRequest spec,
+                                         const std::vector<pb::CreateJobRequest>& chunks) {
+  std::vector<pb::CreateJobRequest> requests = {std::move(spec)};
+  requests.insert(requests.end(), chunks.begin(), chunks.end());
+  return requests;
+}
+
+grpc::Status WatchJob(Clients& c, const std::string& id, int64_t from = 0,
+                      const std::string& model = "") {
+  grpc::ClientContext context;
+  context.set_deadline(Deadline());
+  context.AddMetadata("authorization", std::string("Bearer ") + kToken);
+  pb::WatchJobRequest request;
+  request.set_job_id(id);
+  request.set_model(model);
+  request.set_from_index(from);
+  auto stream = c.trainer->WatchJob(&context, request);
+  pb::JobEvent event;
+  while (stream->Read(&event)) {
+  }
+  return stream->Finish();
+}
+
+// GetJob or CancelJob (`method`) of job `id` of `model`, with the token.
+template <typename Request>
+grpc::Status JobCall(Clients& c,
+                     grpc::Status (pb::Trainer::Stub::*method)(grpc::ClientContext*, const Request&,
+                                                               pb::Job*),
+                     const std::string& id, pb::Job* job, const std::string& model) {
+  grpc::ClientContext context;
+  context.set_deadline(Deadline());
+  context.AddMetadata("authorization", std::string("Bearer ") + kToken);
+  Request request;
+  request.set_job_id(id);
+  request.set_model(model);
+  pb::Job ignored;
+  return (c.trainer.get()->*method)(&context, request, job != nullptr ? job : &ignored);
+}
+
+grpc::Status CancelJob(Clients& c, const std::string& id, pb::Job* job = nullptr,
+                       const std::string& model = "") {
+  return JobCall(c, &pb::Trainer::Stub::CancelJob, id, job, model);
+}
+
+grpc::Status GetJob(Clients& c, const std::string& id, pb::Job* job = nullptr,
+                    const std::string& model = "") {
+  return JobCall(c, &pb::Trainer::Stub::GetJob, id, job, model);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -2279,6 +2389,241 @@ std::vector<HostileCase> Catalogue() {
        StatusCode::INVALID_ARGUMENT,
        {"pooling: unknown value 6", "POOLING_CLS_ATTENTION"},
        "Encode"});
+
+  // --- Server-side jobs (issue 16): uploads, ids, the queue -------------------------------------
+  const client::JobDataset pairs = client::EncodeJobDataset(JobPairs(6));
+  add({"job_chunks_out_of_order",
+       "CreateJob: chunk 0, then chunk 2",
+       [=](Clients& c) {
+         std::vector<pb::CreateJobRequest> chunks = ChunksOf(pairs.bytes, 40);
+         chunks.erase(chunks.begin() + 1);
+         return CreateJob(c, Upload(JobSpecOf(pairs), chunks));
+       },
+       StatusCode::INVALID_ARGUMENT,
+       {"chunk 2 arrived where chunk 1 was expected", "in order", "no job was created"},
+       "CreateJob"});
+  add({"job_chunk_repeated",
+       "CreateJob: chunk 0 twice",
+       [=](Clients& c) {
+         std::vector<pb::CreateJobRequest> chunks = ChunksOf(pairs.bytes, 40);
+         chunks.insert(chunks.begin() + 1, chunks.front());
+         return CreateJob(c, Upload(JobSpecOf(pairs), chunks));
+       },
+       StatusCode::INVALID_ARGUMENT,
+       {"chunk 0 arrived where chunk 1 was expected"},
+       "CreateJob"});
+  add({"job_checksum_mismatch",
+       "CreateJob whose spec declares another dataset's SHA-256",
+       [=](Clients& c) {
+         const client::JobDataset other = client::EncodeJobDataset(JobPairs(4));
+         return CreateJob(c,
+                          Upload(JobSpecOf(pairs, 1,
+                                           [&](pb::JobSpec* s) {
+                                             s->mutable_dataset()->set_sha256(other.info.sha256());
+                                           }),
+                                 ChunksOf(pairs.bytes, 100)));
+       },
+       StatusCode::INVALID_ARGUMENT,
+       {"the dataset's SHA-256 is " + pairs.info.sha256(), "no job was created"},
+       "CreateJob"});
+  add({"job_dataset_2gb_declared",
+       "CreateJob declaring a 2 GB dataset (limit 1 MiB): refused before any upload",
+       [=](Clients& c) {
+         pb::CreateJobResponse answer;
+         const grpc::Status status = CreateJob(
+             c,
+             {JobSpecOf(pairs, 1,
+                        [](pb::JobSpec* s) { s->mutable_dataset()->set_bytes(int64_t{2} << 30); })},
+             &answer);
+         EXPECT_TRUE(answer.job_id().empty()) << "no upload may start";
+         return status;
+       },
+       StatusCode::INVALID_ARGUMENT,
+       {"dataset.bytes is 2147483648", "1 to 1048576 bytes (--max-job-dataset-bytes)"},
+       "CreateJob"});
+  add({"job_dataset_size_lie",
+       "CreateJob declaring 200 bytes, then sending 2 MiB in 1 MiB chunks",
+       [=](Clients& c) {
+         return CreateJob(
+             c, Upload(JobSpecOf(pairs, 1,
+                                 [](pb::JobSpec* s) { s->mutable_dataset()->set_bytes(200); }),
+                       ChunksOf(std::string(2 << 20, '\x01'), 1 << 20)));
+       },
+       StatusCode::INVALID_ARGUMENT,
+       {"chunk 0 brings the dataset to 1048576 bytes, more than the 200 bytes the spec declared"},
+       "CreateJob"});
+  add({"job_upload_ends_early",
+       "CreateJob that half-closes after the first of its chunks",
+       [=](Clients& c) {
+         return CreateJob(c, Upload(JobSpecOf(pairs), {ChunksOf(pairs.bytes, 50).front()}));
+       },
+       StatusCode::INVALID_ARGUMENT,
+       {"the upload ended after 50 of the " + std::to_string(pairs.bytes.size()) + " bytes",
+        "no job was created"},
+       "CreateJob"});
+  add({"job_chunk_2mib",
+       "CreateJob with one 2 MiB chunk (limit 1 MiB)",
+       [=](Clients& c) {
+         return CreateJob(c,
+                          Upload(JobSpecOf(pairs), ChunksOf(std::string(2 << 20, 'x'), 2 << 20)));
+       },
+       StatusCode::INVALID_ARGUMENT,
+       {"chunk 0 has 2097152 bytes; send 1 to 1048576"},
+       "CreateJob"});
+  add({"job_chunk_before_spec",
+       "CreateJob starting with a chunk",
+       [=](Clients& c) { return CreateJob(c, ChunksOf(pairs.bytes, 100)); },
+       StatusCode::INVALID_ARGUMENT,
+       {"the first message must be a spec"},
+       "CreateJob"});
+  add({"job_second_spec",
+       "CreateJob with two specs",
+       [=](Clients& c) {
+         return CreateJob(c, {JobSpecOf(pairs), JobSpecOf(pairs)});
+       },
+       StatusCode::INVALID_ARGUMENT,
+       {"a second spec"},
+       "CreateJob"});
+  add({"job_example_invalid_utf8",
+       "CreateJob whose example 1 has invalid UTF-8 in its anchor",
+       [=](Clients& c) {
+         std::vector<pb::TrainingExample> examples = JobPairs(4);
+         examples[1].set_anchor("caf\xC3");
+         std::string bytes;  // serialized without UTF-8 checks, as a careless client might
+         for (const pb::TrainingExample& e : examples) {
+           const std::string message = wire::Field(1, e.anchor()) + wire::Field(2, e.positive());
+           bytes += wire::Varint(message.size()) + message;
+         }
+         client::JobDataset dataset = client::EncodeJobDataset(examples);
+         dataset.bytes = bytes;
+         dataset.info.set_bytes(static_cast<int64_t>(bytes.size()));
+         dataset.info.set_sha256(std::string(64, '0'));
+         return CreateJob(c, Upload(JobSpecOf(dataset), ChunksOf(bytes, 1 << 20)));
+       },
+       StatusCode::INVALID_ARGUMENT,
+       {"dataset example 1: it is not a valid attnserve.v1.TrainingExample: anchor is not valid "
+        "UTF-8"},
+       "CreateJob"});
+  add({"job_example_of_another_objective",
+       "CreateJob (contrastive) whose example 3 is a classification example",
+       [=](Clients& c) {
+         std::vector<pb::TrainingExample> examples = JobPairs(6);
+         examples[3].Clear();
+         examples[3].set_text("a text");
+         examples[3].set_label(1);
+         const client::JobDataset dataset = client::EncodeJobDataset(examples);
+         return CreateJob(c, Upload(JobSpecOf(dataset), ChunksOf(dataset.bytes, 1 << 20)));
+       },
+       StatusCode::INVALID_ARGUMENT,
+       {"dataset example 3: anchor is empty"},
+       "CreateJob"});
+  add({"job_batch_over_limit",
+       "CreateJob with batch_size 257 (--max-inputs-per-request 256)",
+       [=](Clients& c) {
+         return CreateJob(c, {JobSpecOf(pairs, 1, [](pb::JobSpec* s) { s->set_batch_size(257); })});
+       },
+       StatusCode::INVALID_ARGUMENT,
+       {"batch_size is 257; give 1 to 256 (--max-inputs-per-request"},
+       "CreateJob"});
+  add({"job_without_token",
+       "CreateJob without the trainer token",
+       [=](Clients& c) { return CreateJob(c, {JobSpecOf(pairs)}, nullptr, ""); },
+       StatusCode::UNAUTHENTICATED,
+       {},
+       "CreateJob"});
+  add({"job_watch_unknown",
+       "WatchJob of a job id the server never had",
+       [](Clients& c) { return WatchJob(c, "job-20990101T000000Z-deadbeef"); },
+       StatusCode::NOT_FOUND,
+       {"has no job job-20990101T000000Z-deadbeef", "attnctl jobs"},
+       "WatchJob"});
+  add({"job_watch_path_traversal",
+       "WatchJob of job id '../../etc/passwd'",
+       [](Clients& c) { return WatchJob(c, "../../etc/passwd"); },
+       StatusCode::INVALID_ARGUMENT,
+       {"job_id is '../../etc/passwd'", "a job id looks like job-"},
+       "WatchJob"});
+  add({"job_watch_negative_index",
+       "WatchJob from index -1",
+       [](Clients& c) { return WatchJob(c, "job-20990101T000000Z-deadbeef", -1); },
+       StatusCode::INVALID_ARGUMENT,
+       {"from_index is -1"},
+       "WatchJob"});
+  add({"job_get_10000_char_id",
+       "GetJob of a 10,000-character job id (quoted short)",
+       [](Clients& c) { return GetJob(c, "job-" + std::string(9996, 'z')); },
+       StatusCode::INVALID_ARGUMENT,
+       {"job_id is 'job-zzz", "(10000 bytes)"},
+       "GetJob"});
+  add({"job_get_empty_id",
+       "GetJob without a job id",
+       [](Clients& c) { return GetJob(c, ""); },
+       StatusCode::INVALID_ARGUMENT,
+       {"job_id is empty"},
+       "GetJob"});
+  add({"job_cancel_unknown",
+       "CancelJob of a job id the server never had",
+       [](Clients& c) { return CancelJob(c, "job-20990101T000000Z-feedface"); },
+       StatusCode::NOT_FOUND,
+       {"has no job job-20990101T000000Z-feedface"},
+       "CancelJob"});
+  add({"job_cancel_finished",
+       "CancelJob of a job that has committed its version",
+       [=](Clients& c) {
+         pb::CreateJobResponse created;
+         const grpc::Status status =
+             CreateJob(c, Upload(JobSpecOf(pairs), ChunksOf(pairs.bytes, 1 << 20)), &created);
+         EXPECT_TRUE(status.ok()) << StatusString(status);
+         const std::string id = created.job().job_id();
+         pb::Job job;
+         EXPECT_TRUE(WaitFor(
+             [&] {
+               return GetJob(c, id, &job).ok() && job.state() != pb::JOB_PENDING &&
+                      job.state() != pb::JOB_RUNNING;
+             },
+             ScaledSeconds(120)));
+         EXPECT_EQ(job.state(), pb::JOB_SUCCEEDED) << job.error();
+         return CancelJob(c, id);
+       },
+       StatusCode::FAILED_PRECONDITION,
+       {"has already ended (succeeded: committed version ft-", "there is nothing to cancel"},
+       "CancelJob"});
+  add({"job_queue_1000",
+       "1,000 CreateJob calls in a row: the queue holds 8, the rest are refused",
+       [=](Clients& c) {
+         // The first one runs (long enough to hold the slot); then the queue fills.
+         std::vector<std::string> created;
+         grpc::Status refused;
+         int refusals = 0;
+         for (int i = 0; i < 1000; ++i) {
+           pb::CreateJobResponse answer;
+           const grpc::Status status = CreateJob(
+               c, Upload(JobSpecOf(pairs, /*epochs=*/1000), ChunksOf(pairs.bytes, 1 << 20)),
+               &answer);
+           if (status.ok()) {
+             created.push_back(answer.job().job_id());
+           } else {
+             EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED)
+                 << StatusString(status);
+             if (refusals++ == 0) refused = status;
+           }
+         }
+         // 8 waiting, and one running unless the runner had not taken the first yet.
+         EXPECT_GE(created.size(), 8u);
+         EXPECT_LE(created.size(), 9u);
+         EXPECT_EQ(refusals, 1000 - static_cast<int>(created.size()));
+         for (auto it = created.rbegin(); it != created.rend(); ++it) {
+           pb::Job job;
+           const grpc::Status cancelled = CancelJob(c, *it, &job);
+           EXPECT_TRUE(cancelled.ok()) << StatusString(cancelled);
+           EXPECT_EQ(job.state(), pb::JOB_CANCELLED);
+         }
+         return refused;
+       },
+       StatusCode::RESOURCE_EXHAUSTED,
+       {"the job queue of model", "is full", "the limit is 8 (--max-queued-jobs)",
+        "attnctl job cancel"},
+       /*counted_as=*/""});
   return cases;
 }
 
@@ -2443,6 +2788,42 @@ TEST(PromoteHostile, WithoutAStoreAndAcrossModels) {
     EXPECT_EQ(response.serving_version(), version);
     reliability::ExpectHealthy(server, "Promote across models");
   }
+}
+
+// Job calls that name one model for a job of another: NOT_FOUND saying which model has it, on a
+// server of two models; the job is untouched and its own model answers for it.
+TEST(JobHostile, AJobOfAnotherModel) {
+  reliability::TempDir dir("jobs-models");
+  const std::string token = dir.WriteFile("token", std::string(kToken) + "\n");
+  ServerProcess server({"--model=a=" + TestModelDir(), "--model=b=" + TestModelDir(),
+                        "--trainer_token_file=" + token, "--model_store=" + dir.path() + "/store",
+                        "--trainer_threads=1"});
+  std::string error;
+  ASSERT_TRUE(server.StartAndWait(ScaledSeconds(180), &error)) << error;
+  Clients c;
+  c.channel = server.NewChannel();
+  c.trainer = pb::Trainer::NewStub(c.channel);
+  const client::JobDataset pairs = client::EncodeJobDataset(JobPairs(6));
+  pb::CreateJobRequest spec = JobSpecOf(pairs, /*epochs=*/1000);
+  spec.mutable_spec()->mutable_config()->set_model("a");
+  pb::CreateJobResponse created;
+  const grpc::Status status = CreateJob(c, Upload(spec, ChunksOf(pairs.bytes, 1 << 20)), &created);
+  ASSERT_TRUE(status.ok()) << StatusString(status);
+  const std::string id = created.job().job_id();
+  EXPECT_EQ(created.job().model(), "a");
+  const std::vector<std::string> parts = {"job " + id + " is a job of model a, not of model b",
+                                          "ask with model 'a'"};
+  ExpectStatus(WatchJob(c, id, 0, "b"), grpc::StatusCode::NOT_FOUND, parts, "WatchJob as b's");
+  ExpectStatus(GetJob(c, id, nullptr, "b"), grpc::StatusCode::NOT_FOUND, parts, "GetJob as b's");
+  ExpectStatus(CancelJob(c, id, nullptr, "b"), grpc::StatusCode::NOT_FOUND, parts,
+               "CancelJob as b's");
+  pb::Job job;
+  ASSERT_TRUE(GetJob(c, id, &job, "a").ok());
+  EXPECT_NE(job.state(), pb::JOB_CANCELLED);
+  const grpc::Status cancelled = CancelJob(c, id, &job, "a");
+  ASSERT_TRUE(cancelled.ok()) << StatusString(cancelled);
+  EXPECT_EQ(job.state(), pb::JOB_CANCELLED);
+  reliability::ExpectHealthy(server, "job calls across models");
 }
 
 }  // namespace

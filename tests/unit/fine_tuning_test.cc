@@ -30,6 +30,7 @@ class CountingMetrics final : public TrainingMetrics {
   void RecordFineTuneJob(std::string_view outcome) override { outcomes_.emplace_back(outcome); }
   void RecordVersionPublished() override { ++published_; }
   void RecordUpdateNorms(const std::vector<std::pair<std::string, double>>&) override {}
+  void SetQueuedJobs(int64_t) override {}
 
   int64_t examples_ = 0;
   std::vector<std::string> outcomes_;
