@@ -31,6 +31,7 @@
 #include "absl/strings/str_split.h"
 #include "client/tensor_decode.h"
 #include "client/training_data.h"
+#include "engine/training/epoch_order.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "gtest/gtest.h"
@@ -1641,6 +1642,23 @@ TEST(TrainingData, EpochOrderAndSteps) {
   EXPECT_NE(a, EpochOrder(100, 8, 0));  // and per seed
   EXPECT_TRUE(EpochOrder(0, 1, 0).empty());
   EXPECT_EQ(EpochOrder(1, 1, 3), std::vector<size_t>{0});
+  // Batches: the last one smaller; a contrastive batch of one pair borrows one from the batch
+  // before it, keeping the step count.
+  using Ranges = std::vector<std::pair<size_t, size_t>>;
+  EXPECT_EQ(attn::EpochBatches(10, 4), (Ranges{{0, 4}, {4, 8}, {8, 10}}));
+  EXPECT_EQ(attn::EpochBatches(9, 4), (Ranges{{0, 4}, {4, 8}, {8, 9}}));
+  EXPECT_EQ(attn::EpochBatches(9, 4, 2), (Ranges{{0, 4}, {4, 7}, {7, 9}}));
+  EXPECT_EQ(attn::EpochBatches(17, 16, 2), (Ranges{{0, 15}, {15, 17}}));
+  EXPECT_EQ(attn::EpochBatches(3, 2, 2), (Ranges{{0, 2}, {2, 3}}));  // nothing to borrow
+  EXPECT_EQ(attn::EpochBatches(1, 4, 2), (Ranges{{0, 1}}));
+  for (size_t n = 1; n < 40; ++n) {
+    for (int b = 1; b < 9; ++b) {
+      const Ranges batches = attn::EpochBatches(n, b, 2);
+      EXPECT_EQ(static_cast<int64_t>(batches.size()), StepsPerEpoch(n, b)) << n << " " << b;
+      EXPECT_EQ(batches.back().second, n);
+      for (const auto& [begin, end] : batches) EXPECT_LE(end - begin, static_cast<size_t>(b));
+    }
+  }
 }
 
 // ---------------------------------------------------------------------------------------------

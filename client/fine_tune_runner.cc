@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "client/training_data.h"
+#include "engine/training/epoch_order.h"
 
 namespace attn::client {
 
@@ -85,7 +86,9 @@ FineTuneOutcome FineTuneRunner::Run(const FineTuneJob& job) {
   for (int epoch = 0; epoch < job.epochs && !broken && !interrupted && !outcome.timed_out;
        ++epoch) {
     const std::vector<size_t> order = EpochOrder(job.examples.size(), job.config.seed(), epoch);
-    for (size_t begin = 0; begin < order.size(); begin += job.batch_size) {
+    // A contrastive batch needs 2 pairs: one pair has no in-batch negative.
+    const size_t min_batch = job.config.objective() == v1::CONTRASTIVE ? 2 : 1;
+    for (const auto& [begin, end] : EpochBatches(order.size(), job.batch_size, min_batch)) {
       {
         std::unique_lock<std::mutex> lock(state.mu);
         while (true) {
@@ -106,7 +109,6 @@ FineTuneOutcome FineTuneRunner::Run(const FineTuneJob& job) {
         }
       }
       if (broken || interrupted || outcome.timed_out) break;
-      const size_t end = std::min(order.size(), begin + job.batch_size);
       v1::TrainingBatch batch;
       for (size_t i = begin; i < end; ++i) *batch.add_examples() = job.examples[order[i]];
       if (!session_->SendBatch(batch)) {

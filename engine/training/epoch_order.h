@@ -4,6 +4,7 @@
 // library: the client includes it without linking the engine.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <limits>
@@ -55,6 +56,30 @@ inline std::vector<size_t> EpochOrder(size_t n, uint64_t seed, int epoch) {
 inline int64_t StepsPerEpoch(size_t examples, int batch_size) {
   if (batch_size <= 0) return 0;
   return static_cast<int64_t>((examples + batch_size - 1) / batch_size);
+}
+
+// One epoch's batches as [begin, end) ranges of its order: `batch_size` examples each, the last
+// one smaller. A batch needs at least `min_batch` examples (contrastive: 2, for one pair has no
+// in-batch negative): a last batch short of it takes what it lacks from the batch before it
+// (for 9 pairs in batches of 4: 4, 3, 2), so the step count stays StepsPerEpoch.
+inline std::vector<std::pair<size_t, size_t>> EpochBatches(size_t n, int batch_size,
+                                                           size_t min_batch = 1) {
+  std::vector<std::pair<size_t, size_t>> batches;
+  if (batch_size <= 0) return batches;
+  for (size_t begin = 0; begin < n; begin += static_cast<size_t>(batch_size)) {
+    batches.emplace_back(begin, std::min(n, begin + static_cast<size_t>(batch_size)));
+  }
+  if (batches.size() >= 2) {
+    auto& last = batches.back();
+    auto& before = batches[batches.size() - 2];
+    const size_t lacking =
+        last.second - last.first < min_batch ? min_batch - (last.second - last.first) : 0;
+    if (lacking > 0 && before.second - before.first >= lacking + min_batch) {
+      before.second -= lacking;
+      last.first -= lacking;
+    }
+  }
+  return batches;
 }
 
 }  // namespace attn

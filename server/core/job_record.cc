@@ -96,12 +96,6 @@ absl::StatusOr<JobPlan> PlanJob(const JobSpec& spec, int max_batch, int64_t max_
           "the dataset has 1 example; the contrastive objective needs at least 2 (anchor, "
           "positive) pairs per batch (the other pairs are each anchor's negatives)");
     }
-    if (dataset.examples % plan.batch_size == 1) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "with ", dataset.examples, " examples in batches of ", plan.batch_size,
-          ", each epoch would end with a batch of 1 pair, which the contrastive objective cannot "
-          "learn from; choose a batch size that does not leave 1 example over"));
-    }
   }
   return plan;
 }

@@ -65,7 +65,8 @@ std::string Plural(int64_t n, const char* word) {
 bool MustRecord(const FineTuneProgress& progress, int64_t total_steps) {
   const int64_t stride = std::max<int64_t>(1, (total_steps + kMaxStepEvents - 1) / kMaxStepEvents);
   return progress.step <= 1 || progress.step >= total_steps || progress.step % stride == 0 ||
-         progress.telemetry.has_value() || !progress.warnings.empty();
+         progress.telemetry.has_value() || !progress.warnings.empty() ||
+         !progress.evaluations.empty();
 }
 
 // The version a job committed, from the training reports in the store (a job stopped between
@@ -837,17 +838,20 @@ void JobRunner::Run(const std::string& id) {
   const int64_t examples = start.dataset.examples;
   for (int epoch = 0; trained && epoch < start.epochs; ++epoch) {
     const std::vector<size_t> order = EpochOrder(static_cast<size_t>(examples), config.seed, epoch);
-    for (int64_t begin = 0; trained && begin < examples; begin += start.batch_size) {
+    // A contrastive batch needs 2 pairs, as attnctl's interactive path sends them.
+    const size_t min_batch = config.objective == Objective::kContrastive ? 2 : 1;
+    for (const auto& [begin, end] :
+         EpochBatches(static_cast<size_t>(examples), start.batch_size, min_batch)) {
+      if (!trained) break;
       if (cancel->load()) {
         stopped_by(run->steps());
         trained = false;
         break;
       }
-      const int64_t end = std::min(examples, begin + start.batch_size);
       TrainingBatchRequest batch;
       std::vector<int64_t> indices;
       absl::Status read;
-      for (int64_t i = begin; i < end && read.ok(); ++i) {
+      for (size_t i = begin; i < end && read.ok(); ++i) {
         indices.push_back(static_cast<int64_t>(order[i]));
         absl::StatusOr<std::string> bytes = dataset->Read(indices.back());
         absl::StatusOr<TrainingExample> example =

@@ -384,11 +384,6 @@ TEST_F(JobsTest, BadJobsAreRefusedAtCreationBeforeAnyUpload) {
   absl::StatusOr<pb::Job> bad_config = client_->CreateJob(spec, Pairs());
   EXPECT_EQ(bad_config.status().code(), absl::StatusCode::kInvalidArgument) << bad_config.status();
   EXPECT_TRUE(absl::StrContains(bad_config.status().message(), "beta1")) << bad_config.status();
-  spec = Spec(1);
-  spec.set_batch_size(7);  // 8 pairs in batches of 7 leave a lone pair
-  absl::StatusOr<pb::Job> lone_pair = client_->CreateJob(spec, Pairs());
-  EXPECT_EQ(lone_pair.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_TRUE(absl::StrContains(lone_pair.status().message(), "batch of 1 pair"));
   // The store stops being usable under the running server (an unmounted volume).
   std::filesystem::remove_all(store_);
   std::ofstream(store_) << "not a directory";
