@@ -1651,6 +1651,9 @@ TEST(TrainingData, EpochOrderAndSteps) {
   EXPECT_EQ(attn::EpochBatches(17, 16, 2), (Ranges{{0, 15}, {15, 17}}));
   EXPECT_EQ(attn::EpochBatches(3, 2, 2), (Ranges{{0, 2}, {2, 3}}));  // nothing to borrow
   EXPECT_EQ(attn::EpochBatches(1, 4, 2), (Ranges{{0, 1}}));
+  EXPECT_TRUE(attn::EndsWithALonePair(7, 2));
+  EXPECT_FALSE(attn::EndsWithALonePair(7, 3));
+  EXPECT_FALSE(attn::EndsWithALonePair(8, 2));
   for (size_t n = 1; n < 40; ++n) {
     for (int b = 1; b < 9; ++b) {
       const Ranges batches = attn::EpochBatches(n, b, 2);

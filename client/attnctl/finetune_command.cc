@@ -26,6 +26,7 @@
 #include "client/client.h"
 #include "client/fine_tune_runner.h"
 #include "client/training_data.h"
+#include "engine/training/epoch_order.h"
 
 ABSL_FLAG(std::string, data, "", "training data (JSON Lines), required");
 ABSL_FLAG(std::string, objective, "",
@@ -131,6 +132,11 @@ std::string DescribePlan(const FineTunePlan& plan) {
     absl::StrAppendFormat(&steps, "one batch of %d", n);
   } else if (n % plan.batch_size == 0) {
     absl::StrAppendFormat(&steps, "batches of %d", plan.batch_size);
+  } else if (n % plan.batch_size == 1 && plan.data.objective == v1::CONTRASTIVE &&
+             plan.batch_size >= 3) {
+    // One pair alone teaches nothing: the runner moves one from the batch before (EpochBatches).
+    absl::StrAppendFormat(&steps, "batches of %d (the last two of each epoch: %d and 2)",
+                          plan.batch_size, plan.batch_size - 1);
   } else {
     absl::StrAppendFormat(&steps, "batches of %d (the last of each epoch: %d)", plan.batch_size,
                           n % plan.batch_size);
@@ -278,6 +284,13 @@ absl::StatusOr<FineTunePlan> PlanFineTune(const Command& command, int* exit_code
     plan.config.set_eval_every(eval_every);
     plan.config.set_promote_if(promote_if);
     plan.eval_data_path = eval_data;
+  }
+  if (objective == v1::CONTRASTIVE &&
+      attn::EndsWithALonePair(plan.data.examples.size(), plan.batch_size)) {
+    return usage(absl::StrFormat(
+        "with %d pairs in batches of %d each epoch would end with a batch of 1 pair, which the "
+        "contrastive objective cannot learn from; use --batch-size 3 or more",
+        plan.data.examples.size(), plan.batch_size));
   }
   plan.steps_per_epoch = StepsPerEpoch(plan.data.examples.size(), plan.batch_size);
   plan.total_steps = plan.steps_per_epoch * plan.epochs;

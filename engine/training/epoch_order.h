@@ -82,4 +82,11 @@ inline std::vector<std::pair<size_t, size_t>> EpochBatches(size_t n, int batch_s
   return batches;
 }
 
+// Whether an epoch of `n` contrastive pairs in batches of `batch_size` still ends with a batch of
+// one pair after EpochBatches borrowed what it could (batches of 2 have nothing to lend).
+inline bool EndsWithALonePair(size_t n, int batch_size) {
+  const std::vector<std::pair<size_t, size_t>> batches = EpochBatches(n, batch_size, 2);
+  return batches.size() >= 2 && batches.back().second - batches.back().first == 1;
+}
+
 }  // namespace attn

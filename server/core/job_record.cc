@@ -96,6 +96,12 @@ absl::StatusOr<JobPlan> PlanJob(const JobSpec& spec, int max_batch, int64_t max_
           "the dataset has 1 example; the contrastive objective needs at least 2 (anchor, "
           "positive) pairs per batch (the other pairs are each anchor's negatives)");
     }
+    if (EndsWithALonePair(static_cast<size_t>(dataset.examples), plan.batch_size)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "with ", dataset.examples, " examples in batches of ", plan.batch_size,
+          ", each epoch would end with a batch of 1 pair, which the contrastive objective cannot "
+          "learn from; use batches of 3 or more"));
+    }
   }
   return plan;
 }

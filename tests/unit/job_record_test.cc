@@ -93,6 +93,9 @@ TEST(PlanJobTest, RefusesWhatCannotRun) {
   absl::StatusOr<JobPlan> nine = PlanJob(ContrastiveSpec(9, 4), 256, 1 << 20);
   ASSERT_TRUE(nine.ok()) << nine.status();
   EXPECT_EQ(nine->steps_per_epoch, 3);
+  // Batches of 2 have no pair to lend.
+  EXPECT_STATUS(PlanJob(ContrastiveSpec(9, 2), 256, 1 << 20).status(), kInvalidArgument,
+                "each epoch would end with a batch of 1 pair");
   EXPECT_STATUS(PlanJob(ContrastiveSpec(1, 4), 256, 1 << 20).status(), kInvalidArgument,
                 "at least 2");
 }
