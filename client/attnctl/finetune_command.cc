@@ -562,7 +562,12 @@ int RunDetached(const FineTunePlan& plan, TrainerClient* client) {
                 "created job %s (%s, %d steps): the server runs it with no client attached and "
                 "commits its version at the end, %s\n  follow it: attnctl job watch %s\n  "
                 "stop it:   attnctl job cancel %s\n",
-                id, where, job->total_steps(), job->promote() ? "promoted" : "staged", id, id);
+                id, where, job->total_steps(),
+                !job->promote() ? std::string("staged")
+                : plan.config.promote_if().empty()
+                    ? std::string("promoted")
+                    : "promoted if " + plan.config.promote_if() + " holds, else staged",
+                id, id);
   return kExitOk;
 }
 
