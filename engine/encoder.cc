@@ -238,6 +238,7 @@ absl::StatusOr<ForwardResult> RunForward(const BertConfig& config, const Inferen
   // probabilities inside the attention kernel.
   const bool bf16_attention = prepared.precision() == Precision::kBf16;
   PackedAttentionShape attention_shape{heads, d, bf16_attention};
+  attention_shape.int8_products = prepared.precision() == Precision::kInt8;
   // MPNet: the relative position bias, built once for the longest sequence and read by every
   // layer and sequence.
   std::optional<RelativePositionBias> relative_bias;

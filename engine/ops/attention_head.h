@@ -2,13 +2,15 @@
 // (engine/ops/fused_attention.h), and the per-ISA kernels outside fused_attention.cc that
 // compute it:
 //   scores (T, T) = Q K^T * scale (+ bias);  probs = softmax(scores);  context (T, d) = probs V
-// (probs rounded to bfloat16 before P V when bf16_products is set).
+// (probs rounded to bfloat16 before P V when bf16_products is set; Q K^T and P V on int8 when
+// the int8 kernel runs).
 #pragma once
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <vector>
 
 #include "engine/tensor.h"
 
@@ -61,5 +63,20 @@ inline void SoftmaxRowInPlace(float* s, int64_t T) {
 // keys_t and row are per-thread scratch (grown as needed).
 void AttentionHeadAvx2(const AttentionHeadGeometry& g, const AttentionHeadTask& t,
                        FloatBuffer* keys_t, FloatBuffer* row);
+
+// Per-thread scratch of AttentionHeadInt8Vnni (grown as needed).
+struct Int8AttentionScratch {
+  std::vector<int8_t, AlignedAllocator<int8_t>> keys, values;      // packed Kq, Vq
+  std::vector<int32_t, AlignedAllocator<int32_t>> key_sums;        // (tp) row sums of Kq
+  FloatBuffer value_scales;                                        // (dp) per channel
+  std::vector<uint8_t, AlignedAllocator<uint8_t>> queries, probs;  // a block of Qu, Pu rows
+  FloatBuffer scores;                                              // a block of score rows
+};
+
+// AVX-512 VNNI (engine/ops/vnni_attention.cc): Q K^T and P V on 8-bit integers for
+// Precision::kInt8 (Q per row, K per head, V per channel, P as 255 levels), softmax in fp32;
+// only when UseAvx512VnniKernels().
+void AttentionHeadInt8Vnni(const AttentionHeadGeometry& g, const AttentionHeadTask& t,
+                           Int8AttentionScratch* scratch);
 
 }  // namespace attn
