@@ -15,7 +15,6 @@
 // precision_encoder_test.cc); per-head K and per-channel V scales cost nothing at run time.
 #include <immintrin.h>
 
-#include <cmath>
 #include <cstring>
 
 #include "engine/ops/attention_head.h"
@@ -38,46 +37,77 @@ auto* Grow(Buffer& buffer, int64_t size) {
   return buffer.data();
 }
 
-int8_t ToInt8(float v) { return static_cast<int8_t>(std::nearbyint(v)); }
+// max |x[r * ld + c]| over `rows` rows of d floats.
+ATTN_AVX512_VNNI float MaxAbs(const float* x, int64_t ld, int64_t rows, int64_t d) {
+  __m512 max = _mm512_setzero_ps();
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c < d; c += 16) {
+      max = _mm512_max_ps(
+          max, _mm512_abs_ps(_mm512_maskz_loadu_ps(avx512::TailMask(d - c), x + r * ld + c)));
+    }
+  }
+  return _mm512_reduce_max_ps(max);
+}
+
+// round(x[c] * inv) for 16 channels from c (lanes past d zero): cvtps2dq rounds half to even.
+ATTN_AVX512_VNNI inline __m512i Levels(const float* x, int64_t d, int64_t c, __m512 inv) {
+  return _mm512_cvtps_epi32(
+      _mm512_mul_ps(_mm512_maskz_loadu_ps(avx512::TailMask(d - c), x + c), inv));
+}
 
 // keys (d4, tp, 4): Kq[j, 4 c4 .. 4 c4 + 3] at (c4 tp + j) 4, zero past T and d; key_sums (tp).
 // Returns sk.
-float PackKeys(const AttentionHeadGeometry& g, const AttentionHeadTask& t, int64_t tp, int8_t* keys,
-               int32_t* key_sums) {
+ATTN_AVX512_VNNI float PackKeys(const AttentionHeadGeometry& g, const AttentionHeadTask& t,
+                                int64_t tp, int8_t* keys, int32_t* key_sums) {
   const int64_t T = t.tokens, d = g.head_dim, d4 = (d + 3) / 4;
-  float max_abs = 0.0f;
-  for (int64_t j = 0; j < T; ++j) {
-    for (int64_t c = 0; c < d; ++c) max_abs = std::max(max_abs, std::fabs(t.k[j * g.ld_qkv + c]));
-  }
-  const float inv = max_abs > 0.0f ? 127.0f / max_abs : 0.0f;
+  const float max_abs = MaxAbs(t.k, g.ld_qkv, T, d);
+  const __m512 inv = _mm512_set1_ps(max_abs > 0.0f ? 127.0f / max_abs : 0.0f);
   std::memset(keys, 0, static_cast<size_t>(d4 * tp * 4));
-  for (int64_t j = 0; j < tp; ++j) {
-    int32_t sum = 0;
-    for (int64_t c = 0; j < T && c < d; ++c) {
-      const int8_t q = ToInt8(t.k[j * g.ld_qkv + c] * inv);
-      keys[((c / 4) * tp + j) * 4 + c % 4] = q;
-      sum += q;
+  std::memset(key_sums, 0, sizeof(int32_t) * tp);
+  for (int64_t j = 0; j < T; ++j) {
+    __m512i sum = _mm512_setzero_si512();
+    for (int64_t c = 0; c < d; c += 16) {
+      const __m512i q = Levels(t.k + j * g.ld_qkv, d, c, inv);
+      sum = _mm512_add_epi32(sum, q);
+      // 16 channels = 4 groups of 4 bytes, each to its own (c4, j) slot.
+      alignas(16) int32_t groups[4];
+      _mm_store_si128(reinterpret_cast<__m128i*>(groups), _mm512_cvtepi32_epi8(q));
+      for (int64_t g4 = 0; g4 < 4 && c + 4 * g4 < d; ++g4) {
+        std::memcpy(keys + ((c / 4 + g4) * tp + j) * 4, &groups[g4], 4);
+      }
     }
-    key_sums[j] = sum;
+    key_sums[j] = _mm512_reduce_add_epi32(sum);
   }
   return max_abs / 127.0f;
 }
 
 // values (t4, dp, 4): Vq[4 j4 .. 4 j4 + 3, c] at (j4 dp + c) 4, zero past T and d;
 // value_scales (dp): sv[c], zero past d.
-void PackValues(const AttentionHeadGeometry& g, const AttentionHeadTask& t, int64_t dp,
-                int8_t* values, float* value_scales) {
-  const int64_t T = t.tokens, d = g.head_dim, t4 = (T + 3) / 4;
-  std::memset(values, 0, static_cast<size_t>(t4 * dp * 4));
-  for (int64_t c = 0; c < dp; ++c) {
-    float max_abs = 0.0f;
-    for (int64_t j = 0; c < d && j < T; ++j) {
-      max_abs = std::max(max_abs, std::fabs(t.v[j * g.ld_qkv + c]));
+ATTN_AVX512_VNNI void PackValues(const AttentionHeadGeometry& g, const AttentionHeadTask& t,
+                                 int64_t dp, int8_t* values, float* value_scales) {
+  const int64_t T = t.tokens, d = g.head_dim;
+  for (int64_t c = 0; c < dp; c += 16) {
+    __m512 max = _mm512_setzero_ps();
+    for (int64_t j = 0; j < T; ++j) {
+      max = _mm512_max_ps(max, _mm512_abs_ps(_mm512_maskz_loadu_ps(avx512::TailMask(d - c),
+                                                                   t.v + j * g.ld_qkv + c)));
     }
-    value_scales[c] = max_abs / 127.0f;
-    const float inv = max_abs > 0.0f ? 127.0f / max_abs : 0.0f;
-    for (int64_t j = 0; c < d && j < T; ++j) {
-      values[((j / 4) * dp + c) * 4 + j % 4] = ToInt8(t.v[j * g.ld_qkv + c] * inv);
+    _mm512_storeu_ps(value_scales + c, _mm512_mul_ps(max, _mm512_set1_ps(1.0f / 127.0f)));
+  }
+  for (int64_t c = 0; c < dp; c += 16) {
+    const __m512 scales = _mm512_loadu_ps(value_scales + c);
+    // 1 / sv, 0 where the channel is all zero (or past d)
+    const __m512 inv = _mm512_maskz_div_ps(
+        _mm512_cmp_ps_mask(scales, _mm512_setzero_ps(), _CMP_GT_OQ), _mm512_set1_ps(1.0f), scales);
+    for (int64_t j0 = 0; j0 < T; j0 += 4) {
+      // Four rows' bytes interleaved per channel: lane c = Vq[j0, c] | Vq[j0 + 1, c] << 8 | ...
+      __m512i packed = _mm512_setzero_si512();
+      for (int64_t r = 0; r < 4 && j0 + r < T; ++r) {
+        const __m512i q =
+            _mm512_and_si512(Levels(t.v + (j0 + r) * g.ld_qkv, d, c, inv), _mm512_set1_epi32(0xFF));
+        packed = _mm512_or_si512(packed, _mm512_sllv_epi32(q, _mm512_set1_epi32(8 * r)));
+      }
+      _mm512_storeu_si512(values + ((j0 / 4) * dp + c) * 4, packed);
     }
   }
 }
@@ -85,19 +115,22 @@ void PackValues(const AttentionHeadGeometry& g, const AttentionHeadTask& t, int6
 // queries (R, d4 4): rows i0.. of Q as u8 with zero point 128 (padding channels 128, which meet
 // zero keys); query_scales (R): sq[i].
 template <int R>
-void QuantizeQueries(const AttentionHeadGeometry& g, const AttentionHeadTask& t, int64_t i0,
-                     int64_t d4, uint8_t* queries, float* query_scales) {
+ATTN_AVX512_VNNI void QuantizeQueries(const AttentionHeadGeometry& g, const AttentionHeadTask& t,
+                                      int64_t i0, int64_t d4, uint8_t* queries,
+                                      float* query_scales) {
   const int64_t d = g.head_dim;
+  const __m512i zero_point = _mm512_set1_epi32(128);
   for (int r = 0; r < R; ++r) {
     const float* q = t.q + (i0 + r) * g.ld_qkv;
-    float max_abs = 0.0f;
-    for (int64_t c = 0; c < d; ++c) max_abs = std::max(max_abs, std::fabs(q[c]));
+    const float max_abs = MaxAbs(q, 0, 1, d);
     query_scales[r] = max_abs / 127.0f;
-    const float inv = max_abs > 0.0f ? 127.0f / max_abs : 0.0f;
+    const __m512 inv = _mm512_set1_ps(max_abs > 0.0f ? 127.0f / max_abs : 0.0f);
     uint8_t* out = queries + r * d4 * 4;
-    for (int64_t c = 0; c < d4 * 4; ++c) {
-      out[c] = static_cast<uint8_t>(c < d ? ToInt8(q[c] * inv) + 128 : 128);
+    for (int64_t c = 0; c < d; c += 16) {
+      _mm512_mask_cvtepi32_storeu_epi8(out + c, avx512::TailMask(d - c),
+                                       _mm512_add_epi32(Levels(q, d, c, inv), zero_point));
     }
+    for (int64_t c = d; c < d4 * 4; ++c) out[c] = 128;
   }
 }
 
