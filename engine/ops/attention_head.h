@@ -73,6 +73,19 @@ struct Int8AttentionScratch {
   FloatBuffer scores;                                              // a block of score rows
 };
 
+// Per-thread scratch of AttentionHeadBf16 (grown as needed): packed K and V, a block of Q
+// rows and of probability rows as bfloat16 bits, a block of score rows.
+struct Bf16AttentionScratch {
+  std::vector<uint16_t, AlignedAllocator<uint16_t>> keys, values, queries, probs;
+  FloatBuffer scores;
+};
+
+// AVX-512 BF16 (engine/ops/bf16_attention.cc): Q K^T and P V on bfloat16 pairs with fp32
+// accumulation for Precision::kBf16 (Q, K, V already rounded to bfloat16 by the caller); only
+// when UseAvx512Bf16Kernels().
+void AttentionHeadBf16(const AttentionHeadGeometry& g, const AttentionHeadTask& t,
+                       Bf16AttentionScratch* scratch);
+
 // AVX-512 VNNI (engine/ops/vnni_attention.cc): Q K^T and P V on 8-bit integers for
 // Precision::kInt8 (Q per row, K per head, V per channel, P as 255 levels), softmax in fp32;
 // only when UseAvx512VnniKernels().

@@ -132,6 +132,14 @@ bool UseAvx512VnniKernels() {
   return vnni && UseAvx512Kernels();
 }
 
+bool UseAvx512Bf16Kernels() {
+  static const bool bf16 = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512bf16") != 0;
+  }();
+  return bf16 && UseAvx512Kernels();
+}
+
 void SetAvx2KernelsEnabledForTesting(bool enabled) {
   Avx2Enabled().store(enabled && CpuSupportsAvx2Fma());
 }

@@ -272,6 +272,7 @@ void PackedAttentionForward(const PackedAttentionShape& shape, const float* qkv,
   const int64_t heads = shape.heads, d = shape.head_dim, H = shape.hidden();
   const Geometry g{d, 3 * H, H, 1.0f / std::sqrt(static_cast<float>(d)), shape.bf16_products};
   const bool int8 = shape.int8_products && UseAvx512VnniKernels();
+  const bool bf16 = shape.bf16_products && UseAvx512Bf16Kernels();
 
   // Longest sequences first so the last items handed out are the short ones.
   std::vector<int64_t> order(batch);
@@ -311,6 +312,9 @@ void PackedAttentionForward(const PackedAttentionShape& shape, const float* qkv,
       if (int8) {
         thread_local Int8AttentionScratch int8_scratch;
         AttentionHeadInt8Vnni(g, task, &int8_scratch);
+      } else if (bf16) {
+        thread_local Bf16AttentionScratch bf16_scratch;
+        AttentionHeadBf16(g, task, &bf16_scratch);
       } else if (avx512) {
         HeadAvx512(g, task, &scratch);
       } else if (avx2) {

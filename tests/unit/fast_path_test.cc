@@ -162,7 +162,9 @@ TEST_P(KernelPathTest, PackedAttentionAddsTheRelativePositionBias) {
 // exponentials, the portable one the probabilities: one bf16 step apart at most). The context is
 // checked against a double reference that multiplies V by bf16(P), with a bound of two bf16 steps
 // of sum_j P_j |V_j|, and must differ from the fp32 context (the rounding happened); the returned
-// probabilities stay the fp32 ones.
+// probabilities stay the fp32 ones. Q, K and V are bfloat16 values, as the encoder rounds them
+// (on CPUs with AVX-512 BF16 the Avx512 variant runs the native bf16 products,
+// engine/ops/bf16_attention.cc).
 TEST_P(KernelPathTest, PackedAttentionWithBf16ProductsRoundsTheProbabilities) {
   const int64_t heads = 2, d = 32, H = heads * d;
   const std::vector<int64_t> lengths = {5, 19, 40};
@@ -170,7 +172,8 @@ TEST_P(KernelPathTest, PackedAttentionWithBf16ProductsRoundsTheProbabilities) {
   for (int64_t T : lengths) offsets.push_back(offsets.back() + T);
   const int64_t M = offsets.back();
   std::mt19937 rng(5);
-  const Tensor qkv = RandomTensor({M, 3 * H}, rng, 1.0f);
+  Tensor qkv = RandomTensor({M, 3 * H}, rng, 1.0f);
+  RoundFloatsToBFloat16(qkv.data(), qkv.numel(), qkv.data());
   Tensor context({M, H}), fp32_context({M, H});
   std::vector<Tensor> probs;
   PackedAttentionOutputs outputs;
