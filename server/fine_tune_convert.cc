@@ -62,6 +62,7 @@ absl::StatusOr<core::FineTuneConfig> ToCore(const v1::FineTuneConfig& config) {
   out.base_version = config.base_version();
   out.tokenization = ToCore(config.tokenization());
   out.telemetry_every = config.telemetry_every();
+  out.precision = config.precision();
   return out;
 }
 

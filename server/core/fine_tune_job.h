@@ -38,6 +38,7 @@ struct FineTuneConfig {
   std::string base_version;              // empty = the served version
   TokenizationOptions tokenization;
   int32_t telemetry_every = 0;  // 0 = no telemetry
+  std::string precision;        // empty = float32; "bfloat16"/"bf16": mixed precision
 };
 
 // One example; which fields an objective uses: contrastive anchor/positive[/negative], cosine
@@ -77,8 +78,8 @@ struct FineTuneProgress {
   std::string base_version;       // set in the first progress of a job only
   std::vector<std::string> warnings;
   std::optional<StepTelemetry> telemetry;  // on telemetry steps
-  bool promoted = false;  // set by a commit: the version is now the default
-  std::string promotion;  // set by a commit: why it was staged or promoted
+  bool promoted = false;                   // set by a commit: the version is now the default
+  std::string promotion;                   // set by a commit: why it was staged or promoted
 };
 
 // What a FineTuneConfig asks for, checked and with defaults filled in.
