@@ -12,7 +12,6 @@ writes export.json (versions, the check, the weights' sha256) beside the model.
       --out-dir .cache/bench/ct2
 """
 import argparse
-import hashlib
 import json
 import os
 
@@ -23,13 +22,7 @@ import transformers
 from ctranslate2.converters import TransformersConverter
 from transformers import AutoModel
 
-
-def file_sha256(path):
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
+from export_onnx import file_sha256
 
 
 class Converter(TransformersConverter):

@@ -23,7 +23,7 @@ import json
 import numpy as np
 import openvino
 
-from peer_worker import Worker, padded, protocol_stream
+from peer_worker import Worker, padded_feeds, protocol_stream
 
 HINTS = {"fp32": "f32", "bf16": "bf16", "int8": None}
 
@@ -47,15 +47,7 @@ class OpenVinoWorker(Worker):
                      "inference_precision": executed, "threads": threads, "model": model_path}
 
     def prepare(self, workloads):
-        self.feeds = {}
-        for name, spec in workloads.items():
-            if "sequences" not in spec:
-                continue
-            ids, mask = padded(spec["sequences"])
-            ids = np.asarray(ids, dtype=np.int64)
-            feeds = {"input_ids": ids, "attention_mask": np.asarray(mask, dtype=np.int64),
-                     "token_type_ids": np.zeros_like(ids)}
-            self.feeds[name] = {k: v for k, v in feeds.items() if k in self.wanted}
+        self.feeds = padded_feeds(workloads, self.wanted)
 
     def run(self, name):
         return self.request.infer(self.feeds[name])[self.compiled.output(0)]

@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "engine/tensor.h"
@@ -28,6 +29,39 @@ struct AttentionHeadTask {
   // bias[j - i] (j - i may be negative; engine/ops/relative_position_bias.h).
   const float* bias = nullptr;
 };
+
+// n rounded up to a multiple of `multiple` (the kernels' padded row and column counts).
+inline int64_t RoundUpTo(int64_t n, int64_t multiple) {
+  return (n + multiple - 1) / multiple * multiple;
+}
+
+// The data of a per-thread scratch buffer holding at least `size` elements (grown, never
+// shrunk).
+template <typename Buffer>
+auto* GrowScratch(Buffer& buffer, int64_t size) {
+  if (static_cast<int64_t>(buffer.size()) < size) buffer.resize(size);
+  return buffer.data();
+}
+
+template <int R, typename Block>
+void RemainderRowBlock(int64_t count, int64_t i0, const Block& block) {
+  if constexpr (R > 0) {
+    if (count == R) {
+      block(std::integral_constant<int, R>(), i0);
+    } else {
+      RemainderRowBlock<R - 1>(count, i0, block);
+    }
+  }
+}
+
+// block(std::integral_constant<int, R>(), i0) over rows [0, rows): blocks of kRows rows, then
+// one block of the R < kRows rows left, so each kernel gets its row count at compile time.
+template <int kRows, typename Block>
+void ForRowBlocks(int64_t rows, const Block& block) {
+  int64_t i0 = 0;
+  for (; i0 + kRows <= rows; i0 += kRows) block(std::integral_constant<int, kRows>(), i0);
+  RemainderRowBlock<kRows - 1>(rows - i0, i0, block);
+}
 
 // s[0, T) += bias[j - i] for query row i, when there is a bias.
 inline void AddScoreBias(const AttentionHeadTask& t, int64_t i, float* s) {

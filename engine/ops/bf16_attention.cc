@@ -23,14 +23,6 @@ namespace {
 
 constexpr int kBlockRows = 8;  // query rows per block: 8 x 2 vectors = 16 fp32 accumulators
 
-int64_t RoundUp(int64_t n, int64_t multiple) { return (n + multiple - 1) / multiple * multiple; }
-
-template <typename Buffer>
-auto* Grow(Buffer& buffer, int64_t size) {
-  if (static_cast<int64_t>(buffer.size()) < size) buffer.resize(size);
-  return buffer.data();
-}
-
 // The same 512 bits as 32 bfloat16 values.
 ATTN_AVX512_BF16 inline __m512bh AsBf16(__m512i bits) { return (__m512bh)bits; }
 
@@ -159,7 +151,7 @@ template <int R>
 ATTN_AVX512_BF16 void BlockBf16(const AttentionHeadGeometry& g, const AttentionHeadTask& t,
                                 Bf16AttentionScratch* scratch, int64_t i0) {
   const int64_t T = t.tokens, d = g.head_dim;
-  const int64_t tp = RoundUp(T, 16), dp = RoundUp(d, 16), d2 = (d + 1) / 2, t2 = (T + 1) / 2;
+  const int64_t tp = RoundUpTo(T, 16), dp = RoundUpTo(d, 16), d2 = (d + 1) / 2, t2 = (T + 1) / 2;
   uint16_t* queries = scratch->queries.data();
   float* s = scratch->scores.data();
   uint16_t* probs = scratch->probs.data();
@@ -195,41 +187,16 @@ ATTN_AVX512_BF16 void BlockBf16(const AttentionHeadGeometry& g, const AttentionH
 void AttentionHeadBf16(const AttentionHeadGeometry& g, const AttentionHeadTask& t,
                        Bf16AttentionScratch* scratch) {
   const int64_t T = t.tokens, d = g.head_dim;
-  const int64_t tp = RoundUp(T, 16), dp = RoundUp(d, 16), d2 = (d + 1) / 2, t2 = (T + 1) / 2;
-  Grow(scratch->keys, d2 * tp * 2);
-  Grow(scratch->values, t2 * dp * 2);
-  Grow(scratch->queries, kBlockRows * d2 * 2);
-  Grow(scratch->scores, kBlockRows * tp);
-  Grow(scratch->probs, kBlockRows * t2 * 2);
+  const int64_t tp = RoundUpTo(T, 16), dp = RoundUpTo(d, 16), d2 = (d + 1) / 2, t2 = (T + 1) / 2;
+  GrowScratch(scratch->keys, d2 * tp * 2);
+  GrowScratch(scratch->values, t2 * dp * 2);
+  GrowScratch(scratch->queries, kBlockRows * d2 * 2);
+  GrowScratch(scratch->scores, kBlockRows * tp);
+  GrowScratch(scratch->probs, kBlockRows * t2 * 2);
   PackKeys(g, t, tp, scratch->keys.data());
   PackValues(g, t, dp, scratch->values.data());
-  int64_t i0 = 0;
-  for (; i0 + kBlockRows <= T; i0 += kBlockRows) BlockBf16<kBlockRows>(g, t, scratch, i0);
-  switch (T - i0) {
-    case 7:
-      BlockBf16<7>(g, t, scratch, i0);
-      break;
-    case 6:
-      BlockBf16<6>(g, t, scratch, i0);
-      break;
-    case 5:
-      BlockBf16<5>(g, t, scratch, i0);
-      break;
-    case 4:
-      BlockBf16<4>(g, t, scratch, i0);
-      break;
-    case 3:
-      BlockBf16<3>(g, t, scratch, i0);
-      break;
-    case 2:
-      BlockBf16<2>(g, t, scratch, i0);
-      break;
-    case 1:
-      BlockBf16<1>(g, t, scratch, i0);
-      break;
-    default:
-      break;
-  }
+  ForRowBlocks<kBlockRows>(
+      T, [&](auto rows, int64_t i0) { BlockBf16<decltype(rows)::value>(g, t, scratch, i0); });
 }
 
 }  // namespace attn

@@ -228,33 +228,9 @@ ATTN_AVX512 void HeadAvx512(const Geometry& g, const HeadTask& t, Scratch* scrat
     scratch->scores.resize(kBlockRows * tp);
   }
   PackKeysAndValuesAvx512(g, t, tp, dp, scratch->kt.data(), scratch->v.data());
-  int64_t i0 = 0;
-  for (; i0 + kBlockRows <= T; i0 += kBlockRows) BlockAvx512<kBlockRows>(g, t, scratch, tp, dp, i0);
-  switch (T - i0) {
-    case 7:
-      BlockAvx512<7>(g, t, scratch, tp, dp, i0);
-      break;
-    case 6:
-      BlockAvx512<6>(g, t, scratch, tp, dp, i0);
-      break;
-    case 5:
-      BlockAvx512<5>(g, t, scratch, tp, dp, i0);
-      break;
-    case 4:
-      BlockAvx512<4>(g, t, scratch, tp, dp, i0);
-      break;
-    case 3:
-      BlockAvx512<3>(g, t, scratch, tp, dp, i0);
-      break;
-    case 2:
-      BlockAvx512<2>(g, t, scratch, tp, dp, i0);
-      break;
-    case 1:
-      BlockAvx512<1>(g, t, scratch, tp, dp, i0);
-      break;
-    default:
-      break;
-  }
+  ForRowBlocks<kBlockRows>(T, [&](auto rows, int64_t i0) {
+    BlockAvx512<decltype(rows)::value>(g, t, scratch, tp, dp, i0);
+  });
 }
 
 // Each thread's scratch, kept across calls (it only grows to the longest sequence seen).
@@ -403,33 +379,8 @@ ATTN_AVX512 void ProductRowsAvx512(const StridedProduct& p, int64_t r0) {
 }
 
 ATTN_AVX512 void ProductAvx512(const StridedProduct& p) {
-  int64_t r0 = 0;
-  for (; r0 + kBlockRows <= p.rows; r0 += kBlockRows) ProductRowsAvx512<kBlockRows>(p, r0);
-  switch (p.rows - r0) {
-    case 7:
-      ProductRowsAvx512<7>(p, r0);
-      break;
-    case 6:
-      ProductRowsAvx512<6>(p, r0);
-      break;
-    case 5:
-      ProductRowsAvx512<5>(p, r0);
-      break;
-    case 4:
-      ProductRowsAvx512<4>(p, r0);
-      break;
-    case 3:
-      ProductRowsAvx512<3>(p, r0);
-      break;
-    case 2:
-      ProductRowsAvx512<2>(p, r0);
-      break;
-    case 1:
-      ProductRowsAvx512<1>(p, r0);
-      break;
-    default:
-      break;
-  }
+  ForRowBlocks<kBlockRows>(
+      p.rows, [&](auto rows, int64_t r0) { ProductRowsAvx512<decltype(rows)::value>(p, r0); });
 }
 
 // s (rows, T; row stride T) = softmax(s) over each row, in place.

@@ -29,14 +29,6 @@ namespace {
 
 constexpr int kBlockRows = 8;  // query rows per block: 8 x 2 vectors = 16 int32 accumulators
 
-int64_t RoundUp(int64_t n, int64_t multiple) { return (n + multiple - 1) / multiple * multiple; }
-
-template <typename Buffer>
-auto* Grow(Buffer& buffer, int64_t size) {
-  if (static_cast<int64_t>(buffer.size()) < size) buffer.resize(size);
-  return buffer.data();
-}
-
 // max |x[r * ld + c]| over `rows` rows of d floats.
 ATTN_AVX512_VNNI float MaxAbs(const float* x, int64_t ld, int64_t rows, int64_t d) {
   __m512 max = _mm512_setzero_ps();
@@ -228,7 +220,7 @@ template <int R>
 ATTN_AVX512_VNNI void BlockVnni(const AttentionHeadGeometry& g, const AttentionHeadTask& t,
                                 Int8AttentionScratch* scratch, float key_scale, int64_t i0) {
   const int64_t T = t.tokens, d = g.head_dim;
-  const int64_t tp = RoundUp(T, 16), dp = RoundUp(d, 16), d4 = (d + 3) / 4, t4 = (T + 3) / 4;
+  const int64_t tp = RoundUpTo(T, 16), dp = RoundUpTo(d, 16), d4 = (d + 3) / 4, t4 = (T + 3) / 4;
   uint8_t* queries = scratch->queries.data();
   float* s = scratch->scores.data();
   uint8_t* probs = scratch->probs.data();
@@ -275,44 +267,19 @@ ATTN_AVX512_VNNI void BlockVnni(const AttentionHeadGeometry& g, const AttentionH
 void AttentionHeadInt8Vnni(const AttentionHeadGeometry& g, const AttentionHeadTask& t,
                            Int8AttentionScratch* scratch) {
   const int64_t T = t.tokens, d = g.head_dim;
-  const int64_t tp = RoundUp(T, 16), dp = RoundUp(d, 16), d4 = (d + 3) / 4, t4 = (T + 3) / 4;
-  Grow(scratch->keys, d4 * tp * 4);
-  Grow(scratch->key_sums, tp);
-  Grow(scratch->values, t4 * dp * 4);
-  Grow(scratch->value_scales, dp);
-  Grow(scratch->queries, kBlockRows * d4 * 4);
-  Grow(scratch->scores, kBlockRows * tp);
-  Grow(scratch->probs, kBlockRows * t4 * 4);
+  const int64_t tp = RoundUpTo(T, 16), dp = RoundUpTo(d, 16), d4 = (d + 3) / 4, t4 = (T + 3) / 4;
+  GrowScratch(scratch->keys, d4 * tp * 4);
+  GrowScratch(scratch->key_sums, tp);
+  GrowScratch(scratch->values, t4 * dp * 4);
+  GrowScratch(scratch->value_scales, dp);
+  GrowScratch(scratch->queries, kBlockRows * d4 * 4);
+  GrowScratch(scratch->scores, kBlockRows * tp);
+  GrowScratch(scratch->probs, kBlockRows * t4 * 4);
   const float key_scale = PackKeys(g, t, tp, scratch->keys.data(), scratch->key_sums.data());
   PackValues(g, t, dp, scratch->values.data(), scratch->value_scales.data());
-  int64_t i0 = 0;
-  for (; i0 + kBlockRows <= T; i0 += kBlockRows)
-    BlockVnni<kBlockRows>(g, t, scratch, key_scale, i0);
-  switch (T - i0) {
-    case 7:
-      BlockVnni<7>(g, t, scratch, key_scale, i0);
-      break;
-    case 6:
-      BlockVnni<6>(g, t, scratch, key_scale, i0);
-      break;
-    case 5:
-      BlockVnni<5>(g, t, scratch, key_scale, i0);
-      break;
-    case 4:
-      BlockVnni<4>(g, t, scratch, key_scale, i0);
-      break;
-    case 3:
-      BlockVnni<3>(g, t, scratch, key_scale, i0);
-      break;
-    case 2:
-      BlockVnni<2>(g, t, scratch, key_scale, i0);
-      break;
-    case 1:
-      BlockVnni<1>(g, t, scratch, key_scale, i0);
-      break;
-    default:
-      break;
-  }
+  ForRowBlocks<kBlockRows>(T, [&](auto rows, int64_t i0) {
+    BlockVnni<decltype(rows)::value>(g, t, scratch, key_scale, i0);
+  });
 }
 
 }  // namespace attn

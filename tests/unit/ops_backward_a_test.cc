@@ -267,8 +267,16 @@ TEST(LinearBf16Test, ForwardAndBackwardEqualTheRoundedProductsSummedInDouble) {
                   MatmulInputs::kBf16);
     LinearBackward(ctx, x.data(), s.rows, w, dy.data(), dx.data(), &dw, &db, false,
                    MatmulInputs::kBf16);
-    // Each output element: its value, the double sum and the sum of |terms|.
-    auto check = [&](const char* what, float got, double sum, double magnitude) {
+    // One output element against sum_i bf16(a[i * a_stride]) * bf16(b[i * b_stride]) (+ bias)
+    // over `depth` terms, within 1e-5 of the sum of |terms|.
+    auto check = [&](const char* what, float got, const float* a, int64_t a_stride, const float* b,
+                     int64_t b_stride, int64_t depth, double bias) {
+      double sum = bias, magnitude = std::abs(bias);
+      for (int64_t i = 0; i < depth; ++i) {
+        const double term = bf16(a[i * a_stride]) * bf16(b[i * b_stride]);
+        sum += term;
+        magnitude += std::abs(term);
+      }
       const double bound = 1e-6 + 1e-5 * magnitude;
       return std::abs(got - sum) <= bound ? ::testing::AssertionSuccess()
                                           : ::testing::AssertionFailure()
@@ -277,34 +285,19 @@ TEST(LinearBf16Test, ForwardAndBackwardEqualTheRoundedProductsSummedInDouble) {
                                                 << s.out;
     };
     for (int64_t m = 0; m < s.rows; ++m) {
-      for (int64_t n = 0; n < s.out; ++n) {
-        double sum = b.data()[n], magnitude = std::abs(sum);
-        for (int64_t k = 0; k < s.in; ++k) {
-          const double term = bf16(x.data()[m * s.in + k]) * bf16(w.data()[n * s.in + k]);
-          sum += term;
-          magnitude += std::abs(term);
-        }
-        ASSERT_TRUE(check("y", y.data()[m * s.out + n], sum, magnitude));
+      for (int64_t n = 0; n < s.out; ++n) {  // y = x · W^T + b
+        ASSERT_TRUE(check("y", y.data()[m * s.out + n], x.data() + m * s.in, 1, w.data() + n * s.in,
+                          1, s.in, b.data()[n]));
       }
       for (int64_t k = 0; k < s.in; ++k) {  // dx = dy · W
-        double sum = 0, magnitude = 0;
-        for (int64_t n = 0; n < s.out; ++n) {
-          const double term = bf16(dy.data()[m * s.out + n]) * bf16(w.data()[n * s.in + k]);
-          sum += term;
-          magnitude += std::abs(term);
-        }
-        ASSERT_TRUE(check("dx", dx.data()[m * s.in + k], sum, magnitude));
+        ASSERT_TRUE(check("dx", dx.data()[m * s.in + k], dy.data() + m * s.out, 1, w.data() + k,
+                          s.in, s.out, 0.0));
       }
     }
     for (int64_t n = 0; n < s.out; ++n) {
       for (int64_t k = 0; k < s.in; ++k) {  // dW = dy^T · x
-        double sum = 0, magnitude = 0;
-        for (int64_t m = 0; m < s.rows; ++m) {
-          const double term = bf16(dy.data()[m * s.out + n]) * bf16(x.data()[m * s.in + k]);
-          sum += term;
-          magnitude += std::abs(term);
-        }
-        ASSERT_TRUE(check("dW", dw.data()[n * s.in + k], sum, magnitude));
+        ASSERT_TRUE(check("dW", dw.data()[n * s.in + k], dy.data() + n, s.out, x.data() + k, s.in,
+                          s.rows, 0.0));
       }
       double db_sum = 0;  // the bias gradient is a plain fp32 sum of dy
       for (int64_t m = 0; m < s.rows; ++m) db_sum += dy.data()[m * s.out + n];
