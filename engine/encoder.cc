@@ -240,7 +240,12 @@ absl::StatusOr<ForwardResult> RunForward(const BertConfig& config, const Inferen
   // probabilities inside the attention kernel.
   const bool bf16_attention = prepared.precision() == Precision::kBf16;
   PackedAttentionShape attention_shape{heads, d, bf16_attention};
-  attention_shape.int8_products = prepared.precision() == Precision::kInt8;
+  // int8 attention products where accuracy allows: BERT-family models. On MPNet (relative
+  // position bias) they lowered the min pooled cosine to Hugging Face on the golden inputs to
+  // 0.99489, under the 0.995 bound (with per-key instead of per-head K scales: 0.99467), so its
+  // attention stays fp32 under int8.
+  attention_shape.int8_products =
+      prepared.precision() == Precision::kInt8 && !config.spec().relative_attention_bias;
   // MPNet: the relative position bias, built once for the longest sequence and read by every
   // layer and sequence.
   std::optional<RelativePositionBias> relative_bias;
