@@ -96,7 +96,6 @@ CLASS_GOALS = [
         ("bf16_latency_vs_ov_bf16", None): ("max", 0.8),
         ("int8_vs_ov_int8", None): ("min", 1.25),
         ("finetune_bf16", "torch-train"): ("min", 3.0),
-        ("served_32_amx", None): ("min", 0.8),
     }),
     (("skylake-avx512",), {
         ("fastest_fp32_throughput", None): ("min", 1.2),
