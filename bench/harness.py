@@ -1,17 +1,24 @@
 #!/usr/bin/env python3
-"""The benchmark harness: attnserve's engine and server against ONNX Runtime and PyTorch eager.
+"""The benchmark harness: attnserve's engine and server against ONNX Runtime, OpenVINO,
+CTranslate2 and PyTorch eager.
 
 Every engine runs as a long-lived worker process (bench/bench_worker.h protocol) so single
 timed runs can be interleaved A/B/A/B after warm-up, and every engine gets the same token ids:
 the inputs are made once (real-looking sentences from bench/sentences.py, tokenized by our
 tokenizer, which equals Hugging Face's) and written to <out>/inputs.json. Peers pad each batch
-to its longest sequence; ours packs. Sections:
+to its longest sequence; ours packs. Before OpenVINO or CTranslate2 is timed, its fp32 engine's
+pooled embeddings must equal ONNX Runtime's (min cosine >= 0.9999 on the cosine set), else that
+peer is left out with the reason. Sections:
 
-  throughput  32 x 128 tokens, 8 x 512, a mixed batch of 64 sentences (5..128 tokens)
-  latency     1 x 16, 1 x 128
-  int8        ours int8 vs ONNX Runtime quantize_dynamic vs both fp32 at 32 x 128; cosine of
-              int8 to fp32 pooled embeddings on 256 sentences
-  finetune    one contrastive step, 16 pairs x 64 tokens, ours vs PyTorch
+  throughput  32 x 128 tokens, 8 x 512, a mixed batch of 64 sentences (5..128 tokens), against
+              ORT, PyTorch, OpenVINO (f32 hint pinned) and CTranslate2 float32, and the fastest
+  latency     1 x 16, 1 x 128, the same peers
+  int8        ours int8 vs ONNX Runtime quantize_dynamic, OpenVINO NNCF int8, CTranslate2 int8
+              and fp32 at 32 x 128; cosine of int8 to fp32 pooled embeddings on 256 sentences
+  bf16        ours bf16 vs OpenVINO bf16 and ours fp32 on the throughput and latency shapes;
+              cosine of bf16 to fp32 on the 256 sentences
+  finetune    one contrastive step, 16 pairs x 64 tokens, ours (fp32 and bf16 mixed precision)
+              vs PyTorch
   served      attnserve under 1, 8, 32 closed-loop gRPC clients (attn-load-gen) sending one
               sentence per request; requests/s, p50/p99, and the ratio to ours offline
               (sentences/s on the mixed batch, the same sentences)
@@ -57,6 +64,11 @@ SECTIONS = ["throughput", "latency", "int8", "bf16", "finetune", "served", "http
             "mpnet"]
 PAUSE_BETWEEN_RUNS_S = 0.05
 
+# Peers added by issue 15, by the fp32 engine of their family that check_peer() tests first.
+PEER_FAMILIES = {"ov-fp32": "ov-fp32", "ov-bf16": "ov-fp32", "ov-int8": "ov-fp32",
+                 "ct2-fp32": "ct2-fp32", "ct2-int8": "ct2-fp32"}
+PEER_CHECK_MIN_COSINE = 0.9999
+
 # Goals of issue 5 (ratios in the same run). kind "min": ratio >= value; "max": ratio <= value.
 GOALS = {
     ("tp_32x128", "ort-fp32"): ("min", 1.2),
@@ -67,12 +79,29 @@ GOALS = {
     ("int8_vs_ort_int8", None): ("min", 1.5),
     ("int8_cosine_min", None): ("min", 0.995),
     ("bf16_cosine_min", None): ("min", 0.999),
+    ("peer_check", None): ("min", PEER_CHECK_MIN_COSINE),
+    ("finetune_bf16_loss", None): ("max", 0.01),  # issue 15: within 1% of fp32
     ("served_32", None): ("min", 0.7),
     ("http_vs_grpc_32", None): ("min", 0.8),  # issue 18
     ("finetune", "torch-train"): ("min", 1.5),
     # issue 20: training telemetry on every step costs at most 3% of the step.
     ("finetune_telemetry", "ours-train"): ("min", 0.97),
 }
+
+# Goals of issue 15 that hold for one class of host only (isa_class()): judged there, shown
+# with their class elsewhere. Ratios as GOALS.
+CLASS_GOALS = [
+    (("amx",), {
+        ("bf16_throughput_vs_ov_bf16", None): ("min", 1.25),
+        ("bf16_latency_vs_ov_bf16", None): ("max", 0.8),
+        ("int8_vs_ov_int8", None): ("min", 1.25),
+        ("finetune_bf16", "torch-train"): ("min", 3.0),
+    }),
+    (("skylake-avx512",), {
+        ("fastest_fp32_throughput", None): ("min", 1.2),
+        ("fastest_fp32_latency", None): ("max", 0.8),
+    }),
+]
 
 
 class Sizes:
@@ -187,8 +216,16 @@ class Engines:
         self.explain_bin = os.path.join(bench_bin, "attn-bench-explain")
         self.server_bin = os.path.join(args.build_dir, "server", "attnserve")
         self.peer_python = os.path.join(args.venv, "bin", "python")
+        self.openvino_python = os.path.join(args.openvino_venv, "bin", "python")
         self.onnx = {"ort-fp32": os.path.join(args.onnx_dir, "model-fp32.onnx"),
                      "ort-int8": os.path.join(args.onnx_dir, "model-int8.onnx")}
+        # OpenVINO reads the plain export (ONNX Runtime's fused graph uses its own operators);
+        # its int8 model is NNCF's quantisation of it (bench/quantize_openvino.py).
+        self.openvino_models = {
+            "ov-fp32": os.path.join(args.onnx_dir, "model-export.onnx"),
+            "ov-bf16": os.path.join(args.onnx_dir, "model-export.onnx"),
+            "ov-int8": os.path.join(args.onnx_dir, "model-int8-nncf.xml")}
+        self.ct2_types = {"ct2-fp32": "float32", "ct2-int8": "int8"}
         self.env = dict(os.environ)
         # OpenBLAS 0.3.21 (Debian's torch) does not know this CPU family and falls back to slow
         # kernels; SkylakeX is right for any AVX-512 Intel CPU (DESIGN.md "Performance peers").
@@ -205,13 +242,21 @@ class Engines:
         if engine in ("ours-fp32", "ours-int8", "ours-bf16"):
             return [self.engine_bin, "--worker", "--model-dir", self.args.model_dir,
                     "--precision", engine.split("-")[1], "--threads", t]
-        if engine in ("ours-train", "ours-train-telemetry"):
+        if engine in ("ours-train", "ours-train-telemetry", "ours-train-bf16"):
             telemetry = ["--telemetry-every", "1"] if engine.endswith("telemetry") else []
+            precision = ["--precision", "bf16"] if engine.endswith("bf16") else []
             return [self.train_bin, "--worker", "--model-dir", self.args.model_dir,
-                    "--threads", t] + telemetry
+                    "--threads", t] + telemetry + precision
         if engine in self.onnx:
             return [self.peer_python, os.path.join(HERE, "peer_ort.py"), "--model",
                     self.onnx[engine], "--label", engine.split("-")[1], "--threads", t]
+        if engine in self.openvino_models:
+            return [self.openvino_python, os.path.join(HERE, "peer_openvino.py"), "--model",
+                    self.openvino_models[engine], "--precision", engine.split("-")[1],
+                    "--threads", t]
+        if engine in self.ct2_types:
+            return [self.peer_python, os.path.join(HERE, "peer_ct2.py"), "--model-dir",
+                    self.args.ct2_dir, "--compute-type", self.ct2_types[engine], "--threads", t]
         if engine in ("torch", "torch-train"):
             return [self.peer_python, os.path.join(HERE, "peer_torch.py"), "--model-dir",
                     self.args.model_dir, "--mode", "train" if engine == "torch-train" else "infer",
@@ -226,11 +271,16 @@ class Engines:
             if engine not in self.args.peers:
                 self.unavailable[engine] = "not selected (--peers)"
                 return None
-            if not os.access(self.peer_python, os.X_OK):
-                self.unavailable[engine] = f"peer not set up ({self.args.venv} missing: bench/run.sh)"
+            python = self.openvino_python if engine in self.openvino_models else self.peer_python
+            if not os.access(python, os.X_OK):
+                venv = os.path.dirname(os.path.dirname(python))
+                self.unavailable[engine] = f"peer not set up ({venv} missing: bench/run.sh)"
                 return None
-            if engine in self.onnx and not os.path.exists(self.onnx[engine]):
-                self.unavailable[engine] = f"peer not set up (no {self.onnx[engine]}: bench/run.sh)"
+            needed = (self.onnx.get(engine) or self.openvino_models.get(engine) or
+                      (os.path.join(self.args.ct2_dir, "model.bin")
+                       if engine in self.ct2_types else None))
+            if needed and not os.path.exists(needed):
+                self.unavailable[engine] = f"peer not set up (no {needed}: bench/run.sh)"
                 return None
         try:
             worker = Worker(engine, self.argv(engine), self.log_dir, env=self.env)
@@ -373,12 +423,20 @@ def cosines(a_rows, b_rows):
 
 
 class Table:
-    def __init__(self, judge_goals):
+    def __init__(self, judge_goals, host_class):
         self.rows = []
         self.judge_goals = judge_goals  # off for --smoke: goals are for the full sizes
+        self.host_class = host_class    # isa_class() of this host: picks CLASS_GOALS
 
     def add(self, row, ours, peer, peer_value, ratio, goal_key, unit="", note=""):
         goal = GOALS.get(goal_key)
+        elsewhere = None  # a goal set for another class of host: shown, not judged
+        for classes, goals in CLASS_GOALS:
+            if goal is None and goal_key in goals:
+                if self.host_class in classes:
+                    goal = goals[goal_key]
+                else:
+                    elsewhere = (classes, goals[goal_key])
         if ratio is None:
             status = note or "n/a"
         elif goal is None:
@@ -388,7 +446,10 @@ class Table:
         else:
             kind, value = goal
             status = "met" if (ratio >= value if kind == "min" else ratio <= value) else "MISSED"
-        goal_text = "" if goal is None else (">= " if goal[0] == "min" else "<= ") + f"{goal[1]}"
+        text = lambda g: (">= " if g[0] == "min" else "<= ") + f"{g[1]}"
+        goal_text = ("" if goal is None and elsewhere is None else
+                     text(goal) if goal is not None else
+                     f"{text(elsewhere[1])} on {'/'.join(elsewhere[0])}")
         self.rows.append({"row": row, "ours": ours, "peer": peer, "peer_value": peer_value,
                           "ratio": ratio, "unit": unit, "goal": goal_text, "status": status})
 
@@ -501,17 +562,26 @@ def build_type(build_dir):
 
 
 def source_revision():
-    """The checked-out commit, read from .git without running git."""
+    """The checked-out commit, read from .git without running git (in a linked worktree .git
+    is a file naming the worktree's git directory; branches live in the common one)."""
     try:
-        with open(os.path.join(ROOT, ".git", "HEAD")) as f:
+        git_dir = common_dir = os.path.join(ROOT, ".git")
+        if os.path.isfile(git_dir):
+            with open(git_dir) as f:
+                git_dir = os.path.join(ROOT, f.read().split("gitdir:", 1)[1].strip())
+            common_dir = git_dir
+            if os.path.exists(os.path.join(git_dir, "commondir")):
+                with open(os.path.join(git_dir, "commondir")) as f:
+                    common_dir = os.path.join(git_dir, f.read().strip())
+        with open(os.path.join(git_dir, "HEAD")) as f:
             head = f.read().strip()
         if head.startswith("ref: "):
             ref = head[5:]
-            ref_path = os.path.join(ROOT, ".git", ref)
+            ref_path = os.path.join(common_dir, ref)
             if os.path.exists(ref_path):
                 with open(ref_path) as f:
                     return f.read().strip()[:12]
-            with open(os.path.join(ROOT, ".git", "packed-refs")) as f:
+            with open(os.path.join(common_dir, "packed-refs")) as f:
                 for line in f:
                     if line.strip().endswith(ref):
                         return line.split()[0][:12]
@@ -532,14 +602,16 @@ class Run:
         self.sizes = Sizes(args.smoke, args.runs, args.warmup, args.latency_runs,
                            args.served_runs, args.served_duration_s)
         self.engines = Engines(args, self.out_dir)
-        self.table = Table(judge_goals=not args.smoke)
+        self.table = Table(judge_goals=not args.smoke, host_class=isa_class(cpu_flags()))
         self.raw = {}
         self.versions = {"attnserve": source_revision(), "build": build_type(args.build_dir)}
         self.pool = {}  # engine -> running Worker
+        self.peer_checks = {}  # peer family -> passed check_peer()
 
     def note_versions(self, worker):
         info = worker.info
-        for key in ("onednn", "onnxruntime", "torch", "transformers", "openblas_coretype"):
+        for key in ("onednn", "onnxruntime", "openvino", "ctranslate2", "torch", "transformers",
+                    "openblas_coretype"):
             if key in info:
                 self.versions[key] = info[key]
 
@@ -574,14 +646,55 @@ class Run:
         self.engines.unavailable[worker.name] = f"failed: {error}"
 
     def worker(self, engine):
-        """The running worker of `engine` (started and loaded on first use), or None."""
+        """The running worker of `engine` (started and loaded on first use), or None. A peer of
+        PEER_FAMILIES runs only after its family's fp32 engine passed check_peer()."""
         if engine not in self.pool:
+            family = PEER_FAMILIES.get(engine)
+            if family and engine != family and not self.check_peer(family):
+                self.engines.unavailable[engine] = self.engines.unavailable[family]
+                return None
             worker = self.engines.start(engine, getattr(self, "inputs_path", None))
             if worker is None:
                 return None
             self.note_versions(worker)
             self.pool[engine] = worker
+            if engine == family and not self.check_peer(family):
+                return None
         return self.pool[engine]
+
+    def embeddings(self, worker, workload="cosine"):
+        path = os.path.join(self.out_dir, f"embed-{worker.name}.f32")
+        reply = worker.call({"cmd": "embed", "workload": workload, "out": path})
+        return read_rows(path, reply["dim"])
+
+    def check_peer(self, family):
+        """Whether the fp32 engine of a peer family computes the model: its pooled embeddings
+        of the cosine set against ONNX Runtime fp32's (ours fp32 where ORT is not set up), min
+        cosine >= 0.9999, checked once before any of the family's timings. A failure makes the
+        whole family unavailable, with the measured cosine as the reason."""
+        if family in self.peer_checks:
+            return self.peer_checks[family]
+        self.peer_checks[family] = False
+        worker = self.worker(family)
+        if worker is None:
+            return False
+        reference = self.worker("ort-fp32") or self.worker("ours-fp32")
+        c = cosines(self.embeddings(worker), self.embeddings(reference))
+        row = (f"(check) {family} pooled cosine to {reference.name}, "
+               f"{self.describe['cosine']['sequences']} sentences")
+        self.table.add(row, f"min {min(c):.6f} / mean {statistics.mean(c):.6f}",
+                       f"{reference.name} (cosine)", "-", min(c), ("peer_check", None))
+        self.raw.setdefault("peer_checks", {})[family] = {"reference": reference.name,
+                                                          "min": min(c),
+                                                          "mean": statistics.mean(c)}
+        if min(c) < PEER_CHECK_MIN_COSINE:
+            self.engines.unavailable[family] = (f"failed its correctness check: min cosine "
+                                                f"{min(c):.6f} to {reference.name}")
+            log(f"{family}: {self.engines.unavailable[family]}")
+            self.close(family)
+            return False
+        self.peer_checks[family] = True
+        return True
 
     def close(self, *engines):
         """Stops these workers (all when none named)."""
@@ -622,14 +735,22 @@ class Run:
         self.ours_name = "ours-fp32"
         plan = [(w, self.sizes.latency_runs if m == "latency" else self.sizes.runs)
                 for _, w, m in rows]
-        results, _ = self.time_section("inference", ["ours-fp32", "ort-fp32", "torch"], plan)
-        self.close("torch")
+        peers = ["ort-fp32", "torch", "ov-fp32", "ct2-fp32"]
+        results, _ = self.time_section("inference", ["ours-fp32"] + peers, plan)
+        self.close("torch", "ov-fp32", "ct2-fp32")
         self.offline = results["mixed_64"].get("ours-fp32") if "mixed_64" in results else None
         for label, workload, metric in rows:
             shape = self.describe[workload]
-            for peer in ("ort-fp32", "torch"):
+            for peer in peers:
                 self.ratio_row(f"{label} vs {peer}", workload, results[workload], peer,
                                (workload, peer), metric)
+            # The fastest fp32 peer of this run on this workload.
+            timed = [p for p in peers if p in results[workload]]
+            if timed:
+                fastest = min(timed, key=lambda p: results[workload][p]["median_s"])
+                self.ratio_row(f"{label} vs the fastest fp32 peer ({fastest})", workload,
+                               results[workload], fastest, (f"fastest_fp32_{metric}", None),
+                               metric)
             self.raw.setdefault("shapes", {})[workload] = shape
 
     def mpnet(self):
@@ -668,77 +789,78 @@ class Run:
             self.close()
             self.engines = engines
 
+    def cosine_row(self, label, engine, reference, goal_key):
+        """Pooled cosine of `engine` to `reference` on the cosine set; the ratio column shows the
+        minimum (the goal is on it)."""
+        row = f"{label}, {self.describe['cosine']['sequences']} sentences"
+        workers = {name: self.worker(name) for name in (engine, reference)}
+        missing = [name for name, w in workers.items() if w is None]
+        if missing:
+            reason = self.engines.unavailable.get(missing[0], "not run")
+            self.table.add(row, None, f"{reference} (cosine)", "-", None, goal_key,
+                           note=f"n/a ({reason})")
+            return
+        c = cosines(self.embeddings(workers[engine]), self.embeddings(workers[reference]))
+        self.table.add(row, f"min {min(c):.5f} / mean {statistics.mean(c):.5f}",
+                       f"{reference} (cosine)", "-", min(c), goal_key)
+        self.raw.setdefault("cosines", {})[f"{engine}_to_{reference}"] = {
+            "min": min(c), "mean": statistics.mean(c), "count": len(c)}
+
     def int8(self):
         workload = "tp_32x128"
-        results, by_name = self.time_section(
-            "int8", ["ours-fp32", "ours-int8", "ort-fp32", "ort-int8"],
+        results, _ = self.time_section(
+            "int8", ["ours-fp32", "ours-int8", "ort-fp32", "ort-int8", "ov-int8", "ct2-int8"],
             [(workload, self.sizes.runs)])
         timings = results[workload]
+        shape = self.shape(workload)
         self.ours_name = "ours-int8"
-        self.ratio_row(f"int8 {self.shape(workload)} vs ORT fp32", workload, timings, "ort-fp32",
-                       ("int8_vs_ort_fp32", None), "throughput")
-        self.ratio_row(f"int8 {self.shape(workload)} vs ORT int8", workload, timings, "ort-int8",
-                       ("int8_vs_ort_int8", None), "throughput")
-        self.ratio_row(f"int8 {self.shape(workload)} vs ours fp32", workload, timings, "ours-fp32",
-                       ("int8_vs_ours_fp32", None), "throughput")
+        for peer, label, goal in (("ort-fp32", "ORT fp32", "int8_vs_ort_fp32"),
+                                  ("ort-int8", "ORT int8", "int8_vs_ort_int8"),
+                                  ("ov-int8", "OpenVINO int8 (NNCF)", "int8_vs_ov_int8"),
+                                  ("ct2-int8", "CTranslate2 int8", "int8_vs_ct2_int8"),
+                                  ("ours-fp32", "ours fp32", "int8_vs_ours_fp32")):
+            self.ratio_row(f"int8 {shape} vs {label}", workload, timings, peer, (goal, None),
+                           "throughput")
         self.ours_name = "ort-int8"
-        self.ratio_row(f"(peers) ORT int8 vs ORT fp32, {self.shape(workload)}", workload, timings, "ort-fp32",
+        self.ratio_row(f"(peers) ORT int8 vs ORT fp32, {shape}", workload, timings, "ort-fp32",
                        ("ort_int8_vs_fp32", None), "throughput")
-        # Cosine of int8 to fp32 pooled embeddings, the same sentences.
-        embeddings = {}
-        for name, worker in by_name.items():
-            path = os.path.join(self.out_dir, f"embed-{name}.f32")
-            reply = worker.call({"cmd": "embed", "workload": "cosine", "out": path})
-            embeddings[name] = read_rows(path, reply["dim"])
-        count = self.describe["cosine"]["sequences"]
-        for int8, fp32, label, goal in (("ours-int8", "ours-fp32", "ours", "int8_cosine_min"),
-                                        ("ort-int8", "ort-fp32", "ORT", None)):
-            row = f"int8 cosine to fp32, {label}, {count} sentences"
-            if int8 in embeddings and fp32 in embeddings:
-                c = cosines(embeddings[int8], embeddings[fp32])
-                # The goal is on the minimum; the ratio column shows it.
-                self.table.add(row, f"min {min(c):.5f} / mean {statistics.mean(c):.5f}",
-                               f"{fp32} (cosine)", "-", min(c), (goal, None))
-                self.raw.setdefault("int8", {})[f"cosine_{label}"] = {
-                    "min": min(c), "mean": statistics.mean(c), "count": len(c)}
-            else:
-                missing = int8 if int8 not in embeddings else fp32
-                reason = self.engines.unavailable.get(missing, "not run")
-                self.table.add(row, None, f"{fp32} (cosine)", "-", None, (goal, None),
-                               note=f"n/a ({reason})")
+        # Cosine of int8 to fp32 pooled embeddings, the same sentences; the peers' int8 against
+        # ONNX Runtime fp32 (their own fp32 equals it: check_peer).
+        self.cosine_row("int8 cosine to fp32, ours", "ours-int8", "ours-fp32",
+                        ("int8_cosine_min", None))
+        for engine, label in (("ort-int8", "ORT"), ("ov-int8", "OpenVINO (NNCF)"),
+                              ("ct2-int8", "CTranslate2")):
+            self.cosine_row(f"int8 cosine to fp32, {label}", engine, "ort-fp32", (None, None))
 
     def bf16(self):
-        """Ours bf16 against ours fp32 at 32 x 128, and its pooled cosine to fp32. On CPUs
-        without avx512_bf16/AMX the engine emulates bf16 (correct, not faster): the row says so."""
-        workload = "tp_32x128"
-        results, by_name = self.time_section("bf16", ["ours-fp32", "ours-bf16"],
-                                             [(workload, self.sizes.runs)])
+        """Ours bf16 against OpenVINO bf16 and ours fp32 on the throughput and latency
+        workloads, and the pooled cosines to fp32. On CPUs without avx512_bf16/AMX the engine
+        emulates bf16 (correct, not faster: the rows say so) and OpenVINO refuses bf16."""
+        runs, latency_runs = self.sizes.runs, self.sizes.latency_runs
+        plan = [("tp_32x128", runs, "throughput"), ("tp_8x512", runs, "throughput"),
+                ("mixed_64", runs, "throughput"), ("lat_1x16", latency_runs, "latency"),
+                ("lat_1x128", latency_runs, "latency")]
+        results, _ = self.time_section("bf16", ["ours-fp32", "ours-bf16", "ov-bf16"],
+                                       [(w, n) for w, n, _ in plan])
         native = self.machine["isa_class"] == "amx" or "avx512_bf16" in self.machine["isa"]
         self.ours_name = "ours-bf16"
-        self.ratio_row(f"bf16 {self.shape(workload)} vs ours fp32"
-                       + ("" if native else " (emulated: no bf16 instructions)"), workload,
-                       results[workload], "ours-fp32", ("bf16_vs_ours_fp32", None), "throughput")
-        row = f"bf16 cosine to fp32, ours, {self.describe['cosine']['sequences']} sentences"
-        if len(by_name) == 2:
-            embeddings = {}
-            for name, worker in by_name.items():
-                path = os.path.join(self.out_dir, f"embed-{name}.f32")
-                reply = worker.call({"cmd": "embed", "workload": "cosine", "out": path})
-                embeddings[name] = read_rows(path, reply["dim"])
-            c = cosines(embeddings["ours-bf16"], embeddings["ours-fp32"])
-            self.table.add(row, f"min {min(c):.6f} / mean {statistics.mean(c):.6f}",
-                           "ours-fp32 (cosine)", "-", min(c), ("bf16_cosine_min", None))
-            self.raw.setdefault("bf16", {})["cosine_ours"] = {
-                "min": min(c), "mean": statistics.mean(c), "count": len(c)}
-        else:
-            self.table.add(row, None, "ours-fp32 (cosine)", "-", None, ("bf16_cosine_min", None),
-                           note="n/a (a worker did not start)")
+        for workload, _, metric in plan:
+            shape = self.shape(workload)
+            label = f"latency bf16 {shape}" if metric == "latency" else f"bf16 {shape}"
+            self.ratio_row(f"{label} vs OpenVINO bf16", workload, results[workload], "ov-bf16",
+                           (f"bf16_{metric}_vs_ov_bf16", None), metric)
+            self.ratio_row(f"{label} vs ours fp32"
+                           + ("" if native else " (emulated: no bf16 instructions)"), workload,
+                           results[workload], "ours-fp32", ("bf16_vs_ours_fp32", None), metric)
+        self.cosine_row("bf16 cosine to fp32, ours", "ours-bf16", "ours-fp32",
+                        ("bf16_cosine_min", None))
+        self.cosine_row("bf16 cosine to fp32, OpenVINO", "ov-bf16", "ort-fp32", (None, None))
 
     def finetune(self):
         results, _ = self.time_section(
-            "finetune", ["ours-train", "ours-train-telemetry", "torch-train"],
+            "finetune", ["ours-train", "ours-train-telemetry", "ours-train-bf16", "torch-train"],
             [("finetune", self.sizes.runs)])
-        self.close("ours-train", "ours-train-telemetry", "torch-train")
+        self.close("ours-train", "ours-train-telemetry", "ours-train-bf16", "torch-train")
         timings = results["finetune"]
         pairs = self.sizes.train[0]
         ours, peer = timings.get("ours-train"), timings.get("torch-train")
@@ -756,6 +878,27 @@ class Run:
             reason = self.engines.unavailable.get("torch-train", "not run")
             self.table.add(label, value(ours), "torch-train", value(peer), None,
                            ("finetune", "torch-train"), note=f"n/a ({reason})")
+        # Mixed precision (issue 15): the same steps with bf16 matmuls, against torch fp32 and
+        # ours fp32; its loss after the same steps within 1% of ours fp32.
+        bf16 = timings.get("ours-train-bf16")
+        label = f"fine-tune step {pairs}x{self.sizes.train[1]} bf16 mixed precision (pairs/s)"
+        if bf16 and peer:
+            self.table.add(label, value(bf16), "torch-train", value(peer),
+                           peer["median_s"] / bf16["median_s"], ("finetune_bf16", "torch-train"))
+        else:
+            reason = self.engines.unavailable.get("torch-train" if bf16 else "ours-train-bf16",
+                                                  "not run")
+            self.table.add(label, value(bf16), "torch-train", value(peer), None,
+                           ("finetune_bf16", "torch-train"), note=f"n/a ({reason})")
+        if bf16 and ours:
+            self.table.add(label.replace("(pairs/s)", "vs ours fp32 (pairs/s)"), value(bf16),
+                           "ours-train", value(ours), ours["median_s"] / bf16["median_s"],
+                           ("finetune_bf16_vs_fp32", None))
+            steps = self.sizes.warmup + self.sizes.runs
+            self.table.add(f"fine-tune loss after {steps} steps, bf16 vs fp32 (ratio: "
+                           f"|bf16 / fp32 - 1|)", bf16["loss"], "ours-train (loss)",
+                           ours["loss"], abs(bf16["loss"] / ours["loss"] - 1),
+                           ("finetune_bf16_loss", None))
         # Training telemetry (issue 20) on every step, against the same step without it: the
         # worst case (attnctl asks for it about 20 times a job).
         telemetry = timings.get("ours-train-telemetry")
@@ -1040,7 +1183,11 @@ def main():
     parser.add_argument("--venv", default=os.path.join(ROOT, ".venv-bench"),
                         help="the peers' virtualenv (bench/run.sh makes it)")
     parser.add_argument("--onnx-dir", default=os.path.join(ROOT, ".cache", "bench", "onnx"),
-                        help="bench/export_onnx.py's output")
+                        help="bench/export_onnx.py's output (and bench/quantize_openvino.py's)")
+    parser.add_argument("--openvino-venv", default=os.path.join(ROOT, ".venv-bench-openvino"),
+                        help="the OpenVINO peer's virtualenv (bench/run.sh makes it)")
+    parser.add_argument("--ct2-dir", default=os.path.join(ROOT, ".cache", "bench", "ct2"),
+                        help="bench/export_ct2.py's output")
     parser.add_argument("--mpnet-model-dir",
                         default=os.path.join(ROOT, "models", "all-mpnet-base-v2"),
                         help="all-mpnet-base-v2 for the mpnet section (absent: its rows say n/a)")
@@ -1051,7 +1198,8 @@ def main():
                         help="latest.json, inputs and worker logs go here")
     parser.add_argument("--threads", type=int, default=os.cpu_count(),
                         help="threads of every engine (ours, ORT intra-op, torch)")
-    parser.add_argument("--peers", default="ort-fp32,ort-int8,torch,torch-train",
+    parser.add_argument("--peers", default="ort-fp32,ort-int8,torch,torch-train,ov-fp32,ov-bf16,"
+                                           "ov-int8,ct2-fp32,ct2-int8",
                         help="comma-separated peers to run when set up")
     parser.add_argument("--sections", default=",".join(SECTIONS),
                         help=f"comma-separated subset of {SECTIONS}")

@@ -13,7 +13,7 @@ import argparse
 import numpy as np
 import onnxruntime
 
-from peer_worker import Worker, padded, protocol_stream
+from peer_worker import Worker, padded_feeds, protocol_stream
 
 
 class OrtWorker(Worker):
@@ -30,17 +30,7 @@ class OrtWorker(Worker):
                      "threads": threads, "model": model_path}
 
     def prepare(self, workloads):
-        self.feeds = {}
-        for name, spec in workloads.items():
-            if "sequences" not in spec:
-                continue
-            ids, mask = padded(spec["sequences"])
-            ids = np.asarray(ids, dtype=np.int64)
-            feeds = {"input_ids": ids, "attention_mask": np.asarray(mask, dtype=np.int64),
-                     "token_type_ids": np.zeros_like(ids)}
-            # The graph's own inputs (an MPNet export has no token_type_ids).
-            wanted = {i.name for i in self.session.get_inputs()}
-            self.feeds[name] = {k: v for k, v in feeds.items() if k in wanted}
+        self.feeds = padded_feeds(workloads, {i.name for i in self.session.get_inputs()})
 
     def run(self, name):
         return self.session.run(["embedding"], self.feeds[name])[0]

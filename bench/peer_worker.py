@@ -35,6 +35,25 @@ def padded(sequences, pad_id=0):
     return ids, mask
 
 
+def padded_feeds(workloads, wanted):
+    """{workload: {input: int64 array}} for the workloads with sequences, as an exported graph
+    takes them: input_ids right-padded, attention_mask and token_type_ids (zeros), keeping only
+    the graph's own inputs `wanted` (an MPNet export has no token_type_ids). Built at load time,
+    outside the timed runs."""
+    import numpy as np
+
+    feeds = {}
+    for name, spec in workloads.items():
+        if "sequences" not in spec:
+            continue
+        ids, mask = padded(spec["sequences"])
+        ids = np.asarray(ids, dtype=np.int64)
+        all_inputs = {"input_ids": ids, "attention_mask": np.asarray(mask, dtype=np.int64),
+                      "token_type_ids": np.zeros_like(ids)}
+        feeds[name] = {k: v for k, v in all_inputs.items() if k in wanted}
+    return feeds
+
+
 def time_calls(fn, repeat):
     seconds = []
     for _ in range(repeat):

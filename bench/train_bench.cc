@@ -28,6 +28,7 @@
 #include "bench/bench_worker.h"
 #include "engine/cli_util.h"
 #include "engine/model.h"
+#include "engine/precision.h"
 #include "engine/training/trainer.h"
 
 ABSL_FLAG(std::string, model_dir, ATTN_DEFAULT_MODEL_DIR, "Hugging Face model directory.");
@@ -38,6 +39,9 @@ ABSL_FLAG(int, warmup, 2, "One-shot: untimed steps first (primitive creation, op
 ABSL_FLAG(int, threads, 0, "OpenMP threads; 0 = all cores.");
 ABSL_FLAG(int, telemetry_every, 0,
           "Training telemetry every N steps (TrainerOptions::telemetry_every); 0 = off.");
+ABSL_FLAG(std::string, precision, "fp32",
+          "fp32, or bf16 for mixed precision (TrainerOptions::precision: the matmuls on bfloat16 "
+          "inputs, fp32 master weights and AdamW).");
 ABSL_FLAG(bool, worker, false, "Serve the JSON-lines worker protocol on stdin/stdout.");
 
 namespace {
@@ -59,7 +63,7 @@ int Fail(const char* what, const absl::Status& status) {
 }
 
 // sentence-transformers' fine-tuning defaults for MNRL with AdamW, every parameter trained.
-attn::TrainerOptions BenchTrainerOptions() {
+attn::TrainerOptions BenchTrainerOptions(attn::Precision precision) {
   attn::TrainerOptions options;
   options.objective = attn::Objective::kContrastive;
   options.adamw.lr = 2e-5;
@@ -70,6 +74,7 @@ attn::TrainerOptions BenchTrainerOptions() {
   options.dropout = false;
   options.contrastive_scale = 20.0;
   options.telemetry_every = absl::GetFlag(FLAGS_telemetry_every);
+  options.precision = precision;
   return options;
 }
 
@@ -80,6 +85,7 @@ class Worker {
 
   static nlohmann::json Info() {
     return {{"engine", "attnserve-train"},
+            {"precision", absl::GetFlag(FLAGS_precision)},
             {"threads", omp_get_max_threads()},
             {"onednn", attn::bench::OneDnnVersion()}};
   }
@@ -177,8 +183,14 @@ int main(int argc, char** argv) {
   absl::StatusOr<std::shared_ptr<const attn::Model>> model =
       attn::Model::Load(absl::GetFlag(FLAGS_model_dir));
   if (!model.ok()) return Fail("cannot load model", model.status());
+  attn::Precision precision;
+  if (!attn::ParsePrecision(absl::GetFlag(FLAGS_precision), &precision)) {
+    return Fail("bad --precision",
+                absl::InvalidArgumentError(
+                    absl::StrCat("'", absl::GetFlag(FLAGS_precision), "' is not fp32 or bf16")));
+  }
   absl::StatusOr<std::unique_ptr<attn::Trainer>> trainer =
-      attn::Trainer::Create(*model, BenchTrainerOptions());
+      attn::Trainer::Create(*model, BenchTrainerOptions(precision));
   if (!trainer.ok()) return Fail("cannot create trainer", trainer.status());
   if (!absl::GetFlag(FLAGS_worker)) return OneShot(**model, **trainer);
 

@@ -9,7 +9,8 @@ namespace attn {
 enum class Precision {
   kFp32,  // fp32 everywhere (the reference path; matches Hugging Face to ~1e-5)
   kInt8,  // linear layers on s8 weights (per output channel) x u8 activations (per token, with a
-          // zero point; outliers kept in fp32); attention, softmax, LayerNorm, GELU and the
+          // zero point; outliers kept in fp32); with AVX-512 VNNI also the attention products
+          // Q K^T and P V (engine/ops/vnni_attention.cc); softmax, LayerNorm, GELU and the
           // residual stream stay fp32
   kBf16,  // every matmul (the linear layers and the attention products Q K^T and P V) on
           // bfloat16 inputs with fp32 accumulation; LayerNorm, softmax, GELU and the residual

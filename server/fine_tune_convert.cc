@@ -131,6 +131,7 @@ absl::StatusOr<core::FineTuneConfig> ToCore(const v1::FineTuneConfig& config) {
   }
   out.eval_every = config.eval_every();
   out.promote_if = config.promote_if();
+  out.precision = config.precision();
   return out;
 }
 

@@ -2,13 +2,16 @@
 // (engine/ops/fused_attention.h), and the per-ISA kernels outside fused_attention.cc that
 // compute it:
 //   scores (T, T) = Q K^T * scale (+ bias);  probs = softmax(scores);  context (T, d) = probs V
-// (probs rounded to bfloat16 before P V when bf16_products is set).
+// (probs rounded to bfloat16 before P V when bf16_products is set; Q K^T and P V on int8 when
+// the int8 kernel runs).
 #pragma once
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <type_traits>
+#include <vector>
 
 #include "engine/tensor.h"
 
@@ -26,6 +29,39 @@ struct AttentionHeadTask {
   // bias[j - i] (j - i may be negative; engine/ops/relative_position_bias.h).
   const float* bias = nullptr;
 };
+
+// n rounded up to a multiple of `multiple` (the kernels' padded row and column counts).
+inline int64_t RoundUpTo(int64_t n, int64_t multiple) {
+  return (n + multiple - 1) / multiple * multiple;
+}
+
+// The data of a per-thread scratch buffer holding at least `size` elements (grown, never
+// shrunk).
+template <typename Buffer>
+auto* GrowScratch(Buffer& buffer, int64_t size) {
+  if (static_cast<int64_t>(buffer.size()) < size) buffer.resize(size);
+  return buffer.data();
+}
+
+template <int R, typename Block>
+void RemainderRowBlock(int64_t count, int64_t i0, const Block& block) {
+  if constexpr (R > 0) {
+    if (count == R) {
+      block(std::integral_constant<int, R>(), i0);
+    } else {
+      RemainderRowBlock<R - 1>(count, i0, block);
+    }
+  }
+}
+
+// block(std::integral_constant<int, R>(), i0) over rows [0, rows): blocks of kRows rows, then
+// one block of the R < kRows rows left, so each kernel gets its row count at compile time.
+template <int kRows, typename Block>
+void ForRowBlocks(int64_t rows, const Block& block) {
+  int64_t i0 = 0;
+  for (; i0 + kRows <= rows; i0 += kRows) block(std::integral_constant<int, kRows>(), i0);
+  RemainderRowBlock<kRows - 1>(rows - i0, i0, block);
+}
 
 // s[0, T) += bias[j - i] for query row i, when there is a bias.
 inline void AddScoreBias(const AttentionHeadTask& t, int64_t i, float* s) {
@@ -61,5 +97,33 @@ inline void SoftmaxRowInPlace(float* s, int64_t T) {
 // keys_t and row are per-thread scratch (grown as needed).
 void AttentionHeadAvx2(const AttentionHeadGeometry& g, const AttentionHeadTask& t,
                        FloatBuffer* keys_t, FloatBuffer* row);
+
+// Per-thread scratch of AttentionHeadInt8Vnni (grown as needed).
+struct Int8AttentionScratch {
+  std::vector<int8_t, AlignedAllocator<int8_t>> keys, values;      // packed Kq, Vq
+  std::vector<int32_t, AlignedAllocator<int32_t>> key_sums;        // (tp) row sums of Kq
+  FloatBuffer value_scales;                                        // (dp) per channel
+  std::vector<uint8_t, AlignedAllocator<uint8_t>> queries, probs;  // a block of Qu, Pu rows
+  FloatBuffer scores;                                              // a block of score rows
+};
+
+// Per-thread scratch of AttentionHeadBf16 (grown as needed): packed K and V, a block of Q
+// rows and of probability rows as bfloat16 bits, a block of score rows.
+struct Bf16AttentionScratch {
+  std::vector<uint16_t, AlignedAllocator<uint16_t>> keys, values, queries, probs;
+  FloatBuffer scores;
+};
+
+// AVX-512 BF16 (engine/ops/bf16_attention.cc): Q K^T and P V on bfloat16 pairs with fp32
+// accumulation for Precision::kBf16 (Q, K, V already rounded to bfloat16 by the caller); only
+// when UseAvx512Bf16Kernels().
+void AttentionHeadBf16(const AttentionHeadGeometry& g, const AttentionHeadTask& t,
+                       Bf16AttentionScratch* scratch);
+
+// AVX-512 VNNI (engine/ops/vnni_attention.cc): Q K^T and P V on 8-bit integers for
+// Precision::kInt8 (Q per row, K per head, V per channel, P as 255 levels), softmax in fp32;
+// only when UseAvx512VnniKernels().
+void AttentionHeadInt8Vnni(const AttentionHeadGeometry& g, const AttentionHeadTask& t,
+                           Int8AttentionScratch* scratch);
 
 }  // namespace attn

@@ -11,6 +11,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <limits>
 
 #define ATTN_AVX512 __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,fma,avx2")))
 
@@ -93,6 +94,49 @@ ATTN_AVX512 inline float NormalizeRow(const float* x, int64_t cols, __m512 sum, 
                                           _mm512_maskz_loadu_ps(k, beta + j)));
   }
   return variance;
+}
+
+// Unnormalised softmax over the first T columns of `rows` rows of s (row stride tp), in place:
+// s = exp(s - row max), inv_sums[r] = 1 / row sum. The normalisation is left to whoever reads
+// the row (the context product scales its output rows; the probs copy scales on the way out),
+// which saves a pass over the (rows, T) block.
+ATTN_AVX512 inline void ExpRows(float* s, int64_t rows, int64_t tp, int64_t T, float* inv_sums) {
+  const __m512 neg_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  for (int64_t r = 0; r < rows; ++r) {
+    float* row = s + r * tp;
+    __m512 max = neg_inf;
+    for (int64_t j = 0; j < T; j += 16) {
+      max = _mm512_max_ps(max, _mm512_mask_loadu_ps(neg_inf, TailMask(T - j), row + j));
+    }
+    const __m512 max_vec = _mm512_set1_ps(_mm512_reduce_max_ps(max));
+    __m512 sum = _mm512_setzero_ps();
+    for (int64_t j = 0; j < T; j += 16) {
+      const __mmask16 k = TailMask(T - j);
+      const __m512 e = Exp(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, row + j), max_vec));
+      _mm512_mask_storeu_ps(row + j, k, e);
+      sum = _mm512_mask_add_ps(sum, k, sum, e);
+    }
+    inv_sums[r] = 1.0f / _mm512_reduce_add_ps(sum);
+  }
+}
+
+// out (T floats) = row * scale
+ATTN_AVX512 inline void ScaleRow(const float* row, int64_t T, float scale, float* out) {
+  const __m512 scale_vec = _mm512_set1_ps(scale);
+  for (int64_t j = 0; j < T; j += 16) {
+    const __mmask16 k = TailMask(T - j);
+    _mm512_mask_storeu_ps(out + j, k, _mm512_mul_ps(_mm512_maskz_loadu_ps(k, row + j), scale_vec));
+  }
+}
+
+// row[0, T) += bias[0, T)
+ATTN_AVX512 inline void AddBiasRow(const float* bias, int64_t T, float* row) {
+  for (int64_t j = 0; j < T; j += 16) {
+    const __mmask16 k = TailMask(T - j);
+    _mm512_mask_storeu_ps(
+        row + j, k,
+        _mm512_add_ps(_mm512_maskz_loadu_ps(k, row + j), _mm512_maskz_loadu_ps(k, bias + j)));
+  }
 }
 
 }  // namespace avx512

@@ -124,6 +124,22 @@ void SetAvx512KernelsEnabledForTesting(bool enabled) {
 
 bool UseAvx2Kernels() { return Avx2Enabled().load(std::memory_order_relaxed); }
 
+bool UseAvx512VnniKernels() {
+  static const bool vnni = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512vnni") != 0;
+  }();
+  return vnni && UseAvx512Kernels();
+}
+
+bool UseAvx512Bf16Kernels() {
+  static const bool bf16 = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512bf16") != 0;
+  }();
+  return bf16 && UseAvx512Kernels();
+}
+
 void SetAvx2KernelsEnabledForTesting(bool enabled) {
   Avx2Enabled().store(enabled && CpuSupportsAvx2Fma());
 }

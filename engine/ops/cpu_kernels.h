@@ -18,6 +18,11 @@ void SetAvx512KernelsEnabledForTesting(bool enabled);
 // attention, engine/ops/avx2_*.cc); the same switch for tests.
 bool UseAvx2Kernels();
 void SetAvx2KernelsEnabledForTesting(bool enabled);
+// True when the AVX-512 kernels run and the CPU also has AVX-512 VNNI (the int8 attention
+// products, engine/ops/vnni_attention.cc); follows SetAvx512KernelsEnabledForTesting.
+bool UseAvx512VnniKernels();
+// The same for AVX-512 BF16 (the bf16 attention products, engine/ops/bf16_attention.cc).
+bool UseAvx512Bf16Kernels();
 
 // y[m] = LayerNorm(x[m] + residual[m]) * gamma + beta for each of `rows` rows of `cols` floats.
 // residual may be null (plain LayerNorm); y may alias x or residual. Biased variance, as torch.

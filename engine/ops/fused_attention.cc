@@ -143,39 +143,6 @@ ATTN_AVX512 void ContextRows(const float* p, int64_t tp, const float* row_scales
   if (c0 < dp) ContextTile<R, 1>(p, tp, row_scales, v, dp, T, d, c0, c, ldc);
 }
 
-// Unnormalised softmax over the first T columns of `rows` rows of s (row stride tp), in place:
-// s = exp(s - row max), inv_sums[r] = 1 / row sum. The normalisation is left to whoever reads
-// the row (the context product scales its output rows; the probs copy scales on the way out),
-// which saves a pass over the (rows, T) block.
-ATTN_AVX512 void ExpRowsAvx512(float* s, int64_t rows, int64_t tp, int64_t T, float* inv_sums) {
-  const __m512 neg_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
-  for (int64_t r = 0; r < rows; ++r) {
-    float* row = s + r * tp;
-    __m512 max = neg_inf;
-    for (int64_t j = 0; j < T; j += 16) {
-      max = _mm512_max_ps(max, _mm512_mask_loadu_ps(neg_inf, avx512::TailMask(T - j), row + j));
-    }
-    const __m512 max_vec = _mm512_set1_ps(_mm512_reduce_max_ps(max));
-    __m512 sum = _mm512_setzero_ps();
-    for (int64_t j = 0; j < T; j += 16) {
-      const __mmask16 k = avx512::TailMask(T - j);
-      const __m512 e = avx512::Exp(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, row + j), max_vec));
-      _mm512_mask_storeu_ps(row + j, k, e);
-      sum = _mm512_mask_add_ps(sum, k, sum, e);
-    }
-    inv_sums[r] = 1.0f / _mm512_reduce_add_ps(sum);
-  }
-}
-
-// out (T floats) = row * scale
-ATTN_AVX512 void ScaleRowAvx512(const float* row, int64_t T, float scale, float* out) {
-  const __m512 scale_vec = _mm512_set1_ps(scale);
-  for (int64_t j = 0; j < T; j += 16) {
-    const __mmask16 k = avx512::TailMask(T - j);
-    _mm512_mask_storeu_ps(out + j, k, _mm512_mul_ps(_mm512_maskz_loadu_ps(k, row + j), scale_vec));
-  }
-}
-
 // row[j] = bfloat16(row[j]) kept as fp32 (round to nearest even; finite inputs), j < T.
 ATTN_AVX512 void RoundRowToBf16Avx512(float* row, int64_t T) {
   const __m512i low_half = _mm512_set1_epi32(0x7FFF), one = _mm512_set1_epi32(1);
@@ -190,16 +157,6 @@ ATTN_AVX512 void RoundRowToBf16Avx512(float* row, int64_t T) {
   }
 }
 
-// row[0, T) += bias[0, T)
-ATTN_AVX512 void AddBiasRowAvx512(const float* bias, int64_t T, float* row) {
-  for (int64_t j = 0; j < T; j += 16) {
-    const __mmask16 k = avx512::TailMask(T - j);
-    _mm512_mask_storeu_ps(
-        row + j, k,
-        _mm512_add_ps(_mm512_maskz_loadu_ps(k, row + j), _mm512_maskz_loadu_ps(k, bias + j)));
-  }
-}
-
 template <int R>
 ATTN_AVX512 void BlockAvx512(const Geometry& g, const HeadTask& t, Scratch* scratch, int64_t tp,
                              int64_t dp, int64_t i0) {
@@ -207,15 +164,16 @@ ATTN_AVX512 void BlockAvx512(const Geometry& g, const HeadTask& t, Scratch* scra
   float* s = scratch->scores.data();
   ScoresRows<R>(t.q + i0 * g.ld_qkv, g.ld_qkv, scratch->kt.data(), tp, d, g.scale, s);
   if (t.bias != nullptr) {
-    for (int r = 0; r < R; ++r) AddBiasRowAvx512(t.bias - (i0 + r), T, s + r * tp);
+    for (int r = 0; r < R; ++r) avx512::AddBiasRow(t.bias - (i0 + r), T, s + r * tp);
   }
   if (t.scores != nullptr) {
     for (int r = 0; r < R; ++r) std::memcpy(t.scores + (i0 + r) * T, s + r * tp, sizeof(float) * T);
   }
   float inv_sums[R];
-  ExpRowsAvx512(s, R, tp, T, inv_sums);
+  avx512::ExpRows(s, R, tp, T, inv_sums);
   if (t.probs != nullptr) {
-    for (int r = 0; r < R; ++r) ScaleRowAvx512(s + r * tp, T, inv_sums[r], t.probs + (i0 + r) * T);
+    for (int r = 0; r < R; ++r)
+      avx512::ScaleRow(s + r * tp, T, inv_sums[r], t.probs + (i0 + r) * T);
   }
   if (g.bf16_products) {
     // The unnormalised exp rows: the row scale applied after P V is fp32 either way.
@@ -270,33 +228,9 @@ ATTN_AVX512 void HeadAvx512(const Geometry& g, const HeadTask& t, Scratch* scrat
     scratch->scores.resize(kBlockRows * tp);
   }
   PackKeysAndValuesAvx512(g, t, tp, dp, scratch->kt.data(), scratch->v.data());
-  int64_t i0 = 0;
-  for (; i0 + kBlockRows <= T; i0 += kBlockRows) BlockAvx512<kBlockRows>(g, t, scratch, tp, dp, i0);
-  switch (T - i0) {
-    case 7:
-      BlockAvx512<7>(g, t, scratch, tp, dp, i0);
-      break;
-    case 6:
-      BlockAvx512<6>(g, t, scratch, tp, dp, i0);
-      break;
-    case 5:
-      BlockAvx512<5>(g, t, scratch, tp, dp, i0);
-      break;
-    case 4:
-      BlockAvx512<4>(g, t, scratch, tp, dp, i0);
-      break;
-    case 3:
-      BlockAvx512<3>(g, t, scratch, tp, dp, i0);
-      break;
-    case 2:
-      BlockAvx512<2>(g, t, scratch, tp, dp, i0);
-      break;
-    case 1:
-      BlockAvx512<1>(g, t, scratch, tp, dp, i0);
-      break;
-    default:
-      break;
-  }
+  ForRowBlocks<kBlockRows>(T, [&](auto rows, int64_t i0) {
+    BlockAvx512<decltype(rows)::value>(g, t, scratch, tp, dp, i0);
+  });
 }
 
 // Each thread's scratch, kept across calls (it only grows to the longest sequence seen).
@@ -313,6 +247,8 @@ void PackedAttentionForward(const PackedAttentionShape& shape, const float* qkv,
   const int64_t batch = static_cast<int64_t>(seq_offsets.size()) - 1;
   const int64_t heads = shape.heads, d = shape.head_dim, H = shape.hidden();
   const Geometry g{d, 3 * H, H, 1.0f / std::sqrt(static_cast<float>(d)), shape.bf16_products};
+  const bool int8 = shape.int8_products && UseAvx512VnniKernels();
+  const bool bf16 = shape.bf16_products && UseAvx512Bf16Kernels();
 
   // Longest sequences first so the last items handed out are the short ones.
   std::vector<int64_t> order(batch);
@@ -349,7 +285,13 @@ void PackedAttentionForward(const PackedAttentionShape& shape, const float* qkv,
           task.scores = outputs->scores[b] + h * T * T;
         }
       }
-      if (avx512) {
+      if (int8) {
+        thread_local Int8AttentionScratch int8_scratch;
+        AttentionHeadInt8Vnni(g, task, &int8_scratch);
+      } else if (bf16) {
+        thread_local Bf16AttentionScratch bf16_scratch;
+        AttentionHeadBf16(g, task, &bf16_scratch);
+      } else if (avx512) {
         HeadAvx512(g, task, &scratch);
       } else if (avx2) {
         AttentionHeadAvx2(g, task, &scratch.kt, &scratch.scores);
@@ -437,33 +379,8 @@ ATTN_AVX512 void ProductRowsAvx512(const StridedProduct& p, int64_t r0) {
 }
 
 ATTN_AVX512 void ProductAvx512(const StridedProduct& p) {
-  int64_t r0 = 0;
-  for (; r0 + kBlockRows <= p.rows; r0 += kBlockRows) ProductRowsAvx512<kBlockRows>(p, r0);
-  switch (p.rows - r0) {
-    case 7:
-      ProductRowsAvx512<7>(p, r0);
-      break;
-    case 6:
-      ProductRowsAvx512<6>(p, r0);
-      break;
-    case 5:
-      ProductRowsAvx512<5>(p, r0);
-      break;
-    case 4:
-      ProductRowsAvx512<4>(p, r0);
-      break;
-    case 3:
-      ProductRowsAvx512<3>(p, r0);
-      break;
-    case 2:
-      ProductRowsAvx512<2>(p, r0);
-      break;
-    case 1:
-      ProductRowsAvx512<1>(p, r0);
-      break;
-    default:
-      break;
-  }
+  ForRowBlocks<kBlockRows>(
+      p.rows, [&](auto rows, int64_t r0) { ProductRowsAvx512<decltype(rows)::value>(p, r0); });
 }
 
 // s (rows, T; row stride T) = softmax(s) over each row, in place.
@@ -484,8 +401,8 @@ void SoftmaxRowsPortable(float* s, int64_t rows, int64_t T) {
 ATTN_AVX512 void SoftmaxRowsAvx512(float* s, int64_t rows, int64_t T) {
   for (int64_t r = 0; r < rows; ++r) {
     float inv_sum;
-    ExpRowsAvx512(s + r * T, 1, T, T, &inv_sum);
-    ScaleRowAvx512(s + r * T, T, inv_sum, s + r * T);
+    avx512::ExpRows(s + r * T, 1, T, T, &inv_sum);
+    avx512::ScaleRow(s + r * T, T, inv_sum, s + r * T);
   }
 }
 

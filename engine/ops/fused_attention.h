@@ -31,6 +31,10 @@ struct PackedAttentionShape {
   // caller rounds Q, K and V), so P V takes bfloat16 inputs with fp32 accumulation like the
   // linear layers. The returned probs/scores are the fp32 values before rounding.
   bool bf16_products = false;
+  // Precision::kInt8: Q K^T and P V on 8-bit integers where the CPU has AVX-512 VNNI
+  // (AttentionHeadInt8Vnni in engine/ops/attention_head.h: Q per row, K per head, V per
+  // channel, P as 255 levels; softmax fp32). Elsewhere the attention stays fp32.
+  bool int8_products = false;
   // MPNet: added to the scaled scores before the softmax (every sequence of the batch must be
   // at most relative_bias->max_tokens long); the returned scores include it. Null for BERT.
   const RelativePositionBias* relative_bias = nullptr;

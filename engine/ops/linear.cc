@@ -5,23 +5,70 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "engine/half.h"
+#include "engine/precision.h"
 
 namespace attn {
 
 using dnnl::memory;
 
+namespace {
+
+// A matmul input as oneDNN reads it: the caller's fp32 values or a bfloat16 copy.
+struct Operand {
+  const void* data;
+  memory::data_type type;
+
+  memory::desc Desc(const memory::dims& dims, const memory::dims& strides) const {
+    return memory::desc(dims, type, strides);
+  }
+  void* handle() const { return const_cast<void*>(data); }  // oneDNN only reads inputs
+};
+
+// Part of a primitive key: the input type.
+const char* TypeTag(const Operand& operand) {
+  return operand.type == memory::data_type::bf16 ? ":bf16" : "";
+}
+
+// The bf16 copies of a matmul's inputs, per thread: slot 0 and slot 1 hold different operands.
+struct Bf16Copies {
+  std::vector<uint16_t, AlignedAllocator<uint16_t>> bits[2];  // native: bfloat16 bits
+  FloatBuffer rounded[2];                                     // else: bfloat16 values in fp32
+};
+
+// `values` (n floats) as a matmul input under `inputs`, copied into `slot` when rounded.
+Operand AsInput(MatmulInputs inputs, int slot, const float* values, int64_t n) {
+  if (inputs == MatmulInputs::kFp32) return {values, memory::data_type::f32};
+  static const bool native = CpuHasNativeBf16();
+  thread_local Bf16Copies copies;
+  if (native) {
+    auto& bits = copies.bits[slot];
+    if (static_cast<int64_t>(bits.size()) < n) bits.resize(n);
+    FloatsToBFloat16Bits(values, n, bits.data());
+    return {bits.data(), memory::data_type::bf16};
+  }
+  FloatBuffer& rounded = copies.rounded[slot];
+  if (static_cast<int64_t>(rounded.size()) < n) rounded.resize(n);
+  RoundFloatsToBFloat16(values, n, rounded.data());
+  return {rounded.data(), memory::data_type::f32};
+}
+
+}  // namespace
+
 void LinearForward(ExecContext& ctx, const float* x, int64_t rows, const Tensor& weight,
-                   const Tensor& bias, LinearEpilogue epilogue, float* y) {
+                   const Tensor& bias, LinearEpilogue epilogue, float* y, MatmulInputs inputs) {
   const int64_t out_features = weight.dim(0);  // N
   const int64_t in_features = weight.dim(1);   // K
+  const Operand xs = AsInput(inputs, 0, x, rows * in_features);
+  const Operand ws = AsInput(inputs, 1, weight.data(), weight.numel());
   // weight is (N, K) row-major; matmul wants (K, N): the same bytes read with strides (1, K).
-  const memory::desc x_desc = RowMajorDesc({rows, in_features});
-  const memory::desc w_desc = StridedDesc({in_features, out_features}, {1, in_features});
+  const memory::desc x_desc = xs.Desc({rows, in_features}, {in_features, 1});
+  const memory::desc w_desc = ws.Desc({in_features, out_features}, {1, in_features});
   const memory::desc b_desc = RowMajorDesc({1, out_features});
   const memory::desc y_desc = RowMajorDesc({rows, out_features});
 
   const std::string key = absl::StrCat("linear_fwd:", rows, "x", in_features, "x", out_features,
-                                       ":", static_cast<int>(epilogue));
+                                       ":", static_cast<int>(epilogue), TypeTag(xs));
   const CachedPrimitive cached = ctx.runtime().GetOrCreate(key, [&] {
     dnnl::post_ops post_ops;
     if (epilogue == LinearEpilogue::kGelu) {
@@ -36,8 +83,8 @@ void LinearForward(ExecContext& ctx, const float* x, int64_t rows, const Tensor&
                                     ctx.engine());
     return CachedPrimitive{dnnl::matmul(pd), pd.scratchpad_desc()};
   });
-  ctx.Execute(cached, {{DNNL_ARG_SRC, ctx.Wrap(x_desc, x)},
-                       {DNNL_ARG_WEIGHTS, ctx.Wrap(w_desc, weight.data())},
+  ctx.Execute(cached, {{DNNL_ARG_SRC, memory(x_desc, ctx.engine(), xs.handle())},
+                       {DNNL_ARG_WEIGHTS, memory(w_desc, ctx.engine(), ws.handle())},
                        {DNNL_ARG_BIAS, ctx.Wrap(b_desc, bias.data())},
                        {DNNL_ARG_DST, ctx.Wrap(y_desc, y)}});
 }
@@ -102,12 +149,17 @@ bool TransposedBackward(int64_t rows, int64_t out_features, int64_t in_features)
   return rows >= 256 && out_features < in_features;
 }
 
-// dst (+)= src · weights, descs in any strides; the primitive is cached under `key`.
-void RunMatmul(ExecContext& ctx, const std::string& key, const memory::desc& src_desc,
-               const float* src, const memory::desc& weights_desc, const float* weights,
-               const memory::desc& dst_desc, float* dst, bool accumulate) {
+// dst (+)= src · weights, (rows, depth) · (depth, cols) read with the given strides; the
+// primitive is cached under `key` (plus the input type and accumulate).
+void RunMatmul(ExecContext& ctx, const std::string& key, const Operand& src,
+               const memory::dims& src_strides, const Operand& weights,
+               const memory::dims& weights_strides, int64_t rows, int64_t depth, int64_t cols,
+               float* dst, bool accumulate) {
+  const memory::desc src_desc = src.Desc({rows, depth}, src_strides);
+  const memory::desc weights_desc = weights.Desc({depth, cols}, weights_strides);
+  const memory::desc dst_desc = RowMajorDesc({rows, cols});
   const CachedPrimitive cached =
-      ctx.runtime().GetOrCreate(absl::StrCat(key, accumulate ? ":acc" : ":set"), [&] {
+      ctx.runtime().GetOrCreate(absl::StrCat(key, TypeTag(src), accumulate ? ":acc" : ":set"), [&] {
         dnnl::post_ops post_ops;
         if (accumulate) post_ops.append_sum(1.0f);
         dnnl::primitive_attr attr;
@@ -117,17 +169,18 @@ void RunMatmul(ExecContext& ctx, const std::string& key, const memory::desc& src
                                         ctx.engine());
         return CachedPrimitive{dnnl::matmul(pd), pd.scratchpad_desc()};
       });
-  ctx.Execute(cached, {{DNNL_ARG_SRC, ctx.Wrap(src_desc, src)},
-                       {DNNL_ARG_WEIGHTS, ctx.Wrap(weights_desc, weights)},
+  ctx.Execute(cached, {{DNNL_ARG_SRC, memory(src_desc, ctx.engine(), src.handle())},
+                       {DNNL_ARG_WEIGHTS, memory(weights_desc, ctx.engine(), weights.handle())},
                        {DNNL_ARG_DST, ctx.Wrap(dst_desc, dst)}});
 }
 
 }  // namespace
 
 void LinearBackward(ExecContext& ctx, const float* x, int64_t rows, const Tensor& weight,
-                    const float* dy, float* dx, Tensor* dweight, Tensor* dbias, bool accumulate) {
-  const int64_t out_features = weight.dim(0);  // N
-  const int64_t in_features = weight.dim(1);   // K
+                    const float* dy, float* dx, Tensor* dweight, Tensor* dbias, bool accumulate,
+                    MatmulInputs inputs) {
+  const int64_t N = weight.dim(0);  // out_features
+  const int64_t K = weight.dim(1);  // in_features
   if (rows == 0) {
     // No tokens: the gradients are sums over nothing. Handled here because a matmul with an
     // empty reduction axis would leave dW untouched instead of zeroing it.
@@ -135,48 +188,46 @@ void LinearBackward(ExecContext& ctx, const float* x, int64_t rows, const Tensor
     if (!accumulate && dbias != nullptr) std::fill_n(dbias->data(), dbias->numel(), 0.0f);
     return;
   }
-  const memory::desc x_desc = RowMajorDesc({rows, in_features});    // (M, K)
-  const memory::desc dy_desc = RowMajorDesc({rows, out_features});  // (M, N)
-  const bool transposed = TransposedBackward(rows, out_features, in_features);
+  const bool transposed = TransposedBackward(rows, N, K);
+  // dy (M, N) enters both products: converted once, into slot 0.
+  const Operand dys = AsInput(inputs, 0, dy, rows * N);
 
   if (dx != nullptr) {
     // forward: y = x · W^T   =>   dx (M, K) = dy (M, N) · W (N, K): W as stored, or W^T (K, N)
     // row-major read with strides (1, N).
     const float* w = weight.data();
-    memory::desc w_desc = RowMajorDesc({out_features, in_features});
+    memory::dims w_strides = {K, 1};
     if (transposed) {
-      float* w_transposed = ctx.OperandBuffer(out_features * in_features);
-      Transpose(weight.data(), out_features, in_features, /*accumulate=*/false, w_transposed);
+      float* w_transposed = ctx.OperandBuffer(N * K);
+      Transpose(weight.data(), N, K, /*accumulate=*/false, w_transposed);
       w = w_transposed;
-      w_desc = StridedDesc({out_features, in_features}, {1, out_features});
+      w_strides = {1, N};
     }
-    RunMatmul(ctx,
-              absl::StrCat("linear_bwd_data:", rows, "x", in_features, "x", out_features,
-                           transposed ? ":wt" : ""),
-              dy_desc, dy, w_desc, w, x_desc, dx, /*accumulate=*/false);
+    RunMatmul(ctx, absl::StrCat("linear_bwd_data:", rows, "x", K, "x", N, transposed ? ":wt" : ""),
+              dys, {N, 1}, AsInput(inputs, 1, w, N * K), w_strides, rows, N, K, dx,
+              /*accumulate=*/false);
   }
 
-  if (dweight != nullptr && transposed) {
-    // dW^T (K, N) = x^T (K, M) · dy (M, N), x^T read with strides (1, K); then dW (+)= its
-    // transpose.
-    const memory::desc xt_desc = StridedDesc({in_features, rows}, {1, in_features});
-    const memory::desc dwt_desc = RowMajorDesc({in_features, out_features});
-    float* dw_transposed = ctx.OperandBuffer(out_features * in_features);
-    RunMatmul(ctx, absl::StrCat("linear_bwd_weights_t:", rows, "x", in_features, "x", out_features),
-              xt_desc, x, dy_desc, dy, dwt_desc, dw_transposed, /*accumulate=*/false);
-    Transpose(dw_transposed, in_features, out_features, accumulate, dweight->data());
-  } else if (dweight != nullptr) {
-    // forward: y[m, n] = sum_k x[m, k] W[n, k]   =>   dW (N, K) (+)= dy^T (N, M) · x (M, K).
-    // dy^T is dy's bytes read with strides (1, N); accumulation is a sum post-op on dW.
-    const memory::desc dyt_desc = StridedDesc({out_features, rows}, {1, out_features});
-    const memory::desc dw_desc = RowMajorDesc({out_features, in_features});
-    RunMatmul(ctx, absl::StrCat("linear_bwd_weights:", rows, "x", in_features, "x", out_features),
-              dyt_desc, dy, x_desc, x, dw_desc, dweight->data(), accumulate);
+  if (dweight != nullptr) {
+    const Operand xs = AsInput(inputs, 1, x, rows * K);  // slot 1: W's copy is no longer read
+    if (transposed) {
+      // dW^T (K, N) = x^T (K, M) · dy (M, N), x^T read with strides (1, K); then dW (+)= its
+      // transpose.
+      float* dw_transposed = ctx.OperandBuffer(N * K);
+      RunMatmul(ctx, absl::StrCat("linear_bwd_weights_t:", rows, "x", K, "x", N), xs, {1, K}, dys,
+                {N, 1}, K, rows, N, dw_transposed, /*accumulate=*/false);
+      Transpose(dw_transposed, K, N, accumulate, dweight->data());
+    } else {
+      // forward: y[m, n] = sum_k x[m, k] W[n, k]   =>   dW (N, K) (+)= dy^T (N, M) · x (M, K).
+      // dy^T is dy's bytes read with strides (1, N); accumulation is a sum post-op on dW.
+      RunMatmul(ctx, absl::StrCat("linear_bwd_weights:", rows, "x", K, "x", N), dys, {1, N}, xs,
+                {K, 1}, N, rows, K, dweight->data(), accumulate);
+    }
   }
 
   if (dbias != nullptr) {
     // forward: y[m, :] += b   =>   db (N) (+)= sum_m dy[m, :]
-    SumRows(dy, rows, out_features, accumulate, dbias->data());
+    SumRows(dy, rows, N, accumulate, dbias->data());
   }
 }
 

@@ -512,6 +512,32 @@ void PreparedLinear::Apply(ExecContext& ctx, const float* x, int64_t rows,
   }
 }
 
+void PreparedLinear::ApplyBf16Out(ExecContext& ctx, const float* x, int64_t rows,
+                                  LinearEpilogue epilogue, uint16_t* y) const {
+  const int64_t mrows = MatmulRows(rows), K = in_features_, N = out_features_;
+  uint16_t* x_bf16 = Grow(ThreadLinearScratch().bf16_input, mrows * K);
+  FloatsToBFloat16Bits(x, mrows * K, x_bf16);
+  RunMatmul(ctx,
+            absl::StrCat("bf16_linear_fwd:", mrows, "x", K, "x", N, ":", static_cast<int>(epilogue),
+                         ":bf16_out"),
+            memory::desc({mrows, K}, memory::data_type::bf16, memory::dims{K, 1}), x_bf16, epilogue,
+            y, memory::data_type::bf16);
+}
+
+void PreparedLinear::ApplyBf16In(ExecContext& ctx, const uint16_t* x, int64_t rows,
+                                 const LinearOutput& output, float* y) const {
+  const int64_t mrows = MatmulRows(rows), K = in_features_, N = out_features_;
+  float* product = output.residual != nullptr ? Grow(ThreadLinearScratch().product, mrows * N) : y;
+  RunMatmul(ctx,
+            absl::StrCat("bf16_linear_fwd:", mrows, "x", K, "x", N, ":",
+                         static_cast<int>(output.epilogue)),
+            memory::desc({mrows, K}, memory::data_type::bf16, memory::dims{K, 1}), x,
+            output.epilogue, product);
+  if (output.residual != nullptr) {
+    AddLayerNormRows(product, output.residual, rows, N, output.gamma, output.beta, output.eps, y);
+  }
+}
+
 void PreparedLinear::ForwardBf16(ExecContext& ctx, const float* x, int64_t rows,
                                  LinearEpilogue epilogue, float* y) const {
   const int64_t mrows = MatmulRows(rows), K = in_features_, N = out_features_;
@@ -537,9 +563,11 @@ void PreparedLinear::Forward(ExecContext& ctx, const float* x, int64_t rows,
 }
 
 void PreparedLinear::RunMatmul(ExecContext& ctx, const std::string& key, const memory::desc& x_desc,
-                               const void* x, LinearEpilogue epilogue, float* y) const {
+                               const void* x, LinearEpilogue epilogue, void* y,
+                               memory::data_type y_type) const {
   const memory::desc b_desc = RowMajorDesc({1, out_features_});
-  const memory::desc y_desc = RowMajorDesc({x_desc.dims()[0], out_features_});
+  const memory::desc y_desc({x_desc.dims()[0], out_features_}, y_type,
+                            memory::dims{out_features_, 1});
   const CachedPrimitive cached = ctx.runtime().GetOrCreate(key, [&] {
     dnnl::post_ops post_ops;
     if (epilogue == LinearEpilogue::kGelu) {
@@ -558,7 +586,7 @@ void PreparedLinear::RunMatmul(ExecContext& ctx, const std::string& key, const m
                        {DNNL_ARG_WEIGHTS, dnnl::memory(weights_desc_, ctx.engine(),
                                                        const_cast<void*>(weights_data()))},
                        {DNNL_ARG_BIAS, ctx.Wrap(b_desc, bias_)},
-                       {DNNL_ARG_DST, ctx.Wrap(y_desc, y)}});
+                       {DNNL_ARG_DST, dnnl::memory(y_desc, ctx.engine(), y)}});
 }
 
 }  // namespace attn

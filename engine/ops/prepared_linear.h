@@ -116,6 +116,14 @@ class PreparedLinear {
   // from different threads are safe.
   void Apply(ExecContext& ctx, const float* x, int64_t rows, const LinearOutput& output,
              float* y) const;
+  // Native bf16 layers only (native_bf16()), for two layers in a row whose activation between
+  // them need not exist in fp32 (the FFN): ApplyBf16Out writes y (MatmulRows(rows), N) as
+  // bfloat16 from its epilogue (kNone or kGelu; every row, padding included), ApplyBf16In reads
+  // such an x. The same values as Apply(): the next layer would round them to bfloat16 anyway.
+  void ApplyBf16Out(ExecContext& ctx, const float* x, int64_t rows, LinearEpilogue epilogue,
+                    uint16_t* y) const;
+  void ApplyBf16In(ExecContext& ctx, const uint16_t* x, int64_t rows, const LinearOutput& output,
+                   float* y) const;
 
   // The kernels Apply() runs, public for tests.
   // fp32 (and emulated bf16): y (rows, N) = epilogue(x (rows, K) · W^T + b). x and y hold
@@ -137,9 +145,11 @@ class PreparedLinear {
   // Native bf16: y = epilogue(bf16(x) · W^T + b), W already bf16.
   void ForwardBf16(ExecContext& ctx, const float* x, int64_t rows, LinearEpilogue epilogue,
                    float* y) const;
-  // The cached matmul (primitive `key`) y (rows, N) = epilogue(x · W^T + b), x of x_desc.
+  // The cached matmul (primitive `key`) y (rows, N) = epilogue(x · W^T + b), x of x_desc, y of
+  // y_type (f32, or bf16 for ApplyBf16Out).
   void RunMatmul(ExecContext& ctx, const std::string& key, const dnnl::memory::desc& x_desc,
-                 const void* x, LinearEpilogue epilogue, float* y) const;
+                 const void* x, LinearEpilogue epilogue, void* y,
+                 dnnl::memory::data_type y_type = dnnl::memory::data_type::f32) const;
 
   dnnl::memory::desc weights_desc_;  // (K, N) as oneDNN reads it
   const float* view_ = nullptr;      // fp32 view: the caller's (N, K) tensor

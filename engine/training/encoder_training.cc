@@ -124,7 +124,7 @@ void RunTrainingLayers(const BertConfig& config, const BertWeights& weights, int
     // qkv (M, 3H) = x · W_qkv^T + b_qkv
     ShapeForOutput(&a.qkv, {M, 3 * H});
     LinearForward(ctx, a.input.data(), M, w.qkv_weight, w.qkv_bias, LinearEpilogue::kNone,
-                  a.qkv.data());
+                  a.qkv.data(), options.matmul_inputs);
     // per sequence: probs = softmax(Q K^T / sqrt(d) (+ bias)); context = dropout(probs) · V
     ShapeForOutput(&a.context, {M, H});
     a.probs.resize(B);
@@ -147,7 +147,7 @@ void RunTrainingLayers(const BertConfig& config, const BertWeights& weights, int
     // attn_sum (M, H) = x + dropout(context · W_o^T + b_o); attn_out = LayerNorm(attn_sum)
     ShapeForOutput(&a.attn_sum, {M, H});
     LinearForward(ctx, a.context.data(), M, w.attn_output_weight, w.attn_output_bias,
-                  LinearEpilogue::kNone, a.attn_sum.data());
+                  LinearEpilogue::kNone, a.attn_sum.data(), options.matmul_inputs);
     a.attn_dense_mask.clear();
     MaybeDropout(a.attn_sum.data(), M * H, options.hidden_dropout, seed,
                  DropoutOffset(l, kAttentionDense), &a.attn_dense_mask);
@@ -160,13 +160,13 @@ void RunTrainingLayers(const BertConfig& config, const BertWeights& weights, int
     // ffn_pre (M, I) = attn_out · W_i^T + b_i; ffn_act = gelu(ffn_pre)
     ShapeForOutput(&a.ffn_pre, {M, I});
     LinearForward(ctx, a.attn_out.data(), M, w.ffn_in_weight, w.ffn_in_bias, LinearEpilogue::kNone,
-                  a.ffn_pre.data());
+                  a.ffn_pre.data(), options.matmul_inputs);
     ShapeForOutput(&a.ffn_act, {M, I});
     GeluForward(ctx, a.ffn_pre.data(), M * I, a.ffn_act.data());
     // ffn_sum (M, H) = attn_out + dropout(ffn_act · W_f^T + b_f); output = LayerNorm(ffn_sum)
     ShapeForOutput(&a.ffn_sum, {M, H});
     LinearForward(ctx, a.ffn_act.data(), M, w.ffn_out_weight, w.ffn_out_bias, LinearEpilogue::kNone,
-                  a.ffn_sum.data());
+                  a.ffn_sum.data(), options.matmul_inputs);
     a.ffn_dense_mask.clear();
     MaybeDropout(a.ffn_sum.data(), M * H, options.hidden_dropout, seed, DropoutOffset(l, kFfnDense),
                  &a.ffn_dense_mask);
@@ -410,12 +410,14 @@ void RunBackward(const BertConfig& config, const BertWeights& weights, const Tra
     std::memcpy(d_attn_out.data(), d_sum.data(), sizeof(float) * M * H);
     MaybeDropoutBackward(d_sum.data(), M * H, p_hidden, a.ffn_dense_mask);
     LinearBackward(ctx, a.ffn_act.data(), M, w.ffn_out_weight, d_sum.data(), d_ffn_act.data(),
-                   param(g.ffn_out_weight), param(g.ffn_out_bias), /*accumulate=*/false);
+                   param(g.ffn_out_weight), param(g.ffn_out_bias), /*accumulate=*/false,
+                   f.options.matmul_inputs);
     // ffn_act = gelu(ffn_pre)
     GeluBackward(ctx, a.ffn_pre.data(), d_ffn_act.data(), M * I, d_ffn_pre.data());
     // ffn_pre = attn_out · W_i^T + b_i  (adds to the residual gradient of attn_out)
     LinearBackward(ctx, a.attn_out.data(), M, w.ffn_in_weight, d_ffn_pre.data(), d_input.data(),
-                   param(g.ffn_in_weight), param(g.ffn_in_bias), /*accumulate=*/false);
+                   param(g.ffn_in_weight), param(g.ffn_in_bias), /*accumulate=*/false,
+                   f.options.matmul_inputs);
     AddInto(d_attn_out.data(), d_input.data(), M * H);
     // attn_out = LayerNorm(attn_sum)
     LayerNormBackward(ctx, a.attn_sum.data(), M, w.attn_norm_gamma, a.attn_mean.data(),
@@ -425,7 +427,8 @@ void RunBackward(const BertConfig& config, const BertWeights& weights, const Tra
     std::memcpy(d_hidden.data(), d_sum.data(), sizeof(float) * M * H);
     MaybeDropoutBackward(d_sum.data(), M * H, p_hidden, a.attn_dense_mask);
     LinearBackward(ctx, a.context.data(), M, w.attn_output_weight, d_sum.data(), d_context.data(),
-                   param(g.attn_output_weight), param(g.attn_output_bias), /*accumulate=*/false);
+                   param(g.attn_output_weight), param(g.attn_output_bias), /*accumulate=*/false,
+                   f.options.matmul_inputs);
     // context = dropout(softmax(Q K^T / sqrt(d) (+ bias))) · V, per sequence -> d_qkv (M, 3H)
     // (and d_relative += dS per relative position)
     PackedAttentionBackward(attention_shape, a.qkv.data(), f.seq_offsets, SavedAttention(a),
@@ -433,7 +436,8 @@ void RunBackward(const BertConfig& config, const BertWeights& weights, const Tra
                             d_relative.empty() ? nullptr : d_relative.data());
     // qkv = x · W_qkv^T + b_qkv  (adds to the residual gradient of x)
     LinearBackward(ctx, a.input.data(), M, w.qkv_weight, d_qkv.data(), d_input.data(),
-                   param(g.qkv_weight), param(g.qkv_bias), /*accumulate=*/false);
+                   param(g.qkv_weight), param(g.qkv_bias), /*accumulate=*/false,
+                   f.options.matmul_inputs);
     AddInto(d_hidden.data(), d_input.data(), M * H);  // d_hidden is now d(layer input)
   }
 

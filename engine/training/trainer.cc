@@ -80,6 +80,9 @@ absl::Status ValidateTrainerOptions(const TrainerOptions& options) {
     return invalid(absl::StrCat("max_grad_norm is ", options.max_grad_norm,
                                 "; it must be finite and >= 0 (0 = no clipping)"));
   }
+  if (options.precision == Precision::kInt8) {
+    return invalid("precision is int8; fine-tuning runs in float32 or bfloat16 (mixed precision)");
+  }
   if (!std::isfinite(options.contrastive_scale) || !(options.contrastive_scale > 0)) {
     return invalid(absl::StrCat("contrastive_scale is ", options.contrastive_scale,
                                 "; it must be finite and > 0"));
@@ -218,6 +221,8 @@ absl::StatusOr<StepResult> Trainer::Step(const TrainingBatch& batch) {
   }
   forward_options.seed = options_.seed;
   forward_options.step = static_cast<uint64_t>(steps_);
+  forward_options.matmul_inputs =
+      options_.precision == Precision::kBf16 ? MatmulInputs::kBf16 : MatmulInputs::kFp32;
   if (absl::Status status =
           EncoderForwardTraining(config, weights_, sequences, forward_options, &forward_);
       !status.ok()) {

@@ -13,6 +13,7 @@
 #include "absl/status/statusor.h"
 #include "engine/encoder.h"
 #include "engine/model.h"
+#include "engine/precision.h"
 #include "engine/training/encoder_training.h"
 #include "engine/training/losses.h"
 #include "engine/training/optimizer.h"
@@ -49,6 +50,10 @@ struct TrainerOptions {
   // Training telemetry (engine/training/telemetry.h) on step 1, every telemetry_every-th step
   // and the last (total_steps); 0 = off.
   int64_t telemetry_every = 0;
+  // kFp32, or kBf16 for mixed precision: the linear layers' matmuls forward and backward on
+  // bfloat16 inputs with fp32 accumulation (TrainingForwardOptions::matmul_inputs); master
+  // weights, gradients and AdamW stay fp32. Native where CpuHasNativeBf16(), emulated elsewhere.
+  Precision precision = Precision::kFp32;
 };
 
 constexpr int kMaxLabels = 1 << 16;

@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "engine/model_store.h"
+#include "engine/precision.h"
 #include "engine/quote.h"
 #include "server/core/request_plan.h"
 
@@ -115,6 +116,12 @@ absl::StatusOr<JobSettings> ResolveJobConfig(const FineTuneConfig& config, const
                      "; give 0 (no telemetry) or the number of steps between reports"));
   }
   t.telemetry_every = config.telemetry_every;
+  if (!config.precision.empty() &&
+      (!ParsePrecision(config.precision, &t.precision) || t.precision == Precision::kInt8)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "config.precision is ", QuoteInput(config.precision),
+        "; use float32 (the default) or bfloat16 (mixed precision: bf16 matmuls, fp32 weights)"));
+  }
 
   if (config.contrastive_scale != 0) {  // 0 = the default
     if (t.objective != Objective::kContrastive) {

@@ -46,6 +46,7 @@ struct FineTuneConfig {
   EvaluationSetRequest evaluation;
   int32_t eval_every = 0;
   std::string promote_if;  // "" = none (PromotionGate)
+  std::string precision;        // empty = float32; "bfloat16"/"bf16": mixed precision
 };
 
 struct TrainingBatchRequest {

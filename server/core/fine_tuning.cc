@@ -395,6 +395,7 @@ TrainingReport FineTuneJob::Report() const {
   report.settings.emplace_back("base_version", base_.version);
   report.settings.emplace_back("objective", ObjectiveName(t.objective));
   report.settings.emplace_back("parameters", TrainableSetName(t.trainable));
+  report.settings.emplace_back("precision", PrecisionName(t.precision));
   setting("learning_rate", t.adamw.lr);
   setting("beta1", t.adamw.beta1);
   setting("beta2", t.adamw.beta2);

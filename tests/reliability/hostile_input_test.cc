@@ -1489,6 +1489,16 @@ std::vector<HostileCase> Catalogue() {
        StatusCode::INVALID_ARGUMENT,
        {"config.telemetry_every is -1", "0 (no telemetry)"},
        "FineTune"});
+  add({"precision_int8",
+       "config.precision = int8 (training runs in float32 or bfloat16)",
+       [](Clients& c) {
+         pb::FineTuneRequest config = Config(pb::CONTRASTIVE);
+         config.mutable_config()->set_precision("int8");
+         return FineTune(c, {config});
+       },
+       StatusCode::INVALID_ARGUMENT,
+       {"config.precision is 'int8'", "bfloat16"},
+       "FineTune"});
   add({"config_max_length_negative",
        "config.tokenization.max_length = -3",
        [](Clients& c) {

@@ -1,7 +1,8 @@
 // The inference fast path's kernels against naive double-precision loops: packed attention over
 // variable-length sequences (AVX-512, AVX2 and portable code), LayerNorm with the residual fused,
 // the int8 epilogues, and the prepared fp32 (view, packed) linear layers; the int8 linear
-// layers are tested in precision_encoder_test.cc.
+// layers are tested in precision_encoder_test.cc; the int8 attention products (AVX-512 VNNI)
+// against the quantisation formulas done naively.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -161,7 +162,9 @@ TEST_P(KernelPathTest, PackedAttentionAddsTheRelativePositionBias) {
 // exponentials, the portable one the probabilities: one bf16 step apart at most). The context is
 // checked against a double reference that multiplies V by bf16(P), with a bound of two bf16 steps
 // of sum_j P_j |V_j|, and must differ from the fp32 context (the rounding happened); the returned
-// probabilities stay the fp32 ones.
+// probabilities stay the fp32 ones. Q, K and V are bfloat16 values, as the encoder rounds them
+// (on CPUs with AVX-512 BF16 the Avx512 variant runs the native bf16 products,
+// engine/ops/bf16_attention.cc).
 TEST_P(KernelPathTest, PackedAttentionWithBf16ProductsRoundsTheProbabilities) {
   const int64_t heads = 2, d = 32, H = heads * d;
   const std::vector<int64_t> lengths = {5, 19, 40};
@@ -169,7 +172,8 @@ TEST_P(KernelPathTest, PackedAttentionWithBf16ProductsRoundsTheProbabilities) {
   for (int64_t T : lengths) offsets.push_back(offsets.back() + T);
   const int64_t M = offsets.back();
   std::mt19937 rng(5);
-  const Tensor qkv = RandomTensor({M, 3 * H}, rng, 1.0f);
+  Tensor qkv = RandomTensor({M, 3 * H}, rng, 1.0f);
+  RoundFloatsToBFloat16(qkv.data(), qkv.numel(), qkv.data());
   Tensor context({M, H}), fp32_context({M, H});
   std::vector<Tensor> probs;
   PackedAttentionOutputs outputs;
@@ -223,6 +227,94 @@ TEST_P(KernelPathTest, PackedAttentionWithBf16ProductsRoundsTheProbabilities) {
   }
   EXPECT_LE(worst_excess, 0.0);
   EXPECT_GT(rounding_effect, 1e-5) << "the probabilities were not rounded";
+}
+
+// int8_products on AVX-512 VNNI (engine/ops/vnni_attention.cc) against the documented
+// quantisation done naively in double: K per head and V per channel to s8 (127 levels), Q per row
+// to u8 around 128, the integer products exact, P = round(255 exp(s - max)) normalised by its own
+// sum. The scores must equal the reference to float rounding; the context may differ where
+// exp() in fp32 and in double round P to different levels (bound: 2 levels of max |V| per row).
+// It must also stay near the fp32 attention (the quantisation is fine enough) and differ from it
+// (the int8 kernel ran). d = 32 and 64 (MiniLM, MPNet), lengths past and below whole blocks.
+TEST(Int8AttentionTest, Avx512VnniProductsEqualTheQuantisedFormulas) {
+  ATTN_SKIP_UNLESS_CPU_HAS("Avx512Vnni", UseAvx512VnniKernels());
+  for (const int64_t d : {int64_t{32}, int64_t{64}}) {
+    const int64_t heads = 2, H = heads * d;
+    const std::vector<int64_t> lengths = {3, 21, 70};
+    std::vector<int64_t> offsets = {0};
+    for (int64_t T : lengths) offsets.push_back(offsets.back() + T);
+    const int64_t M = offsets.back();
+    std::mt19937 rng(static_cast<unsigned>(d));
+    const Tensor qkv = RandomTensor({M, 3 * H}, rng, 1.5f);
+    Tensor context({M, H}), fp32_context({M, H});
+    std::vector<Tensor> scores;
+    PackedAttentionOutputs outputs;
+    for (int64_t T : lengths) {
+      scores.emplace_back(std::vector<int64_t>{heads, T, T});
+      outputs.scores.push_back(scores.back().data());
+    }
+    PackedAttentionShape shape{heads, d};
+    PackedAttentionForward(shape, qkv.data(), offsets, fp32_context.data(), nullptr);
+    shape.int8_products = true;
+    PackedAttentionForward(shape, qkv.data(), offsets, context.data(), &outputs);
+    double worst_excess = 0, worst_to_fp32 = 0, quantisation_effect = 0;
+    for (size_t b = 0; b < lengths.size(); ++b) {
+      const int64_t T = lengths[b];
+      const float* seq = qkv.data() + offsets[b] * 3 * H;
+      auto at = [&](int64_t j, int part, int64_t h, int64_t c) {
+        return double{seq[j * 3 * H + part * H + h * d + c]};
+      };
+      for (int64_t h = 0; h < heads; ++h) {
+        double k_max = 0;
+        std::vector<double> v_max(d, 0.0);
+        for (int64_t j = 0; j < T; ++j) {
+          for (int64_t c = 0; c < d; ++c) {
+            k_max = std::max(k_max, std::fabs(at(j, 1, h, c)));
+            v_max[c] = std::max(v_max[c], std::fabs(at(j, 2, h, c)));
+          }
+        }
+        auto kq = [&](int64_t j, int64_t c) {
+          return std::nearbyint(at(j, 1, h, c) * 127 / k_max);
+        };
+        auto vq = [&](int64_t j, int64_t c) {
+          return std::nearbyint(at(j, 2, h, c) * 127 / v_max[c]);
+        };
+        for (int64_t i = 0; i < T; ++i) {
+          double q_max = 0;
+          for (int64_t c = 0; c < d; ++c) q_max = std::max(q_max, std::fabs(at(i, 0, h, c)));
+          std::vector<double> s(T), level(T);
+          double max = -1e300, level_sum = 0;
+          for (int64_t j = 0; j < T; ++j) {
+            double dot = 0;  // an integer: (Qu - 128) · Kq
+            for (int64_t c = 0; c < d; ++c) {
+              dot += std::nearbyint(at(i, 0, h, c) * 127 / q_max) * kq(j, c);
+            }
+            s[j] = dot * (q_max / 127) * (k_max / 127) / std::sqrt(double(d));
+            ASSERT_NEAR(scores[b].data()[(h * T + i) * T + j], s[j], 1e-5 * (1 + std::fabs(s[j])));
+            max = std::max(max, s[j]);
+          }
+          for (int64_t j = 0; j < T; ++j)
+            level_sum += (level[j] = std::nearbyint(255 * std::exp(s[j] - max)));
+          for (int64_t c = 0; c < d; ++c) {
+            double expected = 0;
+            for (int64_t j = 0; j < T; ++j) expected += level[j] * vq(j, c);
+            expected *= (v_max[c] / 127) / level_sum;
+            const int64_t out = (offsets[b] + i) * H + h * d + c;
+            const double got = context.data()[out];
+            worst_excess = std::max(worst_excess,
+                                    std::fabs(got - expected) - (1e-5 + 2 * v_max[c] / level_sum));
+            worst_to_fp32 =
+                std::max(worst_to_fp32, std::fabs(got - fp32_context.data()[out]) / v_max[c]);
+            quantisation_effect =
+                std::max(quantisation_effect, std::fabs(got - fp32_context.data()[out]));
+          }
+        }
+      }
+    }
+    EXPECT_LE(worst_excess, 0.0) << "d " << d;
+    EXPECT_LT(worst_to_fp32, 0.05) << "d " << d << ": int8 context far from fp32 (per max |V|)";
+    EXPECT_GT(quantisation_effect, 1e-4) << "d " << d << ": the int8 products did not run";
+  }
 }
 
 TEST_P(KernelPathTest, AddLayerNormMatchesNaive) {

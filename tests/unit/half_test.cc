@@ -274,6 +274,30 @@ TEST(BFloat16Test, AllBFloat16BitPatternsRoundTrip) {
   }
 }
 
+// The bulk conversions (16 lanes at a time on AVX-512 CPUs, in blocks over threads) give the
+// scalar conversion's bits for every element: all bf16 patterns with low halves that round
+// down, to even and up (NaNs and infinities included), at lengths that leave vector tails.
+TEST(BFloat16Test, BulkConversionsEqualTheScalarOne) {
+  std::vector<float> x;
+  for (uint32_t b = 0; b <= 0xFFFF; ++b) {
+    for (uint32_t low : {0x0000u, 0x7FFFu, 0x8000u, 0x8001u, 0xFFFFu})
+      x.push_back(FromBits(b << 16 | low));
+  }
+  for (const size_t n : {x.size(), size_t{1}, size_t{17}, size_t{1023}, size_t{1025}}) {
+    std::vector<uint16_t> bits(n + 1, 0xABCD);
+    std::vector<float> rounded(n + 1, 42.0f);
+    FloatsToBFloat16Bits(x.data(), static_cast<int64_t>(n), bits.data());
+    RoundFloatsToBFloat16(x.data(), static_cast<int64_t>(n), rounded.data());
+    for (size_t i = 0; i < n; ++i) {
+      const uint16_t expected = FloatToBFloat16Bits(x[i]);
+      ASSERT_EQ(bits[i], expected) << std::hex << Bits(x[i]);
+      ASSERT_EQ(Bits(rounded[i]), static_cast<uint32_t>(expected) << 16) << std::hex << Bits(x[i]);
+    }
+    EXPECT_EQ(bits[n], 0xABCD) << "wrote past the end";
+    EXPECT_EQ(rounded[n], 42.0f) << "wrote past the end";
+  }
+}
+
 TEST(BFloat16Test, RandomFloatsAgainstDoubleReference) {
   std::mt19937 rng(99);
   std::uniform_int_distribution<uint32_t> any_bits;

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "engine/dnnl_context.h"
+#include "engine/half.h"
 #include "engine/ops/dropout.h"
 #include "engine/ops/gelu.h"
 #include "engine/ops/layernorm.h"
@@ -243,6 +244,66 @@ TEST(LinearBackwardLargeTest, ZeroRows) {
   LinearBackward(ctx, nullptr, 0, w, nullptr, nullptr, &dw, &db, false);
   for (float v : dw.values()) EXPECT_EQ(v, 0.0f);
   for (float v : db.values()) EXPECT_EQ(v, 0.0f);
+}
+
+// Mixed precision (MatmulInputs::kBf16): y, dx and dW against double-precision sums of the
+// bfloat16-rounded factors. A product of two bfloat16 values is exact in fp32, so only the order
+// of the fp32 sums differs (bound: 1e-5 of the sum of |terms|); a factor left unrounded would
+// be off by ~2^-9 of each term, ~10x the bound at these depths. Native bf16 kernels where the
+// CPU has them, the emulation elsewhere: both must pass. {256, 512, 96} takes the transposed
+// dx/dW route.
+TEST(LinearBf16Test, ForwardAndBackwardEqualTheRoundedProductsSummedInDouble) {
+  auto bf16 = [](float v) { return double{BFloat16BitsToFloat(FloatToBFloat16Bits(v))}; };
+  for (const LinearShape s :
+       {LinearShape{37, 384, 96}, LinearShape{256, 512, 96}, LinearShape{64, 96, 1152}}) {
+    std::mt19937 rng(static_cast<unsigned>(s.rows + s.in));
+    const Tensor x = RandomTensor({s.rows, s.in}, rng);
+    const Tensor w = RandomTensor({s.out, s.in}, rng, 0.05f);
+    const Tensor b = RandomTensor({s.out}, rng);
+    const Tensor dy = RandomTensor({s.rows, s.out}, rng);
+    ExecContext ctx;
+    Tensor y({s.rows, s.out}), dx({s.rows, s.in}), dw({s.out, s.in}), db({s.out});
+    LinearForward(ctx, x.data(), s.rows, w, b, LinearEpilogue::kNone, y.data(),
+                  MatmulInputs::kBf16);
+    LinearBackward(ctx, x.data(), s.rows, w, dy.data(), dx.data(), &dw, &db, false,
+                   MatmulInputs::kBf16);
+    // One output element against sum_i bf16(a[i * a_stride]) * bf16(b[i * b_stride]) (+ bias)
+    // over `depth` terms, within 1e-5 of the sum of |terms|.
+    auto check = [&](const char* what, float got, const float* a, int64_t a_stride, const float* b,
+                     int64_t b_stride, int64_t depth, double bias) {
+      double sum = bias, magnitude = std::abs(bias);
+      for (int64_t i = 0; i < depth; ++i) {
+        const double term = bf16(a[i * a_stride]) * bf16(b[i * b_stride]);
+        sum += term;
+        magnitude += std::abs(term);
+      }
+      const double bound = 1e-6 + 1e-5 * magnitude;
+      return std::abs(got - sum) <= bound ? ::testing::AssertionSuccess()
+                                          : ::testing::AssertionFailure()
+                                                << what << " " << got << " vs " << sum << " (bound "
+                                                << bound << ") at " << s.rows << "x" << s.in << "x"
+                                                << s.out;
+    };
+    for (int64_t m = 0; m < s.rows; ++m) {
+      for (int64_t n = 0; n < s.out; ++n) {  // y = x · W^T + b
+        ASSERT_TRUE(check("y", y.data()[m * s.out + n], x.data() + m * s.in, 1, w.data() + n * s.in,
+                          1, s.in, b.data()[n]));
+      }
+      for (int64_t k = 0; k < s.in; ++k) {  // dx = dy · W
+        ASSERT_TRUE(check("dx", dx.data()[m * s.in + k], dy.data() + m * s.out, 1, w.data() + k,
+                          s.in, s.out, 0.0));
+      }
+    }
+    for (int64_t n = 0; n < s.out; ++n) {
+      for (int64_t k = 0; k < s.in; ++k) {  // dW = dy^T · x
+        ASSERT_TRUE(check("dW", dw.data()[n * s.in + k], dy.data() + n, s.out, x.data() + k, s.in,
+                          s.rows, 0.0));
+      }
+      double db_sum = 0;  // the bias gradient is a plain fp32 sum of dy
+      for (int64_t m = 0; m < s.rows; ++m) db_sum += dy.data()[m * s.out + n];
+      ASSERT_NEAR(db.data()[n], db_sum, 1e-4);
+    }
+  }
 }
 
 // ---------------------------------------------------------------------------------------------
