@@ -1988,7 +1988,7 @@ TEST_F(TrainerCliTest, CtrlCAbortsTheJob) {
   trainer_->SetStepDelay(std::chrono::milliseconds(100));
   const std::string out_path = TempPath("ctrlc.out");
   const std::string err_path = TempPath("ctrlc.err");
-  const pid_t pid = SpawnCli(FineTuneArgs({"--batch-size", "1", "--epochs", "10", "--commit"}),
+  const pid_t pid = SpawnCli(FineTuneArgs({"--batch-size", "2", "--epochs", "10", "--commit"}),
                              out_path, err_path);
   ASSERT_GT(pid, 0);
   const auto until = std::chrono::steady_clock::now() + testing::ScaledSeconds(20);
