@@ -1642,6 +1642,11 @@ TEST(TrainingData, EpochOrderAndSteps) {
   EXPECT_NE(a, EpochOrder(100, 8, 0));  // and per seed
   EXPECT_TRUE(EpochOrder(0, 1, 0).empty());
   EXPECT_EQ(EpochOrder(1, 1, 3), std::vector<size_t>{0});
+  // The Python client's epoch_order pins the same lists (client/python/tests/test_finetune.py):
+  // both send the same batches for the same data and seed.
+  EXPECT_EQ(EpochOrder(12, 7, 0), (std::vector<size_t>{1, 0, 8, 4, 5, 2, 3, 6, 11, 7, 10, 9}));
+  EXPECT_EQ(EpochOrder(12, 7, 1), (std::vector<size_t>{1, 4, 10, 6, 5, 0, 8, 11, 2, 7, 9, 3}));
+  EXPECT_EQ(EpochOrder(10, ~uint64_t{0}, 3), (std::vector<size_t>{8, 0, 3, 4, 9, 1, 5, 6, 2, 7}));
   // Batches: the last one smaller; a contrastive batch of one pair borrows one from the batch
   // before it, keeping the step count.
   using Ranges = std::vector<std::pair<size_t, size_t>>;

@@ -111,3 +111,28 @@ def test_evaluate_and_a_gated_finetune_with_its_report(client):
     with pytest.raises(attnserve.AttnserveError) as error:
         client.evaluate([{"text": "a kettle", "label": 0}], version="base")
     assert error.value.code == grpc.StatusCode.FAILED_PRECONDITION
+
+
+def test_batches_follow_attnctl_order_and_never_leave_a_lone_pair():
+    from attnserve import _finetune
+
+    # Pinned from engine/training/epoch_order.h's EpochOrder (client_test.cc
+    # TrainingData.EpochOrderAndSteps pins the same lists), so Python, attnctl and detached jobs
+    # send the same batches for the same data and seed.
+    assert _finetune.epoch_order(12, 7, 0) == [1, 0, 8, 4, 5, 2, 3, 6, 11, 7, 10, 9]
+    assert _finetune.epoch_order(12, 7, 1) == [1, 4, 10, 6, 5, 0, 8, 11, 2, 7, 9, 3]
+    assert _finetune.epoch_order(10, 2**64 - 1, 3) == [8, 0, 3, 4, 9, 1, 5, 6, 2, 7]
+    assert _finetune.epoch_batches(9, 4, 2) == [(0, 4), (4, 7), (7, 9)]
+    assert _finetune.epoch_batches(9, 4) == [(0, 4), (4, 8), (8, 9)]
+
+    pairs = [tpb_example(a, p) for a, p in PAIRS[:5]]
+    sizes = [len(b.examples) for b in _finetune.batches(pairs, 4, 1, True, 3, min_batch=2)]
+    assert sizes == [3, 2]
+    with pytest.raises(ValueError, match="batch of 1 pair"):
+        _finetune.batches(pairs, 2, 1, True, 3, min_batch=2)
+
+
+def tpb_example(anchor, positive):
+    from attnserve.v1 import trainer_pb2 as tpb
+
+    return tpb.TrainingExample(anchor=anchor, positive=positive)

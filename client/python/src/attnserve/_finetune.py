@@ -4,7 +4,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import random
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple, Union, cast
 
 from attnserve import _convert
@@ -108,18 +107,64 @@ def load(data: TrainingData, objective_value: int) -> List[tpb.TrainingExample]:
     return examples
 
 
+_MASK64 = (1 << 64) - 1
+
+
+def _splitmix64(state: int) -> Tuple[int, int]:
+    """One SplitMix64 step: (new state, output)."""
+    state = (state + 0x9E3779B97F4A7C15) & _MASK64
+    z = state
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return state, z ^ (z >> 31)
+
+
+def epoch_order(n: int, seed: int, epoch: int) -> List[int]:
+    """The order attnctl and server-side jobs visit n examples in (engine/training/epoch_order.h):
+    a Fisher-Yates shuffle driven by SplitMix64 seeded by (seed, epoch), so the same data, seed
+    and batch size give the same batches from Python, attnctl or a detached job."""
+    order = list(range(n))
+    state, first = _splitmix64(seed & _MASK64)
+    state = first ^ ((epoch * 0xD1B54A32D192ED03) & _MASK64)
+    limit_base = _MASK64
+    for i in range(n, 1, -1):
+        limit = limit_base - limit_base % i  # rejection sampling: no modulo bias
+        while True:
+            state, r = _splitmix64(state)
+            if r < limit:
+                break
+        j = r % i
+        order[i - 1], order[j] = order[j], order[i - 1]
+    return order
+
+
+def epoch_batches(n: int, batch_size: int, min_batch: int = 1) -> List[Tuple[int, int]]:
+    """[begin, end) ranges of batch_size; a last batch short of min_batch borrows from the one
+    before it (9 contrastive pairs in batches of 4: 4, 3, 2), as attnctl does."""
+    ranges = [(b, min(n, b + batch_size)) for b in range(0, n, batch_size)]
+    if len(ranges) >= 2:
+        (b0, e0), (b1, e1) = ranges[-2], ranges[-1]
+        lacking = max(0, min_batch - (e1 - b1))
+        if lacking and e0 - b0 >= lacking + min_batch:
+            ranges[-2], ranges[-1] = (b0, e0 - lacking), (b1 - lacking, e1)
+    return ranges
+
+
 def batches(examples: Sequence[tpb.TrainingExample], batch_size: int, epochs: int,
-            shuffle: bool, seed: int) -> List[tpb.TrainingBatch]:
+            shuffle: bool, seed: int, min_batch: int = 1) -> List[tpb.TrainingBatch]:
     if batch_size < 1 or epochs < 1:
         raise ValueError(f"batch_size {batch_size} and epochs {epochs} must be >= 1")
+    ranges = epoch_batches(len(examples), batch_size, min_batch)
+    if len(ranges) >= 2 and ranges[-1][1] - ranges[-1][0] < min_batch:
+        raise ValueError(
+            f"with {len(examples)} pairs in batches of {batch_size} each epoch would end with a "
+            f"batch of 1 pair, which the contrastive objective cannot learn from; use "
+            f"batch_size=3 or more")
     out = []
     for epoch in range(epochs):
-        order = list(range(len(examples)))
-        if shuffle:
-            random.Random(seed * 1000003 + epoch).shuffle(order)
-        for start in range(0, len(order), batch_size):
-            out.append(tpb.TrainingBatch(
-                examples=[examples[i] for i in order[start:start + batch_size]]))
+        order = epoch_order(len(examples), seed, epoch) if shuffle else list(range(len(examples)))
+        for begin, end in ranges:
+            out.append(tpb.TrainingBatch(examples=[examples[i] for i in order[begin:end]]))
     return out
 
 

@@ -302,7 +302,7 @@ class Client:
                  promote: bool = False, serve: Optional[bool] = None, progress: bool = True,
                  batches_in_flight: int = 2,
                  eval_data: Optional[_evaluation.EvaluationData] = None, eval_every: int = 0,
-                 promote_if: str = "") -> FineTuneResult:
+                 promote_if: str = "", precision: str = "float32") -> FineTuneResult:
         """Fine-tunes on `data` and commits a new version (or aborts with commit=False).
 
         The version is staged (pin it with model_version=..., then promote() it) unless
@@ -317,6 +317,9 @@ class Client:
         eval_data (see evaluate()) is scored on the base, every eval_every steps and on the
         committed weights (FineTuneResult.evaluations); promote_if ("recall@1>=0.8",
         "mrr@10>base") promotes the version only when it holds (FineTuneResult.promotion says).
+        precision "bfloat16" trains with bf16 matmuls (fp32 master weights and AdamW): faster on
+        CPUs with avx512_bf16 or AMX, slow where oneDNN emulates bf16 (older AVX-512).
+        Batches are the ones attnctl finetune sends for the same data, seed and batch_size.
         """
         from tqdm.auto import tqdm
 
@@ -324,12 +327,15 @@ class Client:
             promote = serve
         objective_value = _finetune.objective(objective)
         examples = _finetune.load(data, objective_value)
-        todo = _finetune.batches(examples, batch_size, epochs, shuffle, seed)
+        # A contrastive batch needs 2 pairs: one pair has no in-batch negative.
+        todo = _finetune.batches(examples, batch_size, epochs, shuffle, seed,
+                                 min_batch=2 if objective_value == tpb.CONTRASTIVE else 1)
         job_config = _finetune.config(
             objective_value, learning_rate=learning_rate, num_labels=num_labels,
             label_names=label_names, parameters_value=_finetune.parameters(parameters),
             seed=seed, warmup_steps=warmup_steps, total_steps=total_steps,
             disable_dropout=disable_dropout, base_version=base_version, max_length=max_length)
+        job_config.precision = precision
         if eval_data is not None:
             job_config.evaluation.CopyFrom(_evaluation.evaluation_set(eval_data))
             job_config.eval_every = eval_every
