@@ -69,12 +69,15 @@ std::vector<ParameterGroup> ParameterGroups(const BertWeights& w) {
   return groups;
 }
 
+// The sums are `simd` reductions: without it GCC keeps a double sum scalar (it may not reorder
+// the additions), one add per 4 cycles, which made training telemetry cost 5% of a step. The
+// reordering changes the result in its last bits only.
 double SquaredNorm(const ParameterGroup& group) {
   double sum = 0.0;
   for (const TensorRows& part : group.parts) {
     const float* x = part.begin();
     const int64_t n = part.size();
-#pragma omp parallel for reduction(+ : sum) schedule(static) if (n >= (1 << 16))
+#pragma omp parallel for simd reduction(+ : sum) schedule(static) if (n >= (1 << 16))
     for (int64_t k = 0; k < n; ++k) sum += double{x[k]} * x[k];
   }
   return sum;
@@ -86,7 +89,7 @@ double SquaredDistance(const ParameterGroup& a, const ParameterGroup& b) {
     const float* x = a.parts[p].begin();
     const float* y = b.parts[p].begin();
     const int64_t n = a.parts[p].size();
-#pragma omp parallel for reduction(+ : sum) schedule(static) if (n >= (1 << 16))
+#pragma omp parallel for simd reduction(+ : sum) schedule(static) if (n >= (1 << 16))
     for (int64_t k = 0; k < n; ++k) {
       const double d = double{x[k]} - y[k];
       sum += d * d;

@@ -20,7 +20,7 @@ double SquaredNorm(const std::vector<float>& x) {
 
 double SquaredDistance(const float* a, const float* b, int64_t n) {
   double sum = 0;
-#pragma omp parallel for reduction(+ : sum) schedule(static) if (n >= (1 << 16))
+#pragma omp parallel for simd reduction(+ : sum) schedule(static) if (n >= (1 << 16))
   for (int64_t k = 0; k < n; ++k) {
     const double d = double{a[k]} - b[k];
     sum += d * d;
@@ -97,15 +97,25 @@ StepTelemetry TrainingTelemetry::AfterUpdate(const WordPieceTokenizer& tokenizer
     t.trainable = trainable_[g];
     if (!t.trainable) continue;  // frozen: unchanged, its gradient unused
     t.grad_norm = std::sqrt(attn::SquaredNorm(grads_[g]));
-    double update = 0;
+    // ‖W − W_before‖² and ‖W − W₀‖² in one pass over W.
+    double update = 0, moved = 0;
     int64_t at = 0;
-    for (const TensorRows& part : group.parts) {
-      update += SquaredDistance(part.begin(), before_[g].data() + at, part.size());
-      at += part.size();
+    for (size_t p = 0; p < group.parts.size(); ++p) {
+      const float* now = group.parts[p].begin();
+      const float* before = before_[g].data() + at;
+      const float* initial = initial_[g].parts[p].begin();
+      const int64_t n = group.parts[p].size();
+#pragma omp parallel for simd reduction(+ : update, moved) schedule(static) if (n >= (1 << 16))
+      for (int64_t k = 0; k < n; ++k) {
+        const double step = double{now[k]} - before[k];
+        const double since_start = double{now[k]} - initial[k];
+        update += step * step;
+        moved += since_start * since_start;
+      }
+      at += n;
     }
     t.update_norm = std::sqrt(update);
-    t.relative_change =
-        Ratio(std::sqrt(attn::SquaredDistance(group, initial_[g])), initial_norms_[g]);
+    t.relative_change = Ratio(std::sqrt(moved), initial_norms_[g]);
   }
   if (head_ != nullptr) {
     GroupTelemetry& t = out.groups.emplace_back();
