@@ -25,6 +25,12 @@ peer is left out with the reason. Sections:
   http        the same served load over HTTP (POST /v1/embeddings, OpenAI JSON with float
               vectors) against gRPC Encode, 32 clients each (2 in --smoke), rounds interleaved
               on one server; requests/s and the ratio HTTP / gRPC
+  limit       the physical limit beside the throughput, latency, int8 and bf16 rows: each
+              workload's matmul FLOPs (linear layers and the attention products, real tokens
+              only) at this host's oneDNN matmul peak for that precision, measured first by
+              attn-bench-matmul-peak on the model's own layer shapes and a large square; the
+              ratio is the fraction of that limit ours reaches (1.0 would be every cycle in
+              the fastest matmul kernel and nothing else)
   explain     what an explanation costs: pairwise Explain with 32 steps on two 32-token texts
               (attn-bench-explain), in ms and as a multiple of one forward of the same texts;
               and the served Encode latency (1 client) with pairwise Explain calls arriving at
@@ -61,7 +67,7 @@ sys.path.insert(0, HERE)
 import sentences  # noqa: E402  (bench/sentences.py)
 
 SECTIONS = ["throughput", "latency", "int8", "bf16", "finetune", "served", "http", "explain",
-            "mpnet"]
+            "mpnet", "limit"]
 PAUSE_BETWEEN_RUNS_S = 0.05
 
 # Peers added by issue 15, by the fp32 engine of their family that check_peer() tests first.
@@ -215,6 +221,7 @@ class Engines:
         self.train_bin = os.path.join(bench_bin, "attn-bench-train")
         self.load_gen_bin = os.path.join(bench_bin, "attn-load-gen")
         self.explain_bin = os.path.join(bench_bin, "attn-bench-explain")
+        self.matmul_peak_bin = os.path.join(bench_bin, "attn-bench-matmul-peak")
         self.server_bin = os.path.join(args.build_dir, "server", "attnserve")
         self.peer_python = os.path.join(args.venv, "bin", "python")
         self.openvino_python = os.path.join(args.openvino_venv, "bin", "python")
@@ -236,7 +243,8 @@ class Engines:
 
     def missing_ours(self):
         return [p for p in (self.engine_bin, self.train_bin, self.load_gen_bin, self.server_bin,
-                            self.explain_bin) if not os.access(p, os.X_OK)]
+                            self.explain_bin, self.matmul_peak_bin)
+                if not os.access(p, os.X_OK)]
 
     def argv(self, engine):
         t = str(self.args.threads)
@@ -356,7 +364,32 @@ def describe(workload):
     seqs = workload.get("sequences") or workload["anchors"] + workload["positives"]
     lengths = [len(s) for s in seqs]
     return {"sequences": len(seqs), "tokens": sum(lengths), "min_len": min(lengths),
-            "max_len": max(lengths), "padded_tokens": len(seqs) * max(lengths)}
+            "max_len": max(lengths), "padded_tokens": len(seqs) * max(lengths),
+            "lengths": lengths}
+
+
+def encoder_shape(model_dir):
+    """(layers, hidden, intermediate) of the encoder in model_dir's config.json."""
+    with open(os.path.join(model_dir, "config.json")) as f:
+        config = json.load(f)
+    return (config["num_hidden_layers"], config["hidden_size"], config["intermediate_size"])
+
+
+def weight_macs_per_token(model_dir):
+    """Multiply-adds per token of the encoder layers' 2-D weights in model.safetensors (its
+    header only): an independent count of what forward_matmul_flops() derives from config.json."""
+    with open(os.path.join(model_dir, "model.safetensors"), "rb") as f:
+        header = json.loads(f.read(int.from_bytes(f.read(8), "little")))
+    return sum(math.prod(t["shape"]) for name, t in header.items()
+               if ".layer." in name and name.endswith(".weight") and len(t.get("shape", ())) == 2)
+
+
+def forward_matmul_flops(lengths, layers, hidden, intermediate):
+    """Matmul FLOPs of one encoder forward over sequences of these lengths, unpadded: per layer
+    and token the Q, K, V and output projections (4 d^2 multiply-adds) and the FFN (2 d f), and
+    per layer and sequence QK^T and PV (2 L^2 d); 2 FLOPs per multiply-add."""
+    per_token = 2 * (4 * hidden * hidden + 2 * hidden * intermediate)
+    return layers * sum(per_token * n + 4 * n * n * hidden for n in lengths)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -608,6 +641,7 @@ class Run:
         self.versions = {"attnserve": source_revision(), "build": build_type(args.build_dir)}
         self.pool = {}  # engine -> running Worker
         self.peer_checks = {}  # peer family -> passed check_peer()
+        self.ours_timings = {}  # (precision, workload) -> (metric, median seconds): limit rows
 
     def note_versions(self, worker):
         info = worker.info
@@ -740,6 +774,7 @@ class Run:
         results, _ = self.time_section("inference", ["ours-fp32"] + peers, plan)
         self.close("torch", "ov-fp32", "ct2-fp32")
         self.offline = results["mixed_64"].get("ours-fp32") if "mixed_64" in results else None
+        self.note_ours("fp32", results, [(w, m) for _, w, m in rows])
         for label, workload, metric in rows:
             shape = self.describe[workload]
             for peer in peers:
@@ -814,6 +849,7 @@ class Run:
             [(workload, self.sizes.runs)])
         timings = results[workload]
         shape = self.shape(workload)
+        self.note_ours("int8", results, [(workload, "throughput")])
         self.ours_name = "ours-int8"
         for peer, label, goal in (("ort-fp32", "ORT fp32", "int8_vs_ort_fp32"),
                                   ("ort-int8", "ORT int8", "int8_vs_ort_int8"),
@@ -846,6 +882,7 @@ class Run:
         native = self.machine["isa_class"] == "amx" or "avx512_bf16" in self.machine["isa"]
         # The served rows then also run a bf16 server against this offline figure.
         self.offline_bf16 = results["mixed_64"].get("ours-bf16") if native else None
+        self.note_ours("bf16", results, [(w, m) for w, _, m in plan])
         self.ours_name = "ours-bf16"
         for workload, _, metric in plan:
             shape = self.shape(workload)
@@ -858,6 +895,68 @@ class Run:
         self.cosine_row("bf16 cosine to fp32, ours", "ours-bf16", "ours-fp32",
                         ("bf16_cosine_min", None))
         self.cosine_row("bf16 cosine to fp32, OpenVINO", "ov-bf16", "ort-fp32", (None, None))
+
+    def note_ours(self, precision, results, workloads):
+        """Keeps ours' median at `precision` on each (workload, metric) for the limit rows."""
+        for workload, metric in workloads:
+            timing = results.get(workload, {}).get(f"ours-{precision}")
+            if timing:
+                self.ours_timings[(precision, workload)] = (metric, timing["median_s"])
+
+    def measure_peak(self):
+        """attn-bench-matmul-peak on the model's linear shapes at the 32 x 128 workload's rows
+        (and a large square in a full run), with the engines' threads; its JSON, or an error
+        string."""
+        layers, hidden, intermediate = encoder_shape(self.args.model_dir)
+        rows = self.describe["tp_32x128"]["tokens"]
+        shapes = [(rows, hidden, 3 * hidden), (rows, hidden, hidden),
+                  (rows, hidden, intermediate), (rows, intermediate, hidden)]
+        if not self.sizes.smoke:
+            shapes.append((2048, 2048, 2048))
+        timing = ["--seconds", "0.05", "--repeats", "1"] if self.sizes.smoke else [
+            "--seconds", "1.5", "--repeats", "5"]
+        argv = [self.engines.matmul_peak_bin, "--threads", str(self.args.threads), "--shapes",
+                ",".join("x".join(map(str, s)) for s in shapes)] + timing
+        log(f"limit: {' '.join(argv)}")
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=900)
+        if out.returncode != 0:
+            return f"attn-bench-matmul-peak failed: {out.stderr.strip()[-300:]}"
+        peak = json.loads(out.stdout)
+        self.raw["matmul_peak"] = peak
+        log(f"limit: peaks {({p: v['peak_gflops'] for p, v in peak['precisions'].items()})}")
+        return peak
+
+    def limits(self, peak):
+        """One row per (precision, workload) ours ran: ours against the workload's matmul FLOPs
+        at the measured peak. Ratio: the fraction of the limit reached (throughput: ours /
+        limit; latency: limit / ours)."""
+        layers, hidden, intermediate = encoder_shape(self.args.model_dir)
+        counted = weight_macs_per_token(self.args.model_dir)
+        if counted != layers * (4 * hidden * hidden + 2 * hidden * intermediate):
+            raise SystemExit(f"limit: config.json's shapes give {layers} x (4 d^2 + 2 d f) "
+                             f"multiply-adds per token, model.safetensors' layer weights "
+                             f"{counted}: the FLOP count does not describe this model")
+        for (precision, workload), (metric, median_s) in self.ours_timings.items():
+            shape = self.describe[workload]
+            flops = forward_matmul_flops(shape["lengths"], layers, hidden, intermediate)
+            measured = peak if isinstance(peak, str) else peak["precisions"].get(precision)
+            label = (f"(limit) {precision} {'latency ' if metric == 'latency' else ''}"
+                     f"{self.shape(workload)}: {flops / shape['tokens'] / 1e6:.1f} MFLOP/token")
+            unit = "tok/s" if metric == "throughput" else "ms"
+            ours = shape["tokens"] / median_s if metric == "throughput" else median_s * 1e3
+            if not isinstance(measured, dict) or not measured.get("peak_gflops"):
+                reason = (peak if isinstance(peak, str) else
+                          f"{precision} matmul has only oneDNN's {measured['impl']} kernel here"
+                          if measured else f"{precision} peak not measured")
+                self.table.add(label, ours, "matmul peak", None, None, ("limit", None), unit,
+                               note=f"n/a ({reason})")
+                continue
+            limit_s = flops / (measured["peak_gflops"] * 1e9)
+            limit = shape["tokens"] / limit_s if metric == "throughput" else limit_s * 1e3
+            rate = "GOP/s" if precision == "int8" else "GFLOP/s"
+            self.table.add(f"{label}, peak {measured['peak_gflops']:,.0f} {rate} "
+                           f"({measured['impl']})", ours, "matmul peak", limit,
+                           limit_s / median_s, ("limit", None), unit)
 
     def finetune(self):
         results, _ = self.time_section(
@@ -1097,6 +1196,8 @@ class Run:
             tokenizer.call({"cmd": "load", "inputs": self.inputs_path})
             self.describe = {name: describe(w) for name, w in workloads.items()}
             sections = self.args.sections
+            # First, on a quiet machine: the workers are loaded but idle.
+            peak = self.measure_peak() if "limit" in sections else None
             self.inference(sections)
             if "int8" in sections:
                 self.int8()
@@ -1113,6 +1214,8 @@ class Run:
                 self.explain()
             if "mpnet" in sections:
                 self.mpnet()
+            if peak is not None:
+                self.limits(peak)
         finally:
             self.close()
         self.machine["loadavg_end"] = os.getloadavg()

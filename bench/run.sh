@@ -157,7 +157,7 @@ if [[ ! -f "$BUILD_DIR/build.ninja" ]]; then
 fi
 log "building the bench tools and attnserve in $BUILD_DIR"
 cmake --build "$BUILD_DIR" -j2 --target attn-bench-engine attn-bench-train attn-bench-explain \
-  attn-load-gen attnserve
+  attn-bench-matmul-peak attn-load-gen attnserve
 
 if ((SETUP_ONLY)); then
   log "set up; not running the benchmark (--setup-only)"
