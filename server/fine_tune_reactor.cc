@@ -38,10 +38,22 @@ class FineTuneReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, g
       End(auth, "");
       return;
     }
-    StartRead(&request_bytes_);
+    idle_ = service_->idle_watchdog_.Start([context] { context->TryCancel(); });
+    ReadNext();
   }
 
   void OnReadDone(bool ok) override {
+    idle_->Received();
+    if (!ok && idle_->timed_out()) {
+      End(IdleTimeout("FineTune", service_->idle_watchdog_.timeout(),
+                      job_ == nullptr ? "the config" : "the next batch, commit or abort",
+                      job_ == nullptr ? std::string("no job was started")
+                                      : absl::StrCat("job ", job_->id(),
+                                                     " discarded; the model's fine-tuning slot "
+                                                     "is free")),
+          "cancelled");
+      return;
+    }
     if (!ok) {
       // The client half-closed, cancelled, hit its deadline, or the server is shutting down.
       const char* why = context_->IsCancelled()
@@ -115,7 +127,7 @@ class FineTuneReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, g
       EndCancelled();
       return;
     }
-    StartRead(&request_bytes_);
+    ReadNext();
   }
 
   void OnCancel() override { cancelled_.store(true); }
@@ -126,6 +138,12 @@ class FineTuneReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, g
   }
 
  private:
+  // The client's next message, on the idle clock (--stream-idle-timeout-s).
+  void ReadNext() {
+    idle_->Waiting();
+    StartRead(&request_bytes_);
+  }
+
   void HandleConfig() {
     absl::StatusOr<core::FineTuneConfig> config = ToCore(request_.config());
     // The model first: its name decides which model's versions the job starts from.
@@ -142,7 +160,7 @@ class FineTuneReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, g
     job_->Prepare(control_, [this](absl::Status prepared) {
       if (cancelled_.load()) return EndCancelled();
       if (!prepared.ok()) return End(prepared, "failed");
-      StartRead(&request_bytes_);
+      ReadNext();
     });
   }
 
@@ -212,7 +230,8 @@ class FineTuneReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, g
   v1::FineTuneRequest request_;
   v1::FineTuneProgress progress_;
   grpc::ByteBuffer progress_bytes_;
-  std::unique_ptr<core::FineTuneJob> job_;  // null = no config yet
+  std::unique_ptr<core::FineTuneJob> job_;           // null = no config yet
+  std::unique_ptr<StreamIdleWatchdog::Watch> idle_;  // the idle clock of the client's messages
 };
 
 RawMethods::BidiReactor* NewFineTuneReactor(TrainerService* service,

@@ -42,12 +42,21 @@ class CreateJobReactor final : public RawMethods::BidiReactor {
       End(auth);
       return;
     }
-    StartRead(&request_bytes_);
+    idle_ = service_->idle_watchdog_.Start([context] { context->TryCancel(); });
+    ReadNext();
   }
 
   void OnReadDone(bool ok) override {
+    idle_->Received();
     if (!ok) {
-      if (context_->IsCancelled()) {
+      if (idle_->timed_out()) {
+        End(IdleTimeout("CreateJob", service_->idle_watchdog_.timeout(),
+                        upload_ == nullptr ? "the spec" : "the next chunk",
+                        upload_ == nullptr ? std::string("no job was created")
+                                           : absl::StrCat("job ", upload_->id(),
+                                                          " was not created; its queue place is "
+                                                          "free")));
+      } else if (context_->IsCancelled()) {
         End(
             absl::CancelledError("the call was cancelled (by the client, its deadline or a server "
                                  "shutdown); no job was created"));
@@ -90,12 +99,18 @@ class CreateJobReactor final : public RawMethods::BidiReactor {
       End(absl::CancelledError("the client went away; no job was created"));
       return;
     }
-    StartRead(&request_bytes_);
+    ReadNext();
   }
 
   void OnDone() override { delete this; }
 
  private:
+  // The client's next message, on the idle clock (--stream-idle-timeout-s).
+  void ReadNext() {
+    idle_->Waiting();
+    StartRead(&request_bytes_);
+  }
+
   void HandleSpec() {
     if (upload_ != nullptr) {
       End(absl::InvalidArgumentError(absl::StrCat("a second spec in the upload of job ",
@@ -140,7 +155,7 @@ class CreateJobReactor final : public RawMethods::BidiReactor {
       return;
     }
     if (!upload_->complete()) {
-      StartRead(&request_bytes_);
+      ReadNext();
       return;
     }
     absl::StatusOr<core::JobView> job = upload_->Finish();
@@ -182,7 +197,8 @@ class CreateJobReactor final : public RawMethods::BidiReactor {
   grpc::ByteBuffer request_bytes_;
   v1::CreateJobRequest request_;
   grpc::ByteBuffer response_bytes_;
-  std::unique_ptr<core::JobUpload> upload_;  // null until the spec is accepted
+  std::unique_ptr<core::JobUpload> upload_;          // null until the spec is accepted
+  std::unique_ptr<StreamIdleWatchdog::Watch> idle_;  // the idle clock of the client's messages
 };
 
 // WatchJob: the job's events from the requested index, read from the runner in small batches,

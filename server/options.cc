@@ -125,6 +125,12 @@ ABSL_FLAG(int64_t, max_job_dataset_bytes, kDefaults.max_job_dataset_bytes,
           "Largest dataset a server-side job may upload, in bytes (at most 4 GiB - 1). A bigger "
           "declared size is refused before any upload, a size that lied is caught while it "
           "arrives.");
+ABSL_FLAG(double, stream_idle_timeout_s, kDefaults.stream_idle_timeout_s,
+          "Seconds a FineTune or CreateJob stream may wait for its client's next message (time "
+          "the server spends training does not count); then it is cancelled, the job discarded, "
+          "and the model's fine-tuning slot or job queue place it held is free for the next "
+          "job. A client that was killed, stopped or cut off by the network would otherwise "
+          "hold them until a restart. 0 = never.");
 ABSL_FLAG(double, watch_store, kDefaults.watch_store_s,
           "Seconds between polls of --model-store for versions committed by another process "
           "(a trainer replica sharing the store); 0 = off. New complete versions are "
@@ -269,6 +275,7 @@ absl::StatusOr<ServerOptions> OptionsFromFlags() {
   options.trainer_nice = absl::GetFlag(FLAGS_trainer_nice);
   options.max_queued_jobs = absl::GetFlag(FLAGS_max_queued_jobs);
   options.max_job_dataset_bytes = absl::GetFlag(FLAGS_max_job_dataset_bytes);
+  options.stream_idle_timeout_s = absl::GetFlag(FLAGS_stream_idle_timeout_s);
   options.watch_store_s = absl::GetFlag(FLAGS_watch_store);
   options.max_loaded_versions = absl::GetFlag(FLAGS_max_loaded_versions);
   options.tls_cert = absl::GetFlag(FLAGS_tls_cert);
@@ -323,6 +330,9 @@ absl::StatusOr<ServerOptions> OptionsFromFlags() {
   // Datasets are indexed with 32-bit offsets (core/job_dataset.h).
   if (options.max_job_dataset_bytes < 1 || options.max_job_dataset_bytes > (int64_t{4} << 30) - 1) {
     return invalid("--max-job-dataset-bytes must be in [1, 4294967295]");
+  }
+  if (!(options.stream_idle_timeout_s >= 0) || options.stream_idle_timeout_s > 86400) {
+    return invalid("--stream-idle-timeout-s must be in [0, 86400] (0 = never)");
   }
   if (options.trainer_nice < 0 || options.trainer_nice > 19) {
     return invalid("--trainer-nice must be in [0, 19]");

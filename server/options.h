@@ -55,6 +55,9 @@ struct ServerOptions {
   // dataset one may upload.
   int max_queued_jobs = 16;
   int64_t max_job_dataset_bytes = 256ll << 20;
+  // A FineTune or CreateJob stream waiting this long for its client's next message is
+  // cancelled, freeing the fine-tuning slot or queue place it held (0 = never).
+  double stream_idle_timeout_s = 300;
 
   // Scaling out: several servers share one model store that a single trainer writes.
   double watch_store_s = 0;  // poll --model-store this often for new versions (0 = off)

@@ -15,9 +15,9 @@
 #include "server/core/version_compare.h"
 #include "server/fine_tune_convert.h"
 #include "server/fine_tune_reactor.h"
-#include "server/proto_convert.h"
 #include "server/job_calls.h"
 #include "server/job_convert.h"
+#include "server/proto_convert.h"
 #include "server/raw_method.h"
 
 namespace attn::server {
@@ -132,7 +132,11 @@ void ToProto(const core::EvaluateResponse& in, v1::EvaluationResult* out) {
 
 TrainerService::TrainerService(const ServerOptions& options, std::optional<std::string> token,
                                const ModelSet* models, Metrics* metrics)
-    : options_(options), token_(std::move(token)), models_(models), metrics_(metrics) {
+    : options_(options),
+      token_(std::move(token)),
+      models_(models),
+      metrics_(metrics),
+      idle_watchdog_(std::chrono::duration<double>(options.stream_idle_timeout_s)) {
   for (const ServedModel& served : models->models()) {
     fine_tuning_[served.name] = std::make_unique<core::FineTuning>(
         core::FineTuningOptions{options.max_inputs_per_request, served.store,

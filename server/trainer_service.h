@@ -27,6 +27,7 @@
 #include "server/metrics.h"
 #include "server/options.h"
 #include "server/raw_method.h"
+#include "server/stream_idle_watchdog.h"
 
 namespace attn::server {
 
@@ -126,6 +127,8 @@ class TrainerService final : public attnserve::v1::Trainer::CallbackService {
   const std::optional<std::string> token_;
   const ModelSet* const models_;
   Metrics* const metrics_;
+  // Cancels FineTune and CreateJob streams whose client went quiet (--stream-idle-timeout-s).
+  StreamIdleWatchdog idle_watchdog_;
   // Last: destroyed first, their training threads running the tasks still queued while the
   // members they use live. One per served model, by name.
   std::map<std::string, std::unique_ptr<core::FineTuning>> fine_tuning_;

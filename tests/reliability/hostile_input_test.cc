@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <functional>
@@ -17,8 +18,10 @@
 #include <map>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "attnserve/v1/trainer.grpc.pb.h"
 #include "client/training_data.h"
 #include "tests/integration/harness.h"
@@ -2834,6 +2837,137 @@ TEST(JobHostile, AJobOfAnotherModel) {
   ASSERT_TRUE(cancelled.ok()) << StatusString(cancelled);
   EXPECT_EQ(job.state(), pb::JOB_CANCELLED);
   reliability::ExpectHealthy(server, "job calls across models");
+}
+
+// Clients that go quiet mid-stream (killed, stopped, cut off by the network): after
+// --stream-idle-timeout-s of waiting for them the server cancels the stream, so a FineTune stream
+// stops holding the model's fine-tuning slot and a CreateJob upload its job queue place. A client
+// that keeps sending, however slowly, is not cancelled: only time waiting for it counts.
+TEST(StreamIdleHostile, AQuietClientLosesTheSlotAndTheQueuePlaceItHeld) {
+  reliability::TempDir dir("stream-idle");
+  const std::string token = dir.WriteFile("token", std::string(kToken) + "\n");
+  constexpr int kIdleSeconds = 2;
+  ServerProcess server({"--trainer_token_file=" + token, "--model_store=" + dir.path() + "/store",
+                        "--trainer_threads=1", "--max_queued_jobs=1",
+                        "--stream_idle_timeout_s=" + std::to_string(kIdleSeconds)});
+  std::string error;
+  ASSERT_TRUE(server.StartAndWait(ScaledSeconds(120), &error)) << error;
+  Clients c;
+  c.channel = server.NewChannel();
+  c.trainer = pb::Trainer::NewStub(c.channel);
+  using Clock = std::chrono::steady_clock;
+  const auto seconds_since = [](Clock::time_point t) {
+    return std::chrono::duration<double>(Clock::now() - t).count();
+  };
+  pb::FineTuneRequest config;
+  config.mutable_config()->set_objective(pb::CONTRASTIVE);
+  config.mutable_config()->set_disable_dropout(true);
+  pb::FineTuneRequest batch;
+  for (const pb::TrainingExample& e : JobPairs(2)) *batch.mutable_batch()->add_examples() = e;
+
+  // A slow client: a message every 0.3 s for two idle timeouts is never cancelled.
+  {
+    std::vector<pb::FineTuneRequest> requests = {config};
+    for (int i = 0; i < 2 * kIdleSeconds / 0.3; ++i) requests.push_back(batch);
+    pb::FineTuneRequest stop;
+    stop.set_abort(true);
+    requests.push_back(stop);
+    grpc::ClientContext context;
+    context.set_deadline(Deadline(300));
+    context.AddMetadata("authorization", std::string("Bearer ") + kToken);
+    auto stream = c.trainer->FineTune(&context);
+    pb::FineTuneProgress progress;
+    for (size_t i = 0; i < requests.size(); ++i) {
+      if (i > 0) std::this_thread::sleep_for(std::chrono::milliseconds(300));
+      ASSERT_TRUE(stream->Write(requests[i])) << "message " << i;
+      // The config has no answer; every batch and the abort have one.
+      if (i > 0) {
+        ASSERT_TRUE(stream->Read(&progress)) << "message " << i;
+      }
+    }
+    stream->WritesDone();
+    const grpc::Status status = stream->Finish();
+    EXPECT_TRUE(status.ok()) << StatusString(status);
+  }
+
+  // FineTune: one step, then silence. While it waits, the slot is taken; then it is cancelled
+  // and the next job gets the slot.
+  {
+    grpc::ClientContext context;
+    context.set_deadline(Deadline(300));
+    context.AddMetadata("authorization", std::string("Bearer ") + kToken);
+    auto quiet = c.trainer->FineTune(&context);
+    ASSERT_TRUE(quiet->Write(config));
+    ASSERT_TRUE(quiet->Write(batch));
+    pb::FineTuneProgress progress;
+    ASSERT_TRUE(quiet->Read(&progress));
+    const Clock::time_point silent = Clock::now();
+    ExpectStatus(FineTune(c, {config}), grpc::StatusCode::FAILED_PRECONDITION, {progress.job_id()},
+                 "FineTune while a quiet client holds the slot");
+    EXPECT_FALSE(quiet->Read(&progress));  // returns once the server has cancelled the stream
+    EXPECT_GE(seconds_since(silent), kIdleSeconds - 0.1);
+    EXPECT_LT(seconds_since(silent), ScaledSeconds(60).count());
+    EXPECT_EQ(quiet->Finish().error_code(), grpc::StatusCode::CANCELLED);
+  }
+  // The client hears the cancel before the server has ended the job: the slot is free soon
+  // after, not at once.
+  pb::FineTuneRequest abort;
+  abort.set_abort(true);
+  EXPECT_TRUE(WaitFor(
+      [&] {
+        return FineTune(c, {config, abort}).ok();
+      },
+      ScaledSeconds(10)))
+      << "the slot of the cancelled stream was not freed";
+  EXPECT_FALSE(
+      CommitOneContrastiveStep(c.trainer.get(), {kToken, "", 5e-5, false, "after"}).empty());
+
+  // CreateJob: the spec, then silence. Its upload holds the only queue place; then it is
+  // cancelled, no job is left of it, and the next upload is queued.
+  const client::JobDataset pairs = client::EncodeJobDataset(JobPairs(4));
+  {
+    grpc::ClientContext context;
+    context.set_deadline(Deadline(300));
+    context.AddMetadata("authorization", std::string("Bearer ") + kToken);
+    auto quiet = c.trainer->CreateJob(&context);
+    ASSERT_TRUE(quiet->Write(JobSpecOf(pairs)));
+    pb::CreateJobResponse accepted;
+    ASSERT_TRUE(quiet->Read(&accepted));
+    const Clock::time_point silent = Clock::now();
+    ExpectStatus(CreateJob(c, Upload(JobSpecOf(pairs), ChunksOf(pairs.bytes, 1 << 20))),
+                 grpc::StatusCode::RESOURCE_EXHAUSTED, {"--max-queued-jobs"},
+                 "CreateJob while a quiet upload holds the queue");
+    EXPECT_FALSE(quiet->Read(&accepted));
+    EXPECT_GE(seconds_since(silent), kIdleSeconds - 0.1);
+    EXPECT_LT(seconds_since(silent), ScaledSeconds(60).count());
+    EXPECT_EQ(quiet->Finish().error_code(), grpc::StatusCode::CANCELLED);
+  }
+  grpc::Status queued;
+  EXPECT_TRUE(WaitFor(
+      [&] {
+        queued = CreateJob(c, Upload(JobSpecOf(pairs), ChunksOf(pairs.bytes, 1 << 20)));
+        return queued.ok();
+      },
+      ScaledSeconds(10)))
+      << "the queue place of the cancelled upload was not freed: " << StatusString(queued);
+
+  // The server says why, in its log and its counters.
+  const std::string log = reliability::FullLog(server);
+  EXPECT_TRUE(absl::StrContains(log,
+                                "FineTune: no message from the client for 2 s while waiting "
+                                "for the next batch, commit or abort"))
+      << log.substr(log.size() > 4000 ? log.size() - 4000 : 0);
+  EXPECT_TRUE(absl::StrContains(log,
+                                "CreateJob: no message from the client for 2 s while waiting "
+                                "for the next chunk"));
+  const Metrics metrics = ScrapeOrFail(server);
+  for (const char* method : {"FineTune", "CreateJob"}) {
+    EXPECT_EQ(metrics.Sum("attnserve_requests_total",
+                          {{"method", method}, {"code", "DEADLINE_EXCEEDED"}}),
+              1)
+        << method;
+  }
+  reliability::ExpectHealthy(server, "quiet trainer streams");
 }
 
 }  // namespace
