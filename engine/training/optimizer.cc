@@ -355,9 +355,66 @@ void AdamWUpdate(const AdamWScalars& s, int64_t n, const float* g, float* p, flo
   }
 }
 
+// The sums of one row after its update: g (the gradient as given), before (p before the update),
+// p (after) and p0 (the job's start), each n long.
+void AddRowSums(int64_t n, const float* g, const float* before, const float* p, const float* p0,
+                double* grad_sq, double* update_sq, double* moved_sq) {
+  double gg = 0, uu = 0, mm = 0;
+#pragma omp simd reduction(+ : gg, uu, mm)
+  for (int64_t k = 0; k < n; ++k) {
+    const double grad = g[k], update = double{p[k]} - before[k], moved = double{p[k]} - p0[k];
+    gg += grad * grad;
+    uu += update * update;
+    mm += moved * moved;
+  }
+  *grad_sq += gg;
+  *update_sq += uu;
+  *moved_sq += mm;
+}
+
+// One entry's update with its per-row sums: the same per-element operations as Step's paths
+// (so the same bits), over blocks of whole rows so that each row is summed by one thread.
+void UpdateWithRowSums(const AdamWScalars& s, const ParamEntry& e, const uint8_t* live, float* m,
+                       float* v, const float* p0, double* grad_sq, double* update_sq,
+                       double* moved_sq) {
+  float* p = e.param->data();
+  const float* g = e.grad->data();
+  const int64_t n = e.param->numel(), rows = e.param->dim(0), row_len = n / rows;
+  const int64_t rows_per_block = std::max<int64_t>(1, (int64_t{1} << 12) / row_len);
+  const int64_t blocks = (rows + rows_per_block - 1) / rows_per_block;
+#pragma omp parallel if (n >= kParallelElements)
+  {
+    std::vector<float> before(rows_per_block * row_len);
+#pragma omp for schedule(static)
+    for (int64_t b = 0; b < blocks; ++b) {
+      const int64_t first = b * rows_per_block, last = std::min(rows, first + rows_per_block);
+      const int64_t at = first * row_len, len = (last - first) * row_len;
+      std::copy(p + at, p + at + len, before.begin());
+      if (live == nullptr) {
+        AdamWUpdate(s, len, g + at, p + at, m + at, v + at);
+      } else {
+        for (int64_t row = first; row < last; ++row) {
+          const int64_t r = row * row_len;
+          if (live[row]) {
+            AdamWUpdate(s, row_len, g + r, p + r, m + r, v + r);
+          } else {
+#pragma omp simd
+            for (int64_t k = r; k < r + row_len; ++k) p[k] *= s.decay_factor;
+          }
+        }
+      }
+      for (int64_t row = first; row < last; ++row) {
+        const int64_t r = row * row_len;
+        AddRowSums(row_len, g + r, before.data() + (r - at), p + r, p0 + r, &grad_sq[row],
+                   &update_sq[row], &moved_sq[row]);
+      }
+    }
+  }
+}
+
 }  // namespace
 
-absl::Status AdamW::Step(double lr, float grad_scale) {
+absl::Status AdamW::Step(double lr, float grad_scale, StepRowSums* sums) {
   if (!(lr >= 0.0) || !std::isfinite(lr)) {
     return absl::InvalidArgumentError(absl::StrFormat("AdamW step lr must be >= 0, got %g", lr));
   }
@@ -366,6 +423,24 @@ absl::Status AdamW::Step(double lr, float grad_scale) {
         absl::StrFormat("AdamW gradient scale must be in [0, 1], got %g", grad_scale));
   }
   // Check everything before touching anything, so a failed Step leaves no half-update.
+  if (sums != nullptr && sums->initial.size() != params_.size()) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "AdamW step sums need %d initial tensors, got %d", params_.size(), sums->initial.size()));
+  }
+  if (sums != nullptr) {
+    for (size_t i = 0; i < params_.size(); ++i) {
+      if (sums->initial[i] == nullptr || params_[i].param->rank() == 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("AdamW step sums: no initial values, or a scalar, for ", params_[i].name));
+      }
+    }
+    for (auto* per_entry : {&sums->grad_sq, &sums->update_sq, &sums->moved_sq}) {
+      per_entry->resize(params_.size());
+      for (size_t i = 0; i < params_.size(); ++i) {
+        (*per_entry)[i].assign(params_[i].param->dim(0), 0.0);
+      }
+    }
+  }
   for (const ParamEntry& e : params_) {
     if (e.param->shape() != e.grad->shape()) {
       return absl::FailedPreconditionError(
@@ -418,10 +493,20 @@ absl::Status AdamW::Step(double lr, float grad_scale) {
     const int64_t n = e.param->numel();
     // A row with m = v = 0 and g = 0 gets m = v = 0, denom = eps and p += (-step * 0) / eps,
     // which adds a zero: only the decay changes p. With eps = 0 that would be 0/0, so no skip.
-    if (e.nonzero_rows != nullptr && s.eps > 0.0f) {
-      const int64_t rows = e.param->dim(0), row_len = n / rows;
+    const bool skip_dead_rows = e.nonzero_rows != nullptr && s.eps > 0.0f;
+    if (skip_dead_rows) {
+      const int64_t rows = e.param->dim(0);
       if (static_cast<int64_t>(st.live_rows.size()) != rows) st.live_rows.assign(rows, 0);
       for (const int32_t row : *e.nonzero_rows) st.live_rows[row] = 1;
+    }
+    if (sums != nullptr) {
+      UpdateWithRowSums(s, e, skip_dead_rows ? st.live_rows.data() : nullptr, m, v,
+                        sums->initial[i], sums->grad_sq[i].data(), sums->update_sq[i].data(),
+                        sums->moved_sq[i].data());
+      continue;
+    }
+    if (skip_dead_rows) {
+      const int64_t rows = e.param->dim(0), row_len = n / rows;
       const uint8_t* live = st.live_rows.data();
 #pragma omp parallel for schedule(static) if (n >= kParallelElements)
       for (int64_t row = 0; row < rows; ++row) {

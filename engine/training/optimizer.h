@@ -117,6 +117,16 @@ struct AdamWOptions {
 // weight_decay).
 absl::Status ValidateAdamWOptions(const AdamWOptions& options);
 
+// What a Step can measure as it updates, for training telemetry (engine/training/telemetry.h):
+// per entry (params() order) and per row of its first dimension (per element of a 1-D tensor),
+// in double: Σ g² of the gradient as given (before clipping), Σ (p_after − p_before)² of this
+// step, and Σ (p_after − p₀)² against the entry's `initial` values (same shape). Each block is
+// summed right after its update, while it is in cache; the update itself is unchanged to the bit.
+struct StepRowSums {
+  std::vector<const float*> initial;                              // in: p₀ per entry
+  std::vector<std::vector<double>> grad_sq, update_sq, moved_sq;  // out: per entry, per row
+};
+
 class AdamW {
  public:
   // Validates options (lr >= 0, 0 <= beta < 1, eps >= 0, weight_decay >= 0) and entries
@@ -129,7 +139,8 @@ class AdamW {
   // Moment buffers m and v are allocated (zeroed) on a parameter's first step. For an entry
   // with nonzero_rows, a row whose gradient has been zero at every step so far has m = v = 0,
   // and its update is exactly the decay p *= 1 - lr * wd (when eps > 0): only that is done.
-  absl::Status Step(double lr, float grad_scale = 1.0f);
+  // With `sums`, also fills its per-row sums (its `initial` has one pointer per entry).
+  absl::Status Step(double lr, float grad_scale = 1.0f, StepRowSums* sums = nullptr);
   // One update at options().lr.
   absl::Status Step() { return Step(options_.lr); }
 

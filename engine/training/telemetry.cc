@@ -12,15 +12,9 @@ double Ratio(double numerator, double denominator) {
   return denominator > 0 ? numerator / denominator : 0.0;
 }
 
-double SquaredNorm(const std::vector<float>& x) {
-  double sum = 0;
-  for (float v : x) sum += double{v} * v;
-  return sum;
-}
-
 double SquaredDistance(const float* a, const float* b, int64_t n) {
   double sum = 0;
-#pragma omp parallel for simd reduction(+ : sum) schedule(static) if (n >= (1 << 16))
+#pragma omp simd reduction(+ : sum)
   for (int64_t k = 0; k < n; ++k) {
     const double d = double{a[k]} - b[k];
     sum += d * d;
@@ -28,33 +22,50 @@ double SquaredDistance(const float* a, const float* b, int64_t n) {
   return sum;
 }
 
-std::vector<float> HeadValues(const ClassificationHead& head) {
-  std::vector<float> values(head.weight.data(), head.weight.data() + head.weight.numel());
-  values.insert(values.end(), head.bias.data(), head.bias.data() + head.bias.numel());
-  return values;
+double SquaredNorm(const Tensor& t) {
+  double sum = 0;
+  for (float v : t.values()) sum += double{v} * v;
+  return sum;
 }
 
 }  // namespace
 
 TrainingTelemetry::TrainingTelemetry(const BertWeights& initial, const BertWeights& weights,
-                                     const BertWeights& grads, const ClassificationHead* head,
-                                     const ClassificationHead* head_grads,
-                                     const std::vector<const Tensor*>& trainable)
-    : initial_(ParameterGroups(initial)),
-      weights_(ParameterGroups(weights)),
-      grads_(ParameterGroups(grads)),
-      head_(head),
-      head_grads_(head_grads) {
-  for (const ParameterGroup& group : weights_) {
-    const Tensor* first = group.parts.front().tensor;
-    trainable_.push_back(std::find(trainable.begin(), trainable.end(), first) != trainable.end());
+                                     const ClassificationHead* head,
+                                     const std::vector<ParamEntry>& params)
+    : initial_(ParameterGroups(initial)), weights_(ParameterGroups(weights)), head_(head) {
+  const auto entry_of = [&params](const Tensor* tensor) {
+    for (size_t i = 0; i < params.size(); ++i) {
+      if (params[i].param == tensor) return static_cast<int>(i);
+    }
+    return -1;
+  };
+  sums_.initial.assign(params.size(), nullptr);
+  for (size_t g = 0; g < weights_.size(); ++g) {
+    std::vector<int>& entries = part_entries_.emplace_back();
+    for (size_t p = 0; p < weights_[g].parts.size(); ++p) {
+      const int entry = entry_of(weights_[g].parts[p].tensor);
+      entries.push_back(entry);
+      if (entry >= 0) sums_.initial[entry] = initial_[g].parts[p].tensor->data();
+    }
+    trainable_.push_back(entries.front() >= 0);
   }
   // ‖W₀‖ per group: constant for the job, so computed once.
   for (const ParameterGroup& group : initial_) {
     initial_norms_.push_back(std::sqrt(attn::SquaredNorm(group)));
   }
-  if (head_ != nullptr) initial_head_ = *head_;
-  before_.resize(weights_.size());
+  if (head_ != nullptr) {
+    initial_head_ = *head_;
+    initial_head_norm_ =
+        std::sqrt(SquaredNorm(initial_head_.weight) + SquaredNorm(initial_head_.bias));
+    for (auto [now, start] : {std::pair{&head_->weight, &initial_head_.weight},
+                              std::pair{&head_->bias, &initial_head_.bias}}) {
+      const int entry = entry_of(now);
+      if (entry < 0) continue;
+      head_entries_.push_back(entry);
+      sums_.initial[entry] = start->data();
+    }
+  }
   touched_.assign(weights.word_embeddings.dim(0), 0);
 }
 
@@ -67,23 +78,15 @@ void TrainingTelemetry::MarkRows(const std::vector<int32_t>& word_rows) {
   }
 }
 
-void TrainingTelemetry::BeforeUpdate() {
-  for (size_t g = 0; g < weights_.size(); ++g) {
-    std::vector<float>& copy = before_[g];
-    if (!trainable_[g]) continue;
-    int64_t size = 0;
-    for (const TensorRows& part : weights_[g].parts) size += part.size();
-    copy.resize(size);  // allocated once, at the first telemetry step
-    float* to = copy.data();
-    for (const TensorRows& part : weights_[g].parts) {
-      const float* from = part.begin();
-      const int64_t n = part.size();
-#pragma omp parallel for schedule(static) if (n >= (1 << 16))
-      for (int64_t k = 0; k < n; ++k) to[k] = from[k];
-      to += n;
-    }
+void TrainingTelemetry::AddSums(int entry, int64_t row_begin, int64_t row_end, double* grad_sq,
+                                double* update_sq, double* moved_sq) const {
+  if (entry < 0 || static_cast<size_t>(entry) >= sums_.grad_sq.size()) return;
+  if (row_end < 0) row_end = static_cast<int64_t>(sums_.grad_sq[entry].size());
+  for (int64_t row = row_begin; row < row_end; ++row) {
+    *grad_sq += sums_.grad_sq[entry][row];
+    *update_sq += sums_.update_sq[entry][row];
+    *moved_sq += sums_.moved_sq[entry][row];
   }
-  if (head_ != nullptr) head_before_ = HeadValues(*head_);
 }
 
 StepTelemetry TrainingTelemetry::AfterUpdate(const WordPieceTokenizer& tokenizer) const {
@@ -96,24 +99,12 @@ StepTelemetry TrainingTelemetry::AfterUpdate(const WordPieceTokenizer& tokenizer
     t.layer = group.layer;
     t.trainable = trainable_[g];
     if (!t.trainable) continue;  // frozen: unchanged, its gradient unused
-    t.grad_norm = std::sqrt(attn::SquaredNorm(grads_[g]));
-    // ‖W − W_before‖² and ‖W − W₀‖² in one pass over W.
-    double update = 0, moved = 0;
-    int64_t at = 0;
+    double grad = 0, update = 0, moved = 0;
     for (size_t p = 0; p < group.parts.size(); ++p) {
-      const float* now = group.parts[p].begin();
-      const float* before = before_[g].data() + at;
-      const float* initial = initial_[g].parts[p].begin();
-      const int64_t n = group.parts[p].size();
-#pragma omp parallel for simd reduction(+ : update, moved) schedule(static) if (n >= (1 << 16))
-      for (int64_t k = 0; k < n; ++k) {
-        const double step = double{now[k]} - before[k];
-        const double since_start = double{now[k]} - initial[k];
-        update += step * step;
-        moved += since_start * since_start;
-      }
-      at += n;
+      AddSums(part_entries_[g][p], group.parts[p].row_begin, group.parts[p].row_end, &grad, &update,
+              &moved);
     }
+    t.grad_norm = std::sqrt(grad);
     t.update_norm = std::sqrt(update);
     t.relative_change = Ratio(std::sqrt(moved), initial_norms_[g]);
   }
@@ -121,13 +112,12 @@ StepTelemetry TrainingTelemetry::AfterUpdate(const WordPieceTokenizer& tokenizer
     GroupTelemetry& t = out.groups.emplace_back();
     t.name = "head";
     t.kind = "head";
-    t.trainable = true;
-    t.grad_norm = std::sqrt(SquaredNorm(HeadValues(*head_grads_)));
-    const std::vector<float> now = HeadValues(*head_);
-    t.update_norm = std::sqrt(SquaredDistance(now.data(), head_before_.data(), now.size()));
-    const std::vector<float> initial = HeadValues(initial_head_);
-    t.relative_change = Ratio(std::sqrt(SquaredDistance(now.data(), initial.data(), now.size())),
-                              std::sqrt(SquaredNorm(initial)));
+    t.trainable = !head_entries_.empty();
+    double grad = 0, update = 0, moved = 0;
+    for (const int entry : head_entries_) AddSums(entry, 0, -1, &grad, &update, &moved);
+    t.grad_norm = std::sqrt(grad);
+    t.update_norm = std::sqrt(update);
+    t.relative_change = Ratio(std::sqrt(moved), initial_head_norm_);
   }
 
   out.embedding_rows_touched = touched_count_;

@@ -3,10 +3,9 @@
 // word-embedding rows training has touched. Answers "are W_Q, W_K and W_V trained like the
 // embedding matrix?" on the user's own data.
 //
-// Cost: on a telemetry step, one copy of the trainable weights before the optimizer step (for the
-// update norm) and one pass over weights, gradients, the copy and the job's starting weights;
-// other steps only mark the word-embedding rows of the batch. The bench's "telemetry" row
-// measures it.
+// Cost: on a telemetry step, AdamW sums per row what it reads and writes anyway (StepRowSums),
+// while each block is in cache, plus one read of the job's starting weights; other steps only
+// mark the word-embedding rows of the batch. The bench's "telemetry" row measures it.
 #pragma once
 
 #include <cstdint>
@@ -15,6 +14,7 @@
 
 #include "engine/parameter_groups.h"
 #include "engine/training/losses.h"
+#include "engine/training/optimizer.h"
 
 namespace attn {
 
@@ -48,29 +48,32 @@ class TrainingTelemetry {
  public:
   static constexpr int kMostChangedTokens = 10;
 
-  // `trainable` says which tensors of `weights` the optimizer updates (by address).
+  // `params` are the optimizer's entries: the tensors of `weights` (and of `head`) it updates.
   TrainingTelemetry(const BertWeights& initial, const BertWeights& weights,
-                    const BertWeights& grads, const ClassificationHead* head,
-                    const ClassificationHead* head_grads,
-                    const std::vector<const Tensor*>& trainable);
+                    const ClassificationHead* head, const std::vector<ParamEntry>& params);
 
   // Every step: the word-embedding rows of this step's gradient.
   void MarkRows(const std::vector<int32_t>& word_rows);
-  // On a telemetry step, before the optimizer step: copy what the step may change.
-  void BeforeUpdate();
-  // After it: the numbers. `tokenizer` names the most changed rows.
+  // On a telemetry step: what to pass to AdamW::Step, which fills it.
+  StepRowSums* row_sums() { return &sums_; }
+  // After that step: the numbers. `tokenizer` names the most changed rows.
   StepTelemetry AfterUpdate(const WordPieceTokenizer& tokenizer) const;
 
  private:
-  std::vector<ParameterGroup> initial_, weights_, grads_;
+  // Adds the step's sums of `entry`'s rows [row_begin, row_end) (row_end -1: to its last row).
+  void AddSums(int entry, int64_t row_begin, int64_t row_end, double* grad_sq, double* update_sq,
+               double* moved_sq) const;
+
+  std::vector<ParameterGroup> initial_, weights_;
   std::vector<bool> trainable_;
+  // Per group and part: the optimizer entry that updates the part's tensor (-1: none).
+  std::vector<std::vector<int>> part_entries_;
   std::vector<double> initial_norms_;  // ‖W₀‖ per group
   const ClassificationHead* head_;
-  const ClassificationHead* head_grads_;
   ClassificationHead initial_head_;
-  // BeforeUpdate's copy: per trainable group, its parts concatenated; and the head's.
-  std::vector<std::vector<float>> before_;
-  std::vector<float> head_before_;
+  std::vector<int> head_entries_;  // the head's weight and bias entries
+  double initial_head_norm_ = 0;
+  StepRowSums sums_;
   std::vector<uint8_t> touched_;  // per word-embedding row
   int64_t touched_count_ = 0;
 };

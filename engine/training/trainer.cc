@@ -188,10 +188,8 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(std::shared_ptr<const M
   if (!optimizer.ok()) return optimizer.status();
   trainer->optimizer_.emplace(std::move(*optimizer));
   if (options.telemetry_every > 0) {
-    std::vector<const Tensor*> trainable;
-    for (const ParamEntry& entry : trainer->optimizer_->params()) trainable.push_back(entry.param);
-    trainer->telemetry_.emplace(base->weights(), trainer->weights_, trainer->grads_, head,
-                                head_grads, trainable);
+    trainer->telemetry_.emplace(base->weights(), trainer->weights_, head,
+                                trainer->optimizer_->params());
   }
   return trainer;
 }
@@ -318,7 +316,6 @@ absl::StatusOr<StepResult> Trainer::Step(const TrainingBatch& batch) {
   if (telemetry_.has_value() && train_encoder && options_.trainable == TrainableSet::kAll) {
     telemetry_->MarkRows(backward_.word_rows);
   }
-  if (telemetry_step) telemetry_->BeforeUpdate();
 
   StepResult result;
   float grad_scale = 1.0f;  // the clipping coefficient, applied as AdamW reads the gradients
@@ -347,7 +344,9 @@ absl::StatusOr<StepResult> Trainer::Step(const TrainingBatch& batch) {
             ? options_.adamw.lr * static_cast<double>(steps_) / options_.warmup_steps
             : options_.adamw.lr;
   }
-  if (absl::Status stepped = optimizer_->Step(result.learning_rate, grad_scale); !stepped.ok()) {
+  if (absl::Status stepped = optimizer_->Step(result.learning_rate, grad_scale,
+                                              telemetry_step ? telemetry_->row_sums() : nullptr);
+      !stepped.ok()) {
     return stepped;
   }
 

@@ -328,6 +328,74 @@ TEST(SparseRowsTest, NormClipAndAdamWAreBitIdenticalToDense) {
   EXPECT_EQ(g_sparse.values(), g_dense.values());
 }
 
+// Training telemetry's sums (StepRowSums): the update is bit-identical to a Step without them
+// (dense, sparse rows, undecayed, clipped), and each row's sums equal double loops over the
+// gradient and the weights before and after the step.
+TEST(StepRowSumsTest, UpdatesLikeAPlainStepAndSumsEachRowLikeANaiveLoop) {
+  constexpr int64_t kRows = 2500, kCols = 24;  // 60,000 elements: the parallel path
+  std::mt19937 rng(21);
+  const Tensor w0 = RandomTensor({kRows, kCols}, rng), b0 = RandomTensor({7}, rng);
+  const Tensor q0 = RandomTensor({9, 1500}, rng);  // rows longer than a block
+  Tensor w_plain = w0, w_sums = w0, b_plain = b0, b_sums = b0, q_plain = q0, q_sums = q0;
+  Tensor gw({kRows, kCols}), gb({7}), gq({9, 1500});
+  std::vector<int32_t> rows;
+  std::vector<ParamEntry> plain = {
+      {"emb", &w_plain, &gw, true}, {"bias", &b_plain, &gb, false}, {"q", &q_plain, &gq, true}};
+  std::vector<ParamEntry> summed = {
+      {"emb", &w_sums, &gw, true}, {"bias", &b_sums, &gb, false}, {"q", &q_sums, &gq, true}};
+  plain[0].nonzero_rows = summed[0].nonzero_rows = &rows;
+  AdamW opt_plain = *AdamW::Create(plain), opt_sums = *AdamW::Create(summed);
+  StepRowSums sums;
+  sums.initial = {w0.data(), b0.data(), q0.data()};
+  std::uniform_int_distribution<int32_t> pick(0, kRows - 1);
+  std::normal_distribution<float> normal(0.0f, 0.5f);
+  for (int step = 0; step < 3; ++step) {
+    std::fill(gw.values().begin(), gw.values().end(), 0.0f);
+    std::set<int32_t> used = {0, static_cast<int32_t>(kRows - 1)};
+    for (int k = 0; k < 30; ++k) used.insert(pick(rng));
+    rows.assign(used.begin(), used.end());
+    for (const int32_t row : rows) {
+      for (int64_t c = 0; c < kCols; ++c) gw.data()[row * kCols + c] = normal(rng);
+    }
+    for (float& g : gb.values()) g = normal(rng);
+    for (float& g : gq.values()) g = normal(rng);
+    const std::vector<Tensor> before = {w_sums, b_sums, q_sums};
+    const float coef = step == 1 ? 0.25f : 1.0f;  // a clipped step
+    ASSERT_TRUE(opt_plain.Step(1e-2, coef).ok());
+    ASSERT_TRUE(opt_sums.Step(1e-2, coef, &sums).ok());
+    ASSERT_EQ(w_sums.values(), w_plain.values()) << "step " << step;
+    ASSERT_EQ(b_sums.values(), b_plain.values()) << "step " << step;
+    ASSERT_EQ(q_sums.values(), q_plain.values()) << "step " << step;
+    for (size_t i = 0; i < summed.size(); ++i) {
+      ASSERT_EQ(opt_sums.state(i).exp_avg.values(), opt_plain.state(i).exp_avg.values());
+      ASSERT_EQ(opt_sums.state(i).exp_avg_sq.values(), opt_plain.state(i).exp_avg_sq.values());
+      const Tensor& p = *summed[i].param;
+      const int64_t n_rows = p.dim(0), row_len = p.numel() / n_rows;
+      ASSERT_EQ(sums.grad_sq[i].size(), static_cast<size_t>(n_rows));
+      for (int64_t r = 0; r < n_rows; ++r) {
+        double grad = 0, update = 0, moved = 0;
+        for (int64_t k = r * row_len; k < (r + 1) * row_len; ++k) {
+          grad += double{summed[i].grad->data()[k]} * summed[i].grad->data()[k];
+          update += std::pow(double{p.data()[k]} - before[i].data()[k], 2);
+          moved += std::pow(double{p.data()[k]} - sums.initial[i][k], 2);
+        }
+        // Same terms, summed in another order: equal to a few ulps.
+        ASSERT_NEAR(sums.grad_sq[i][r], grad, 1e-12 * (1 + grad)) << i << " row " << r;
+        ASSERT_NEAR(sums.update_sq[i][r], update, 1e-12 * (1 + update)) << i << " row " << r;
+        ASSERT_NEAR(sums.moved_sq[i][r], moved, 1e-12 * (1 + moved)) << i << " row " << r;
+      }
+    }
+    // A row whose gradient was never listed only decayed: its update is non-zero, its
+    // gradient sum zero.
+    int32_t never = 1;
+    while (opt_sums.state(0).live_rows[never]) ++never;
+    EXPECT_EQ(sums.grad_sq[0][never], 0.0);
+    EXPECT_GT(sums.update_sq[0][never], 0.0);
+  }
+  sums.initial.pop_back();
+  EXPECT_EQ(opt_sums.Step(1e-2, 1.0f, &sums).code(), absl::StatusCode::kInvalidArgument);
+}
+
 TEST(SparseRowsTest, MalformedRowListIsRejectedBeforeAnyUpdate) {
   Tensor w({4, 2}, {1, 2, 3, 4, 5, 6, 7, 8}), g({4, 2});
   for (const std::vector<int32_t>& bad : {std::vector<int32_t>{2, 1}, {1, 1}, {4}, {-1}}) {
