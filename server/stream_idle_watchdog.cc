@@ -24,9 +24,9 @@ StreamIdleWatchdog::~StreamIdleWatchdog() {
 }
 
 std::unique_ptr<StreamIdleWatchdog::Watch> StreamIdleWatchdog::Start(std::function<void()> cancel) {
-  std::unique_ptr<Watch> watch(new Watch(this, std::move(cancel)));
   absl::MutexLock lock(&mutex_);
-  watches_.insert(watch.get());
+  std::unique_ptr<Watch> watch(new Watch(this, next_id_++, std::move(cancel)));
+  watches_.emplace(watch->id_, watch.get());
   return watch;
 }
 
@@ -35,7 +35,7 @@ StreamIdleWatchdog::Watch::~Watch() {
   if (std::this_thread::get_id() != owner_->thread_.get_id()) {
     while (cancelling_) owner_->changed_.Wait(&owner_->mutex_);
   }
-  owner_->watches_.erase(this);
+  owner_->watches_.erase(id_);
 }
 
 void StreamIdleWatchdog::Watch::Waiting() {
@@ -62,22 +62,25 @@ void StreamIdleWatchdog::Run() {
   while (!stopping_) {
     changed_.WaitWithTimeout(&mutex_, period);
     const Clock::time_point now = Clock::now();
-    std::vector<Watch*> quiet;
-    for (Watch* watch : watches_) {
+    // Each quiet watch's id and a copy of its cancel: the cancel may end the stream inline and
+    // so destroy its own watch (and the function inside it) while it runs.
+    std::vector<std::pair<uint64_t, std::function<void()>>> quiet;
+    for (auto& [id, watch] : watches_) {
       if (watch->waiting_ && !watch->timed_out_ && now - watch->waiting_since_ >= timeout_) {
         watch->timed_out_ = true;
         watch->cancelling_ = true;  // its destructor (on another thread) waits for the cancel
-        quiet.push_back(watch);
+        quiet.emplace_back(id, watch->cancel_);
       }
     }
-    for (Watch* watch : quiet) {
-      // A stream ended inline by an earlier cancel_ on this thread did not wait: skip it.
-      if (watches_.count(watch) == 0) continue;
+    for (auto& [id, cancel] : quiet) {
+      // A stream ended inline by an earlier cancel on this thread did not wait: skip it.
+      if (watches_.count(id) == 0) continue;
       mutex_.Unlock();
-      watch->cancel_();
+      cancel();
       mutex_.Lock();
-      // Destroyed inside cancel_ (the stream ended inline): gone from the set, nothing to clear.
-      if (watches_.count(watch) != 0) watch->cancelling_ = false;
+      // Destroyed inside the cancel (the stream ended inline): gone, nothing to clear.
+      const auto still_watched = watches_.find(id);
+      if (still_watched != watches_.end()) still_watched->second->cancelling_ = false;
       changed_.SignalAll();
     }
   }

@@ -10,9 +10,10 @@
 #define ATTN_SERVER_STREAM_IDLE_WATCHDOG_H_
 
 #include <chrono>
+#include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
-#include <set>
 #include <string>
 #include <thread>
 
@@ -51,10 +52,13 @@ class StreamIdleWatchdog {
 
    private:
     friend class StreamIdleWatchdog;
-    Watch(StreamIdleWatchdog* owner, std::function<void()> cancel)
-        : owner_(owner), cancel_(std::move(cancel)) {}
+    Watch(StreamIdleWatchdog* owner, uint64_t id, std::function<void()> cancel)
+        : owner_(owner), id_(id), cancel_(std::move(cancel)) {}
 
     StreamIdleWatchdog* const owner_;
+    // Names the watch across an unlocked cancel, which may destroy it and let a new watch
+    // take its address.
+    const uint64_t id_;
     const std::function<void()> cancel_;
     // Guarded by owner_->mutex_.
     bool waiting_ = false;
@@ -74,7 +78,8 @@ class StreamIdleWatchdog {
   const std::chrono::duration<double> timeout_;
   mutable absl::Mutex mutex_;
   absl::CondVar changed_;
-  std::set<Watch*> watches_ ABSL_GUARDED_BY(mutex_);
+  std::map<uint64_t, Watch*> watches_ ABSL_GUARDED_BY(mutex_);
+  uint64_t next_id_ ABSL_GUARDED_BY(mutex_) = 0;
   bool stopping_ ABSL_GUARDED_BY(mutex_) = false;
   std::thread thread_;  // last: started once the members above exist
 };
