@@ -22,18 +22,16 @@ namespace attn {
 struct ModelOptions {
   // Numeric precision of Forward(): fp32, or int8 linear layers quantised at load.
   Precision precision = Precision::kFp32;
-  // Under kInt8, the linear layers that are quantised. The fused QKV projection stays fp32 by
-  // default: attention scores multiply its errors (Q·K^T); on all-MiniLM-L6-v2 an int8 QKV
-  // lowers the min pooled cosine to fp32 from 0.9967 to 0.9957 on the mixed-length set of
-  // precision_encoder_test, too thin a margin above the 0.995 goal. With VNNI's 255 input levels
-  // and the int8 attention products: 0.99746 -> 0.99675 on the benchmark's 256 sentences, for no
-  // speed-up measurable at 32 x 128 on a shared 2-core AVX-512 VNNI host (issue 15).
-  Int8Linears int8_linears = {/*qkv=*/false, /*attn_output=*/true, /*ffn_in=*/true,
-                              /*ffn_out=*/true};
+  // Under kInt8, the linear layers that are quantised; unset: DefaultInt8Linears(), the
+  // engine's choice for this CPU.
+  std::optional<Int8Linears> int8_linears;
   // Run a few small forwards at load so oneDNN primitives and JIT kernels exist before the
   // first request (which would otherwise pay for building them).
   bool warm_up = true;
 };
+
+// The int8 linear layers of a model whose ModelOptions does not choose them (see model.cc).
+Int8Linears DefaultInt8Linears();
 
 class Model {
  public:

@@ -46,6 +46,11 @@ bool CpuHasNativeBf16() {
   return amx_bf16 || avx512_bf16;
 }
 
+bool CpuHasInt8Vnni() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512vnni") != 0;
+}
+
 Precision AutoPrecision() { return CpuHasNativeBf16() ? Precision::kBf16 : Precision::kFp32; }
 
 std::string SlowPrecisionReason(Precision precision) {

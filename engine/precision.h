@@ -27,6 +27,10 @@ bool ParsePrecision(std::string_view text, Precision* precision);
 // Whether the CPU multiplies bfloat16 in hardware (cpuid: avx512_bf16 or amx_bf16).
 bool CpuHasNativeBf16();
 
+// Whether the CPU has AVX-512 VNNI (cpuid avx512_vnni): u8 x s8 products summed in 32 bits,
+// without the 16-bit saturation of the older multiply-add, so int8 inputs may use 255 levels.
+bool CpuHasInt8Vnni();
+
 // The fastest precision whose accuracy bound holds on this CPU: kBf16 where it is native,
 // else kFp32 (int8 is never picked automatically: its bound is looser).
 Precision AutoPrecision();

@@ -21,12 +21,6 @@ using dnnl::memory;
 
 namespace {
 
-// Whether the CPU's u8 x s8 multiply-add sums without 16-bit saturation (see the header).
-bool CpuHasVnni() {
-  __builtin_cpu_init();
-  return __builtin_cpu_supports("avx512vnni");
-}
-
 // Per-output-channel quantisation of W (N, K) to [-level, level] (see the header).
 void QuantizeWeightRows(const Tensor& weight, float level, Int8Buffer* qweights,
                         std::vector<float>* scales) {
@@ -366,7 +360,7 @@ PreparedLinear PreparedLinear::Int8Outliers(const Tensor& weight, const Tensor& 
   linear.in_features_ = K;
   linear.bias_ = bias.data();
   // u8 inputs: 8-bit weights, and 8-bit inputs only where VNNI sums without saturation.
-  linear.input_level_ = CpuHasVnni() ? 255.0f : 127.0f;
+  linear.input_level_ = CpuHasInt8Vnni() ? 255.0f : 127.0f;
   QuantizeWeightRows(weight, 127.0f, &linear.qweights_, &linear.scales_);
   // (N, K) row-major read as (K, N) with strides (1, K).
   linear.weights_desc_ = memory::desc({K, N}, memory::data_type::s8, memory::dims{1, K});
