@@ -58,12 +58,12 @@ absl::StatusOr<std::shared_ptr<const Model>> Model::Load(const std::string& mode
 
 Int8Linears DefaultInt8Linears() {
   Int8Linears linears;
-  // The fused QKV projection: attention scores multiply its errors (Q K^T). int8 with VNNI's
-  // 255 input levels, where on all-MiniLM-L6-v2 it lowers the min pooled cosine to fp32 on the
-  // benchmark's 256 sentences from 0.99746 to 0.99675 and makes the int8 forward at 32 x 128
-  // 1.32x faster (in fp32 it took half the matmul time). fp32 with 127 levels (no VNNI):
-  // 0.9967 -> 0.9957 on precision_encoder_test's mixed-length set, too thin above the 0.995
-  // bound for a smaller gain.
+  // The fused QKV projection, whose errors the attention scores multiply (Q K^T). With VNNI's
+  // 255 input levels it is int8: on all-MiniLM-L6-v2 that lowers the min pooled cosine to fp32
+  // on the benchmark's 256 sentences from 0.99746 to 0.99675 and makes the int8 forward at
+  // 32 x 128 1.32x faster (in fp32 it took half the matmul time). Without VNNI (127 input
+  // levels) it stays fp32: int8 there cost 0.9967 -> 0.9957 on precision_encoder_test's
+  // mixed-length set, too thin a margin above the 0.995 bound for a smaller gain.
   linears.qkv = CpuHasInt8Vnni();
   return linears;
 }
