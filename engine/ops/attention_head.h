@@ -92,11 +92,18 @@ inline void SoftmaxRowInPlace(float* s, int64_t T) {
   for (int64_t j = 0; j < T; ++j) s[j] *= inv;
 }
 
-// AVX2 + FMA (engine/ops/avx2_attention.cc): the portable formulas with K transposed into
-// `keys_t` so the score and context products run 8 lanes wide; only when UseAvx2Kernels().
-// keys_t and row are per-thread scratch (grown as needed).
+// Per-thread scratch of the fp32 kernels (AVX-512 in fused_attention.cc, AVX2), grown as
+// needed: K^T and V packed with zero-padded columns, and a block of score rows.
+struct Fp32AttentionScratch {
+  FloatBuffer kt;      // (d, tp)
+  FloatBuffer v;       // (T, dp)
+  FloatBuffer scores;  // (block rows, tp)
+};
+
+// AVX2 + FMA (engine/ops/avx2_attention.cc): blocks of query rows against K^T and V packed once,
+// a vectorised exp; only when UseAvx2Kernels().
 void AttentionHeadAvx2(const AttentionHeadGeometry& g, const AttentionHeadTask& t,
-                       FloatBuffer* keys_t, FloatBuffer* row);
+                       Fp32AttentionScratch* scratch);
 
 // Per-thread scratch of AttentionHeadInt8Vnni (grown as needed).
 struct Int8AttentionScratch {

@@ -1,6 +1,17 @@
+// The AVX2 + FMA kernel of one (sequence, head) attention item (engine/ops/attention_head.h),
+// for CPUs without AVX-512 (AMD Zen 2/3, Intel before Skylake-SP). It has the AVX-512 kernel's
+// shape at half the width: K^T and V packed once per item, then blocks of 6 query rows
+//   scores (6, tp) = Q_rows K^T * scale          6 x 16-column tiles: 12 accumulators
+//   e = exp(scores - row max), row sums          vectorised exp, unnormalised
+//   context (6, d) = diag(1 / sums) · e V        6 x 16-column tiles
+// so each K^T / V vector loaded feeds six FMAs (16 ymm registers: 12 accumulators, 2 operands,
+// 1 broadcast). A row at a time, as before, fed one FMA per load and kept four dependent
+// accumulators, half the FMA ports' rate; its exp was libm's, a scalar call per score.
 #include <immintrin.h>
 
+#include <cmath>
 #include <cstring>
+#include <limits>
 
 #include "engine/half.h"
 #include "engine/ops/attention_head.h"
@@ -9,80 +20,215 @@
 
 namespace attn {
 
-ATTN_AVX2 void AttentionHeadAvx2(const AttentionHeadGeometry& g, const AttentionHeadTask& t,
-                                 FloatBuffer* keys_t, FloatBuffer* row) {
+namespace {
+
+constexpr int kAvx2BlockRows = 6;
+
+// Lanes [0, n) all ones (n in [0, 8]): the tail of a row whose length is not a multiple of 8.
+ATTN_AVX2 inline __m256i TailMask8(int64_t n) {
+  const __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int32_t>(n < 8 ? n : 8)), lanes);
+}
+
+// e^x as avx512::Exp (Cephes: x = n ln2 + r, degree-6 polynomial for e^r, times 2^n), with 2^n
+// built in the exponent field. x is clamped to [-87.34, 88.38] so n stays in [-126, 127].
+ATTN_AVX2 inline __m256 ExpAvx2(__m256 x) {
+  x = _mm256_max_ps(x, _mm256_set1_ps(-87.33654f));
+  x = _mm256_min_ps(x, _mm256_set1_ps(88.3762626647949f));
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+  p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+  const __m256i pow2n =
+      _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(p, _mm256_castsi256_ps(pow2n));
+}
+
+ATTN_AVX2 inline float HorizontalMax(__m256 v) {
+  __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+  m = _mm_max_ss(m, _mm_movehdup_ps(m));
+  return _mm_cvtss_f32(m);
+}
+
+ATTN_AVX2 inline float HorizontalSum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+// s (R, tp) columns [j, j + 8 NV) = q (R rows, stride ldq) · kt (d, tp) * scale.
+template <int R, int NV>
+ATTN_AVX2 inline void ScoresTile(const float* q, int64_t ldq, const float* kt, int64_t tp,
+                                 int64_t d, __m256 scale, int64_t j, float* s) {
+  __m256 acc[R][NV];
+#pragma GCC unroll 6
+  for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 2
+    for (int n = 0; n < NV; ++n) acc[r][n] = _mm256_setzero_ps();
+  }
+  for (int64_t c = 0; c < d; ++c) {
+    __m256 b[NV];
+#pragma GCC unroll 2
+    for (int n = 0; n < NV; ++n) b[n] = _mm256_load_ps(kt + c * tp + j + 8 * n);
+#pragma GCC unroll 6
+    for (int r = 0; r < R; ++r) {
+      const __m256 a = _mm256_broadcast_ss(q + r * ldq + c);
+#pragma GCC unroll 2
+      for (int n = 0; n < NV; ++n) acc[r][n] = _mm256_fmadd_ps(a, b[n], acc[r][n]);
+    }
+  }
+#pragma GCC unroll 6
+  for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 2
+    for (int n = 0; n < NV; ++n) {
+      _mm256_store_ps(s + r * tp + j + 8 * n, _mm256_mul_ps(acc[r][n], scale));
+    }
+  }
+}
+
+// c (R rows, stride ldc, d columns) columns [c0, c0 + 8 NV) = diag(row_scales) · p (R, tp;
+// first T columns) · v (T, dp).
+template <int R, int NV>
+ATTN_AVX2 inline void ContextTile(const float* p, int64_t tp, const float* row_scales,
+                                  const float* v, int64_t dp, int64_t T, int64_t d, int64_t c0,
+                                  float* c, int64_t ldc) {
+  __m256 acc[R][NV];
+#pragma GCC unroll 6
+  for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 2
+    for (int n = 0; n < NV; ++n) acc[r][n] = _mm256_setzero_ps();
+  }
+  for (int64_t k = 0; k < T; ++k) {
+    __m256 b[NV];
+#pragma GCC unroll 2
+    for (int n = 0; n < NV; ++n) b[n] = _mm256_load_ps(v + k * dp + c0 + 8 * n);
+#pragma GCC unroll 6
+    for (int r = 0; r < R; ++r) {
+      const __m256 a = _mm256_broadcast_ss(p + r * tp + k);
+#pragma GCC unroll 2
+      for (int n = 0; n < NV; ++n) acc[r][n] = _mm256_fmadd_ps(a, b[n], acc[r][n]);
+    }
+  }
+#pragma GCC unroll 2
+  for (int n = 0; n < NV; ++n) {
+    const __m256i mask = TailMask8(d - c0 - 8 * n);
+#pragma GCC unroll 6
+    for (int r = 0; r < R; ++r) {
+      _mm256_maskstore_ps(c + r * ldc + c0 + 8 * n, mask,
+                          _mm256_mul_ps(acc[r][n], _mm256_set1_ps(row_scales[r])));
+    }
+  }
+}
+
+// Rows [0, R) of s (stride tp), first T columns: s = exp(s - row max) in place, columns
+// [T, tp) zero; inv_sums[r] = 1 / row sum (the normalisation is left to the readers).
+ATTN_AVX2 void ExpRowsAvx2(float* s, int R, int64_t tp, int64_t T, float* inv_sums) {
+  const __m256 neg_inf = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
+  for (int r = 0; r < R; ++r) {
+    float* row = s + r * tp;
+    __m256 max = neg_inf;
+    for (int64_t j = 0; j < T; j += 8) {
+      const __m256 mask = _mm256_castsi256_ps(TailMask8(T - j));
+      max = _mm256_max_ps(max, _mm256_blendv_ps(neg_inf, _mm256_load_ps(row + j), mask));
+    }
+    const __m256 max_vec = _mm256_set1_ps(HorizontalMax(max));
+    __m256 sum = _mm256_setzero_ps();
+    for (int64_t j = 0; j < T; j += 8) {
+      const __m256 mask = _mm256_castsi256_ps(TailMask8(T - j));
+      const __m256 e =
+          _mm256_and_ps(ExpAvx2(_mm256_sub_ps(_mm256_load_ps(row + j), max_vec)), mask);
+      _mm256_store_ps(row + j, e);
+      sum = _mm256_add_ps(sum, e);
+    }
+    inv_sums[r] = 1.0f / HorizontalSum(sum);
+  }
+}
+
+// kt (d, tp) = K^T with zero columns [T, tp) (8 rows of K at a time, one gather per column, so
+// each store fills 8 floats of a kt row); v (T, dp) = V with zero columns [d, dp).
+ATTN_AVX2 void PackKeysAndValuesAvx2(const AttentionHeadGeometry& g, const AttentionHeadTask& t,
+                                     int64_t tp, int64_t dp, float* kt, float* v) {
   const int64_t T = t.tokens, d = g.head_dim, ld = g.ld_qkv;
-  const int64_t tp = (T + 7) / 8 * 8;  // score columns, padded to whole vectors
-  if (static_cast<int64_t>(keys_t->size()) < d * tp) keys_t->resize(d * tp);
-  if (static_cast<int64_t>(row->size()) < tp) row->resize(tp);
-  float* kt = keys_t->data();  // (d, tp) = K^T, columns [T, tp) zero
-  float* s = row->data();      // (tp) one row of scores, then probabilities
-  for (int64_t j = 0; j < tp; ++j) {
-    for (int64_t c = 0; c < d; ++c) kt[c * tp + j] = j < T ? t.k[j * ld + c] : 0.0f;
+  const __m256i row_offsets = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
+                                                 _mm256_set1_epi32(static_cast<int32_t>(ld)));
+  for (int64_t j = 0; j < tp; j += 8) {
+    const __m256 mask = _mm256_castsi256_ps(TailMask8(T - j));
+    const float* base = t.k + j * ld;
+    for (int64_t c = 0; c < d; ++c) {
+      _mm256_store_ps(kt + c * tp + j, _mm256_mask_i32gather_ps(_mm256_setzero_ps(), base + c,
+                                                                row_offsets, mask, sizeof(float)));
+    }
   }
+  for (int64_t j = 0; j < T; ++j) {
+    const float* vj = t.v + j * ld;
+    for (int64_t c = 0; c < dp; c += 8) {
+      _mm256_store_ps(v + j * dp + c, _mm256_maskload_ps(vj + c, TailMask8(d - c)));
+    }
+  }
+}
+
+// Query rows [i0, i0 + R) of the item.
+template <int R>
+ATTN_AVX2 void BlockAvx2(const AttentionHeadGeometry& g, const AttentionHeadTask& t,
+                         Fp32AttentionScratch* scratch, int64_t tp, int64_t dp, int64_t i0) {
+  const int64_t T = t.tokens, d = g.head_dim;
+  float* s = scratch->scores.data();
+  const float* q = t.q + i0 * g.ld_qkv;
   const __m256 scale = _mm256_set1_ps(g.scale);
-  for (int64_t i = 0; i < T; ++i) {
-    // s (tp) = q_i · K^T * scale: four 8-column blocks at once (independent FMA chains)
-    const float* qi = t.q + i * ld;
-    int64_t j = 0;
-    for (; j + 32 <= tp; j += 32) {
-      __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-      for (int64_t c = 0; c < d; ++c) {
-        const __m256 q = _mm256_set1_ps(qi[c]);
-        const float* kc = kt + c * tp + j;
-        a0 = _mm256_fmadd_ps(q, _mm256_loadu_ps(kc), a0);
-        a1 = _mm256_fmadd_ps(q, _mm256_loadu_ps(kc + 8), a1);
-        a2 = _mm256_fmadd_ps(q, _mm256_loadu_ps(kc + 16), a2);
-        a3 = _mm256_fmadd_ps(q, _mm256_loadu_ps(kc + 24), a3);
-      }
-      _mm256_storeu_ps(s + j, _mm256_mul_ps(a0, scale));
-      _mm256_storeu_ps(s + j + 8, _mm256_mul_ps(a1, scale));
-      _mm256_storeu_ps(s + j + 16, _mm256_mul_ps(a2, scale));
-      _mm256_storeu_ps(s + j + 24, _mm256_mul_ps(a3, scale));
-    }
-    for (; j < tp; j += 8) {
-      __m256 a = _mm256_setzero_ps();
-      for (int64_t c = 0; c < d; ++c) {
-        a = _mm256_fmadd_ps(_mm256_set1_ps(qi[c]), _mm256_loadu_ps(kt + c * tp + j), a);
-      }
-      _mm256_storeu_ps(s + j, _mm256_mul_ps(a, scale));
-    }
-    AddScoreBias(t, i, s);
-    if (t.scores != nullptr) std::memcpy(t.scores + i * T, s, sizeof(float) * T);
-    SoftmaxRowInPlace(s, T);
-    if (t.probs != nullptr) std::memcpy(t.probs + i * T, s, sizeof(float) * T);
-    if (g.bf16_products) RoundFloatsToBFloat16(s, T, s);
-    // context_i (d) = s (T) · V (T, d): 32 columns at once, then 8, then single ones
-    float* ci = t.context + i * g.ld_context;
-    int64_t c = 0;
-    for (; c + 32 <= d; c += 32) {
-      __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-      for (int64_t k = 0; k < T; ++k) {
-        const __m256 p = _mm256_set1_ps(s[k]);
-        const float* vk = t.v + k * ld + c;
-        a0 = _mm256_fmadd_ps(p, _mm256_loadu_ps(vk), a0);
-        a1 = _mm256_fmadd_ps(p, _mm256_loadu_ps(vk + 8), a1);
-        a2 = _mm256_fmadd_ps(p, _mm256_loadu_ps(vk + 16), a2);
-        a3 = _mm256_fmadd_ps(p, _mm256_loadu_ps(vk + 24), a3);
-      }
-      _mm256_storeu_ps(ci + c, a0);
-      _mm256_storeu_ps(ci + c + 8, a1);
-      _mm256_storeu_ps(ci + c + 16, a2);
-      _mm256_storeu_ps(ci + c + 24, a3);
-    }
-    for (; c + 8 <= d; c += 8) {
-      __m256 a = _mm256_setzero_ps();
-      for (int64_t k = 0; k < T; ++k) {
-        a = _mm256_fmadd_ps(_mm256_set1_ps(s[k]), _mm256_loadu_ps(t.v + k * ld + c), a);
-      }
-      _mm256_storeu_ps(ci + c, a);
-    }
-    for (; c < d; ++c) {
-      float a = 0.0f;
-      for (int64_t k = 0; k < T; ++k) a += s[k] * t.v[k * ld + c];
-      ci[c] = a;
+  int64_t j = 0;
+  for (; j + 16 <= tp; j += 16) {
+    ScoresTile<R, 2>(q, g.ld_qkv, scratch->kt.data(), tp, d, scale, j, s);
+  }
+  if (j < tp) ScoresTile<R, 1>(q, g.ld_qkv, scratch->kt.data(), tp, d, scale, j, s);
+  for (int r = 0; r < R; ++r) AddScoreBias(t, i0 + r, s + r * tp);
+  if (t.scores != nullptr) {
+    for (int r = 0; r < R; ++r) std::memcpy(t.scores + (i0 + r) * T, s + r * tp, sizeof(float) * T);
+  }
+  float inv_sums[R];
+  ExpRowsAvx2(s, R, tp, T, inv_sums);
+  if (t.probs != nullptr) {
+    for (int r = 0; r < R; ++r) {
+      const float* row = s + r * tp;
+      float* out = t.probs + (i0 + r) * T;
+      for (int64_t k = 0; k < T; ++k) out[k] = row[k] * inv_sums[r];
     }
   }
+  if (g.bf16_products) {
+    // The unnormalised exp rows, as the AVX-512 kernel: the row scale after P V is fp32.
+    for (int r = 0; r < R; ++r) RoundFloatsToBFloat16(s + r * tp, T, s + r * tp);
+  }
+  float* context = t.context + i0 * g.ld_context;
+  int64_t c0 = 0;
+  for (; c0 + 16 <= dp; c0 += 16) {
+    ContextTile<R, 2>(s, tp, inv_sums, scratch->v.data(), dp, T, d, c0, context, g.ld_context);
+  }
+  if (c0 < dp) {
+    ContextTile<R, 1>(s, tp, inv_sums, scratch->v.data(), dp, T, d, c0, context, g.ld_context);
+  }
+}
+
+}  // namespace
+
+ATTN_AVX2 void AttentionHeadAvx2(const AttentionHeadGeometry& g, const AttentionHeadTask& t,
+                                 Fp32AttentionScratch* scratch) {
+  const int64_t T = t.tokens, d = g.head_dim;
+  const int64_t tp = RoundUpTo(T, 8), dp = RoundUpTo(d, 8);
+  GrowScratch(scratch->kt, d * tp);
+  GrowScratch(scratch->v, T * dp);
+  GrowScratch(scratch->scores, kAvx2BlockRows * tp);
+  PackKeysAndValuesAvx2(g, t, tp, dp, scratch->kt.data(), scratch->v.data());
+  ForRowBlocks<kAvx2BlockRows>(T, [&](auto rows, int64_t i0) {
+    BlockAvx2<decltype(rows)::value>(g, t, scratch, tp, dp, i0);
+  });
 }
 
 }  // namespace attn

@@ -24,12 +24,7 @@ int64_t RoundUp16(int64_t n) { return (n + 15) / 16 * 16; }
 using HeadTask = AttentionHeadTask;
 using Geometry = AttentionHeadGeometry;
 
-// Per-thread scratch, sized for the longest sequence.
-struct Scratch {
-  FloatBuffer kt;      // (d, tp): K^T, zero-padded columns
-  FloatBuffer v;       // (T, dp): V, zero-padded columns
-  FloatBuffer scores;  // (kBlockRows, tp)
-};
+using Scratch = Fp32AttentionScratch;
 
 // ---------------------------------------------------------------------------------------------
 // Portable path: the formulas as loops.
@@ -294,7 +289,7 @@ void PackedAttentionForward(const PackedAttentionShape& shape, const float* qkv,
       } else if (avx512) {
         HeadAvx512(g, task, &scratch);
       } else if (avx2) {
-        AttentionHeadAvx2(g, task, &scratch.kt, &scratch.scores);
+        AttentionHeadAvx2(g, task, &scratch);
       } else {
         HeadPortable(g, task, &scratch.scores);
       }
