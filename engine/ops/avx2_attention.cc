@@ -9,61 +9,18 @@
 // accumulators, half the FMA ports' rate; its exp was libm's, a scalar call per score.
 #include <immintrin.h>
 
-#include <cmath>
 #include <cstring>
 #include <limits>
 
 #include "engine/half.h"
 #include "engine/ops/attention_head.h"
-
-#define ATTN_AVX2 __attribute__((target("avx2,fma")))
+#include "engine/ops/avx2_math.h"
 
 namespace attn {
 
 namespace {
 
 constexpr int kAvx2BlockRows = 6;
-
-// Lanes [0, n) all ones (n in [0, 8]): the tail of a row whose length is not a multiple of 8.
-ATTN_AVX2 inline __m256i TailMask8(int64_t n) {
-  const __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-  return _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int32_t>(n < 8 ? n : 8)), lanes);
-}
-
-// e^x as avx512::Exp (Cephes: x = n ln2 + r, degree-6 polynomial for e^r, times 2^n), with 2^n
-// built in the exponent field. x is clamped to [-87.34, 88.38] so n stays in [-126, 127].
-ATTN_AVX2 inline __m256 ExpAvx2(__m256 x) {
-  x = _mm256_max_ps(x, _mm256_set1_ps(-87.33654f));
-  x = _mm256_min_ps(x, _mm256_set1_ps(88.3762626647949f));
-  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
-  p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
-  const __m256i pow2n =
-      _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-  return _mm256_mul_ps(p, _mm256_castsi256_ps(pow2n));
-}
-
-ATTN_AVX2 inline float HorizontalMax(__m256 v) {
-  __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
-  m = _mm_max_ss(m, _mm_movehdup_ps(m));
-  return _mm_cvtss_f32(m);
-}
-
-ATTN_AVX2 inline float HorizontalSum(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
 
 // s (R, tp) columns [j, j + 8 NV) = q (R rows, stride ldq) · kt (d, tp) * scale.
 template <int R, int NV>
@@ -120,7 +77,7 @@ ATTN_AVX2 inline void ContextTile(const float* p, int64_t tp, const float* row_s
   }
 #pragma GCC unroll 2
   for (int n = 0; n < NV; ++n) {
-    const __m256i mask = TailMask8(d - c0 - 8 * n);
+    const __m256i mask = avx2::TailMask(d - c0 - 8 * n);
 #pragma GCC unroll 6
     for (int r = 0; r < R; ++r) {
       _mm256_maskstore_ps(c + r * ldc + c0 + 8 * n, mask,
@@ -137,19 +94,19 @@ ATTN_AVX2 void ExpRowsAvx2(float* s, int R, int64_t tp, int64_t T, float* inv_su
     float* row = s + r * tp;
     __m256 max = neg_inf;
     for (int64_t j = 0; j < T; j += 8) {
-      const __m256 mask = _mm256_castsi256_ps(TailMask8(T - j));
+      const __m256 mask = _mm256_castsi256_ps(avx2::TailMask(T - j));
       max = _mm256_max_ps(max, _mm256_blendv_ps(neg_inf, _mm256_load_ps(row + j), mask));
     }
-    const __m256 max_vec = _mm256_set1_ps(HorizontalMax(max));
+    const __m256 max_vec = _mm256_set1_ps(avx2::ReduceMax(max));
     __m256 sum = _mm256_setzero_ps();
     for (int64_t j = 0; j < T; j += 8) {
-      const __m256 mask = _mm256_castsi256_ps(TailMask8(T - j));
+      const __m256 mask = _mm256_castsi256_ps(avx2::TailMask(T - j));
       const __m256 e =
-          _mm256_and_ps(ExpAvx2(_mm256_sub_ps(_mm256_load_ps(row + j), max_vec)), mask);
+          _mm256_and_ps(avx2::Exp(_mm256_sub_ps(_mm256_load_ps(row + j), max_vec)), mask);
       _mm256_store_ps(row + j, e);
       sum = _mm256_add_ps(sum, e);
     }
-    inv_sums[r] = 1.0f / HorizontalSum(sum);
+    inv_sums[r] = 1.0f / avx2::ReduceAdd(sum);
   }
 }
 
@@ -161,7 +118,7 @@ ATTN_AVX2 void PackKeysAndValuesAvx2(const AttentionHeadGeometry& g, const Atten
   const __m256i row_offsets = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
                                                  _mm256_set1_epi32(static_cast<int32_t>(ld)));
   for (int64_t j = 0; j < tp; j += 8) {
-    const __m256 mask = _mm256_castsi256_ps(TailMask8(T - j));
+    const __m256 mask = _mm256_castsi256_ps(avx2::TailMask(T - j));
     const float* base = t.k + j * ld;
     for (int64_t c = 0; c < d; ++c) {
       _mm256_store_ps(kt + c * tp + j, _mm256_mask_i32gather_ps(_mm256_setzero_ps(), base + c,
@@ -171,7 +128,7 @@ ATTN_AVX2 void PackKeysAndValuesAvx2(const AttentionHeadGeometry& g, const Atten
   for (int64_t j = 0; j < T; ++j) {
     const float* vj = t.v + j * ld;
     for (int64_t c = 0; c < dp; c += 8) {
-      _mm256_store_ps(v + j * dp + c, _mm256_maskload_ps(vj + c, TailMask8(d - c)));
+      _mm256_store_ps(v + j * dp + c, _mm256_maskload_ps(vj + c, avx2::TailMask(d - c)));
     }
   }
 }

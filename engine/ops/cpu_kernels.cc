@@ -3,6 +3,7 @@
 #include <atomic>
 #include <cmath>
 
+#include "engine/ops/avx2_math.h"
 #include "engine/ops/avx512_math.h"
 
 namespace attn {
@@ -112,6 +113,60 @@ ATTN_AVX512 void DequantizeAddLayerNormRowAvx512(const Int8Accumulators& in, int
   avx512::NormalizeRow(y, cols, sum, gamma, beta, eps, y, &mean);
 }
 
+// ---------------------------------------------------------------------------------------------
+// AVX2 row kernels (CPUs without AVX-512): the same formulas, 8 lanes at a time.
+
+ATTN_AVX2 void AddLayerNormRowAvx2(const float* x, const float* residual, int64_t cols,
+                                   const float* gamma, const float* beta, float eps, float* y) {
+  __m256 sum = _mm256_setzero_ps();
+  for (int64_t j = 0; j < cols; j += 8) {
+    const __m256i k = avx2::TailMask(cols - j);
+    __m256 v = avx2::MaskLoad(x + j, k);
+    if (residual != nullptr) v = _mm256_add_ps(v, avx2::MaskLoad(residual + j, k));
+    _mm256_maskstore_ps(y + j, k, v);
+    sum = _mm256_add_ps(sum, v);
+  }
+  avx2::NormalizeRow(y, cols, sum, gamma, beta, eps, y);
+}
+
+ATTN_AVX2 __m256 DequantizeAvx2(const Int8Accumulators& in, int64_t m, int64_t cols, int64_t j,
+                                __m256i k) {
+  const __m256 acc = _mm256_cvtepi32_ps(_mm256_maskload_epi32(in.acc + m * cols + j, k));
+  const __m256 scale =
+      _mm256_mul_ps(_mm256_set1_ps(in.row_scales[m]), avx2::MaskLoad(in.col_scales + j, k));
+  return _mm256_fmadd_ps(acc, scale, avx2::MaskLoad(in.bias + j, k));
+}
+
+ATTN_AVX2 void DequantizeRowAvx2(const Int8Accumulators& in, int64_t m, int64_t cols, float* y) {
+  for (int64_t j = 0; j < cols; j += 8) {
+    const __m256i k = avx2::TailMask(cols - j);
+    _mm256_maskstore_ps(y + j, k, DequantizeAvx2(in, m, cols, j, k));
+  }
+}
+
+ATTN_AVX2 void DequantizeGeluRowAvx2(const Int8Accumulators& in, int64_t m, int64_t cols,
+                                     float* row) {
+  for (int64_t j = 0; j < cols; j += 8) {
+    const __m256i k = avx2::TailMask(cols - j);
+    _mm256_maskstore_ps(row + j, k, avx2::GeluErf(DequantizeAvx2(in, m, cols, j, k)));
+  }
+}
+
+ATTN_AVX2 void DequantizeAddLayerNormRowAvx2(const Int8Accumulators& in, int64_t m,
+                                             const float* residual, int64_t cols,
+                                             const float* gamma, const float* beta, float eps,
+                                             float* y) {
+  __m256 sum = _mm256_setzero_ps();
+  for (int64_t j = 0; j < cols; j += 8) {
+    const __m256i k = avx2::TailMask(cols - j);
+    const __m256 v =
+        _mm256_add_ps(DequantizeAvx2(in, m, cols, j, k), avx2::MaskLoad(residual + j, k));
+    _mm256_maskstore_ps(y + j, k, v);
+    sum = _mm256_add_ps(sum, v);
+  }
+  avx2::NormalizeRow(y, cols, sum, gamma, beta, eps, y);
+}
+
 float GeluErfPortable(float x) { return 0.5f * x * (1.0f + std::erf(x * 0.70710678118654752f)); }
 
 }  // namespace
@@ -146,12 +201,14 @@ void SetAvx2KernelsEnabledForTesting(bool enabled) {
 
 void AddLayerNormRows(const float* x, const float* residual, int64_t rows, int64_t cols,
                       const float* gamma, const float* beta, float eps, float* y) {
-  const bool avx512 = UseAvx512Kernels();
+  const bool avx512 = UseAvx512Kernels(), avx2 = !avx512 && UseAvx2Kernels();
 #pragma omp parallel for schedule(static) if (rows * cols >= kParallelElements)
   for (int64_t m = 0; m < rows; ++m) {
     const float* r = residual != nullptr ? residual + m * cols : nullptr;
     if (avx512) {
       AddLayerNormRowAvx512(x + m * cols, r, cols, gamma, beta, eps, y + m * cols);
+    } else if (avx2) {
+      AddLayerNormRowAvx2(x + m * cols, r, cols, gamma, beta, eps, y + m * cols);
     } else {
       AddLayerNormRowPortable(x + m * cols, r, cols, gamma, beta, eps, y + m * cols);
     }
@@ -159,11 +216,13 @@ void AddLayerNormRows(const float* x, const float* residual, int64_t rows, int64
 }
 
 void DequantizeRows(const Int8Accumulators& in, int64_t rows, int64_t cols, float* y) {
-  const bool avx512 = UseAvx512Kernels();
+  const bool avx512 = UseAvx512Kernels(), avx2 = !avx512 && UseAvx2Kernels();
 #pragma omp parallel for schedule(static) if (rows * cols >= kParallelElements)
   for (int64_t m = 0; m < rows; ++m) {
     if (avx512) {
       DequantizeRowAvx512(in, m, cols, y + m * cols);
+    } else if (avx2) {
+      DequantizeRowAvx2(in, m, cols, y + m * cols);
     } else {
       for (int64_t j = 0; j < cols; ++j) y[m * cols + j] = DequantizePortable(in, m, cols, j);
     }
@@ -171,12 +230,14 @@ void DequantizeRows(const Int8Accumulators& in, int64_t rows, int64_t cols, floa
 }
 
 void DequantizeGeluRows(const Int8Accumulators& in, int64_t rows, int64_t cols, float* y) {
-  const bool avx512 = UseAvx512Kernels();
+  const bool avx512 = UseAvx512Kernels(), avx2 = !avx512 && UseAvx2Kernels();
 #pragma omp parallel for schedule(static) if (rows * cols >= kParallelElements)
   for (int64_t m = 0; m < rows; ++m) {
     float* row = y + m * cols;
     if (avx512) {
       DequantizeGeluRowAvx512(in, m, cols, row);
+    } else if (avx2) {
+      DequantizeGeluRowAvx2(in, m, cols, row);
     } else {
       for (int64_t j = 0; j < cols; ++j)
         row[j] = GeluErfPortable(DequantizePortable(in, m, cols, j));
@@ -187,12 +248,14 @@ void DequantizeGeluRows(const Int8Accumulators& in, int64_t rows, int64_t cols, 
 void DequantizeAddLayerNormRows(const Int8Accumulators& in, const float* residual, int64_t rows,
                                 int64_t cols, const float* gamma, const float* beta, float eps,
                                 float* y) {
-  const bool avx512 = UseAvx512Kernels();
+  const bool avx512 = UseAvx512Kernels(), avx2 = !avx512 && UseAvx2Kernels();
 #pragma omp parallel for schedule(static) if (rows * cols >= kParallelElements)
   for (int64_t m = 0; m < rows; ++m) {
     float* out = y + m * cols;
     if (avx512) {
       DequantizeAddLayerNormRowAvx512(in, m, residual + m * cols, cols, gamma, beta, eps, out);
+    } else if (avx2) {
+      DequantizeAddLayerNormRowAvx2(in, m, residual + m * cols, cols, gamma, beta, eps, out);
     } else {
       const float* r = residual + m * cols;  // may alias out: read before each write
       for (int64_t j = 0; j < cols; ++j) out[j] = DequantizePortable(in, m, cols, j) + r[j];

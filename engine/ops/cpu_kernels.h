@@ -2,8 +2,8 @@
 // the epilogues that turn an int8 matmul's s32 accumulators back into fp32 (dequantise + bias,
 // then GELU or residual + LayerNorm) in one pass over each row while it is in cache.
 //
-// Each function runs one OpenMP parallel loop over rows. On CPUs with AVX-512 the inner loops are
-// hand-vectorised; elsewhere portable loops compute the same formulas.
+// Each function runs one OpenMP parallel loop over rows. On CPUs with AVX-512, or else AVX2 + FMA,
+// the inner loops are hand-vectorised; elsewhere portable loops compute the same formulas.
 #pragma once
 
 #include <cstdint>
@@ -14,8 +14,8 @@ namespace attn {
 bool UseAvx512Kernels();
 // Tests only: force the portable loops (false) or restore CPU detection (true).
 void SetAvx512KernelsEnabledForTesting(bool enabled);
-// True when the AVX2 + FMA kernels run where there is no AVX-512 (only some ops have them:
-// attention, engine/ops/avx2_*.cc); the same switch for tests.
+// True when the AVX2 + FMA kernels run where there is no AVX-512 (attention, the row kernels
+// here, the int8 input quantisation; engine/ops/avx2_math.h); the same switch for tests.
 bool UseAvx2Kernels();
 void SetAvx2KernelsEnabledForTesting(bool enabled);
 // True when the AVX-512 kernels run and the CPU also has AVX-512 VNNI (the int8 attention

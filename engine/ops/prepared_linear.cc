@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "engine/half.h"
+#include "engine/ops/avx2_math.h"
 #include "engine/ops/avx512_math.h"
 #include "engine/ops/cpu_kernels.h"
 
@@ -304,6 +305,63 @@ ATTN_AVX512 void QuantizeInputRowAvx512(const float* x, int64_t K, float level,
   for (int i = 0; i < *out.count; ++i) out.q[out.cols[i]] = static_cast<uint8_t>(*out.zero_point);
 }
 
+// QuantizeInputRowAvx512 at 8 lanes (CPUs without AVX-512).
+ATTN_AVX2 void QuantizeInputRowAvx2(const float* x, int64_t K, float level,
+                                    const InputRowOut& out) {
+  __m256 sum_sq = _mm256_setzero_ps();
+  for (int64_t k = 0; k < K; k += 8) {
+    const __m256 v = avx2::MaskLoad(x + k, avx2::TailMask(K - k));
+    sum_sq = _mm256_fmadd_ps(v, v, sum_sq);
+  }
+  const float threshold =
+      Int8Input::kOutlierRatio * std::sqrt(avx2::ReduceAdd(sum_sq) / static_cast<float>(K));
+  const __m256 threshold_v = _mm256_set1_ps(threshold);
+  const __m256 sign_bit = _mm256_set1_ps(-0.0f);
+  const __m256i lane_bits = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
+  int32_t candidates[64];
+  int found = 0;
+  // Lanes past the row's end load 0, which the range holds anyway.
+  __m256 low = _mm256_setzero_ps(), high = _mm256_setzero_ps();
+  for (int64_t k = 0; k < K; k += 8) {
+    const __m256 v = avx2::MaskLoad(x + k, avx2::TailMask(K - k));
+    const int above =
+        _mm256_movemask_ps(_mm256_cmp_ps(_mm256_andnot_ps(sign_bit, v), threshold_v, _CMP_GT_OQ));
+    int collected = 0;  // candidates past 64 (impossible below K = 64 * 36) stay in q
+    for (int rest = above; rest != 0 && found < 64; rest &= rest - 1) {
+      candidates[found++] = static_cast<int32_t>(k + __builtin_ctz(rest));
+      collected |= rest & -rest;
+    }
+    const __m256i collected_lanes =
+        _mm256_cmpeq_epi32(_mm256_and_si256(_mm256_set1_epi32(collected), lane_bits), lane_bits);
+    const __m256 kept = _mm256_andnot_ps(_mm256_castsi256_ps(collected_lanes), v);  // 0 there
+    low = _mm256_min_ps(low, kept);
+    high = _mm256_max_ps(high, kept);
+  }
+  Range range{avx2::ReduceMin(low), avx2::ReduceMax(high)};
+  ChooseOutliers(x, candidates, found, &range, out);
+  const __m256 inv = _mm256_set1_ps(InputScale(range, level, out));
+  const __m256i zero = _mm256_set1_epi32(*out.zero_point);
+  const __m256i top = _mm256_set1_epi32(static_cast<int32_t>(level));
+  for (int64_t k = 0; k < K; k += 8) {
+    // cvtps2dq rounds half to even, as nearbyint; outliers are clamped here and reset below.
+    __m256i v =
+        _mm256_cvtps_epi32(_mm256_mul_ps(avx2::MaskLoad(x + k, avx2::TailMask(K - k)), inv));
+    v = _mm256_min_epi32(_mm256_max_epi32(_mm256_add_epi32(v, zero), _mm256_setzero_si256()), top);
+    // 8 values in [0, 255] -> 8 bytes (the packs saturate nothing here)
+    const __m128i words =
+        _mm_packus_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    const __m128i bytes = _mm_packus_epi16(words, words);
+    if (K - k >= 8) {
+      _mm_storel_epi64(reinterpret_cast<__m128i*>(out.q + k), bytes);
+    } else {
+      alignas(16) uint8_t tail[16];
+      _mm_store_si128(reinterpret_cast<__m128i*>(tail), bytes);
+      std::memcpy(out.q + k, tail, static_cast<size_t>(K - k));
+    }
+  }
+  for (int i = 0; i < *out.count; ++i) out.q[out.cols[i]] = static_cast<uint8_t>(*out.zero_point);
+}
+
 // One accumulator row: acc[n] -= zero_point * sum_k Wq[n, k] (the matmul saw q, not q - zero),
 // plus round(sum_i values[i] * W[n, cols[i]] / (row_scale * col_scale[n])), the outliers.
 struct AccumulatorFix {
@@ -350,6 +408,32 @@ ATTN_AVX512 void FixAccumulatorRowAvx512(const AccumulatorFix& fix, int32_t zero
   }
 }
 
+ATTN_AVX2 void FixAccumulatorRowAvx2(const AccumulatorFix& fix, int32_t zero_point, int count,
+                                     const int32_t* cols, const float* values, float inv_row_scale,
+                                     int32_t* acc) {
+  const __m256 limit = _mm256_set1_ps(1e9f), neg_limit = _mm256_set1_ps(-1e9f);
+  const __m256i zero = _mm256_set1_epi32(zero_point);
+  for (int64_t n = 0; n < fix.N; n += 8) {
+    const __m256i tail = avx2::TailMask(fix.N - n);
+    __m256i total = _mm256_sub_epi32(
+        _mm256_maskload_epi32(acc + n, tail),
+        _mm256_mullo_epi32(zero, _mm256_maskload_epi32(fix.weight_sums + n, tail)));
+    if (count > 0) {
+      __m256 sum = _mm256_setzero_ps();
+      for (int i = 0; i < count; ++i) {
+        sum = _mm256_fmadd_ps(_mm256_set1_ps(values[i]),
+                              avx2::MaskLoad(fix.transposed_weights + cols[i] * fix.N + n, tail),
+                              sum);
+      }
+      __m256 units = _mm256_mul_ps(_mm256_mul_ps(sum, _mm256_set1_ps(inv_row_scale)),
+                                   avx2::MaskLoad(fix.inverse_col_scales + n, tail));
+      units = _mm256_max_ps(_mm256_min_ps(units, limit), neg_limit);
+      total = _mm256_add_epi32(total, _mm256_cvtps_epi32(units));
+    }
+    _mm256_maskstore_epi32(acc + n, tail, total);
+  }
+}
+
 }  // namespace
 
 PreparedLinear PreparedLinear::Int8Outliers(const Tensor& weight, const Tensor& bias) {
@@ -391,7 +475,7 @@ void PreparedLinear::QuantizeInput(const float* x, int64_t rows, Int8Input* inpu
   }
   std::fill(input->q.begin() + rows * K, input->q.begin() + mrows * K, uint8_t{0});
   std::fill(input->scales.begin() + rows, input->scales.begin() + mrows, 0.0f);
-  const bool avx512 = UseAvx512Kernels();
+  const bool avx512 = UseAvx512Kernels(), avx2 = !avx512 && UseAvx2Kernels();
 #pragma omp parallel for schedule(static) if (rows * K >= kParallelInt8Elements)
   for (int64_t m = 0; m < rows; ++m) {
     const InputRowOut out{input->q.data() + m * K,
@@ -402,6 +486,8 @@ void PreparedLinear::QuantizeInput(const float* x, int64_t rows, Int8Input* inpu
                           input->outlier_values.data() + m * kMax};
     if (avx512) {
       QuantizeInputRowAvx512(x + m * K, K, input_level_, out);
+    } else if (avx2) {
+      QuantizeInputRowAvx2(x + m * K, K, input_level_, out);
     } else {
       QuantizeInputRowPortable(x + m * K, K, input_level_, out);
     }
@@ -429,7 +515,7 @@ void PreparedLinear::ForwardInt8(ExecContext& ctx, const Int8Input& input, int64
        {DNNL_ARG_DST, dnnl::memory(acc_desc, ctx.engine(), acc)}});
   const AccumulatorFix fix{transposed_weights_.data(), weight_sums_.data(), inverse_scales_.data(),
                            N};
-  const bool avx512 = UseAvx512Kernels();
+  const bool avx512 = UseAvx512Kernels(), avx2 = !avx512 && UseAvx2Kernels();
   constexpr int kMax = Int8Input::kMaxOutliers;
 #pragma omp parallel for schedule(static) if (rows * N >= kParallelInt8Elements)
   for (int64_t m = 0; m < rows; ++m) {
@@ -439,6 +525,9 @@ void PreparedLinear::ForwardInt8(ExecContext& ctx, const Int8Input& input, int64
     if (avx512) {
       FixAccumulatorRowAvx512(fix, input.zero_points[m], input.outlier_counts[m], cols, values,
                               1.0f / input.scales[m], acc + m * N);
+    } else if (avx2) {
+      FixAccumulatorRowAvx2(fix, input.zero_points[m], input.outlier_counts[m], cols, values,
+                            1.0f / input.scales[m], acc + m * N);
     } else {
       FixAccumulatorRowPortable(fix, input.zero_points[m], input.outlier_counts[m], cols, values,
                                 1.0f / input.scales[m], acc + m * N);

@@ -423,19 +423,29 @@ TEST_F(Int8EncoderTest, WarmUpBuildsTheShortRequestPrimitivesAtLoad) {
 // exact integer dot products of (q - zero point) and Wq (no 16-bit saturation with u8 inputs and
 // 8-bit weights) plus the outliers' products, and a few elements per row 30x the others are
 // split off instead of coarsening the row's scale.
-class Int8OutliersTest : public ::testing::TestWithParam<bool> {
+enum class Int8KernelPath { kAvx512, kAvx2, kPortable };
+
+class Int8OutliersTest : public ::testing::TestWithParam<Int8KernelPath> {
  protected:
   void SetUp() override {
-    SetAvx512KernelsEnabledForTesting(true);  // CPU detection
-    // The "Avx512" variant would silently run the portable loops on a CPU without AVX-512.
-    if (GetParam()) ATTN_SKIP_UNLESS_CPU_HAS("Avx512", UseAvx512Kernels());
-    SetAvx512KernelsEnabledForTesting(GetParam());
+    // CPU detection first: a variant would silently run another path on a CPU without its ISA.
+    SetAvx512KernelsEnabledForTesting(true);
+    SetAvx2KernelsEnabledForTesting(true);
+    if (GetParam() == Int8KernelPath::kAvx512) {
+      ATTN_SKIP_UNLESS_CPU_HAS("Avx512", UseAvx512Kernels());
+    }
+    if (GetParam() == Int8KernelPath::kAvx2) ATTN_SKIP_UNLESS_CPU_HAS("Avx2", UseAvx2Kernels());
+    SetAvx512KernelsEnabledForTesting(GetParam() == Int8KernelPath::kAvx512);
+    SetAvx2KernelsEnabledForTesting(GetParam() == Int8KernelPath::kAvx2);
   }
-  void TearDown() override { SetAvx512KernelsEnabledForTesting(true); }
+  void TearDown() override {
+    SetAvx512KernelsEnabledForTesting(true);
+    SetAvx2KernelsEnabledForTesting(true);
+  }
 };
 
 TEST_P(Int8OutliersTest, AccumulatorsAreExactAndOutliersAreSplitOff) {
-  const int64_t K = 200, N = 72;
+  const int64_t K = 201, N = 69;  // tails past whole 8- and 16-lane vectors
   std::mt19937 rng(7);
   std::normal_distribution<float> normal;
   Tensor weight({N, K}), bias({N});
@@ -495,9 +505,13 @@ TEST_P(Int8OutliersTest, AccumulatorsAreExactAndOutliersAreSplitOff) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Paths, Int8OutliersTest, ::testing::Values(true, false),
-                         [](const ::testing::TestParamInfo<bool>& info) {
-                           return info.param ? "Avx512" : "Portable";
+INSTANTIATE_TEST_SUITE_P(Paths, Int8OutliersTest,
+                         ::testing::Values(Int8KernelPath::kAvx512, Int8KernelPath::kAvx2,
+                                           Int8KernelPath::kPortable),
+                         [](const ::testing::TestParamInfo<Int8KernelPath>& info) {
+                           return info.param == Int8KernelPath::kAvx512 ? "Avx512"
+                                  : info.param == Int8KernelPath::kAvx2 ? "Avx2"
+                                                                        : "Portable";
                          });
 
 // PreparedLinear::Bf16 (native or emulated, whichever this CPU gets) against a double-precision
