@@ -920,7 +920,8 @@ class Run:
         log(f"limit: {' '.join(argv)}")
         out = subprocess.run(argv, capture_output=True, text=True, timeout=900)
         if out.returncode != 0:
-            return f"attn-bench-matmul-peak failed: {out.stderr.strip()[-300:]}"
+            last = " / ".join(out.stderr.strip().splitlines()[-2:])  # one table cell
+            return f"attn-bench-matmul-peak failed: {last[-300:]}"
         peak = json.loads(out.stdout)
         self.raw["matmul_peak"] = peak
         log(f"limit: peaks {({p: v['peak_gflops'] for p, v in peak['precisions'].items()})}")
@@ -946,6 +947,8 @@ class Run:
             ours = shape["tokens"] / median_s if metric == "throughput" else median_s * 1e3
             if not isinstance(measured, dict) or not measured.get("peak_gflops"):
                 reason = (peak if isinstance(peak, str) else
+                          f"oneDNN has no {precision} matmul for this CPU"
+                          if measured and measured["impl"] == "unimplemented" else
                           f"{precision} matmul has only oneDNN's {measured['impl']} kernel here"
                           if measured else f"{precision} peak not measured")
                 self.table.add(label, ours, "matmul peak", None, None, ("limit", None), unit,

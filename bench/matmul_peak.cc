@@ -10,7 +10,9 @@
 //   {"onednn": "2.6.3", "threads": 2, "precisions": {"fp32": {"impl": "brg:avx512_core",
 //    "peak_gflops": 412.3, "shapes": [{"m": .., "k": .., "n": .., "gflops": ..}, ...]}, ...}}
 // A precision with only oneDNN's reference kernel on this CPU is reported with "impl": "ref..."
-// and "peak_gflops": null (not timed: it is not a kernel anyone would serve with).
+// and "peak_gflops": null (not timed: it is not a kernel anyone would serve with); one oneDNN
+// has no kernel for at all (bf16 before AVX-512: it reports "unimplemented") with
+// "impl": "unimplemented" and "peak_gflops": null.
 #include <omp.h>
 
 #include <algorithm>
@@ -124,7 +126,14 @@ nlohmann::json MeasurePrecision(const dnnl::engine& cpu, dnnl::stream& stream,
     const memory::desc src_desc({s.m, s.k}, types.src, memory::format_tag::ab);
     const memory::desc any_weights({s.k, s.n}, types.weights, memory::format_tag::any);
     const memory::desc dst_desc({s.m, s.n}, types.dst, memory::format_tag::ab);
-    const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(src_desc, any_weights, dst_desc), cpu);
+    dnnl::matmul::primitive_desc pd;
+    try {
+      pd = dnnl::matmul::primitive_desc(dnnl::matmul::desc(src_desc, any_weights, dst_desc), cpu);
+    } catch (const dnnl::error& e) {
+      if (e.status != dnnl_unimplemented) throw;
+      result["impl"] = "unimplemented";
+      return result;
+    }
     const std::string impl = pd.impl_info_str();
     result["impl"] = impl;
     if (absl::StartsWith(impl, "ref")) return result;  // not timed: see the header
