@@ -8,6 +8,7 @@
 
 #include "engine/half.h"
 #include "engine/ops/attention_head.h"
+#include "engine/ops/avx2_math.h"
 #include "engine/ops/avx512_math.h"
 #include "engine/ops/cpu_kernels.h"
 #include "engine/ops/dropout.h"
@@ -453,7 +454,127 @@ void TransposeRowsPortable(const float* rows, int64_t ld, int64_t T, int64_t d, 
   }
 }
 
-// The kernels of one path (AVX-512 or portable), picked once per call.
+// ---------------------------------------------------------------------------------------------
+// AVX2 training kernels (CPUs without AVX-512): the AVX-512 ones at 8 lanes, 6-row blocks.
+
+constexpr int kAvx2BlockRows = 6;  // 6 rows x 16 columns = 12 accumulators of 16 ymm registers
+
+template <int R, int NV>
+ATTN_AVX2 inline void ProductTileAvx2(const StridedProduct& p, int64_t r0, int64_t n0) {
+  __m256i masks[NV];
+  __m256 acc[R][NV];
+#pragma GCC unroll 2
+  for (int n = 0; n < NV; ++n) masks[n] = avx2::TailMask(p.cols - n0 - 8 * n);
+#pragma GCC unroll 6
+  for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 2
+    for (int n = 0; n < NV; ++n) acc[r][n] = _mm256_setzero_ps();
+  }
+  const float* a = p.a + r0 * p.a_rs;
+  for (int64_t k = 0; k < p.depth; ++k) {
+    const float* b_row = p.b + k * p.ldb + n0;
+    __m256 b[NV];
+#pragma GCC unroll 2
+    for (int n = 0; n < NV; ++n) b[n] = avx2::MaskLoad(b_row + 8 * n, masks[n]);
+    const float* a_k = a + k * p.a_ks;
+#pragma GCC unroll 6
+    for (int r = 0; r < R; ++r) {
+      const __m256 a_rk = _mm256_broadcast_ss(a_k + r * p.a_rs);
+#pragma GCC unroll 2
+      for (int n = 0; n < NV; ++n) acc[r][n] = _mm256_fmadd_ps(a_rk, b[n], acc[r][n]);
+    }
+  }
+  const __m256 alpha = _mm256_set1_ps(p.alpha);
+#pragma GCC unroll 6
+  for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 2
+    for (int n = 0; n < NV; ++n) {
+      _mm256_maskstore_ps(p.c + (r0 + r) * p.ldc + n0 + 8 * n, masks[n],
+                          _mm256_mul_ps(acc[r][n], alpha));
+    }
+  }
+}
+
+template <int R>
+ATTN_AVX2 void ProductRowsAvx2(const StridedProduct& p, int64_t r0) {
+  int64_t n0 = 0;
+  for (; n0 + 8 < p.cols; n0 += 16) ProductTileAvx2<R, 2>(p, r0, n0);
+  if (n0 < p.cols) ProductTileAvx2<R, 1>(p, r0, n0);
+}
+
+ATTN_AVX2 void ProductAvx2(const StridedProduct& p) {
+  ForRowBlocks<kAvx2BlockRows>(
+      p.rows, [&](auto rows, int64_t r0) { ProductRowsAvx2<decltype(rows)::value>(p, r0); });
+}
+
+ATTN_AVX2 void SoftmaxRowsAvx2(float* s, int64_t rows, int64_t T) {
+  const __m256 neg_inf = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
+  for (int64_t r = 0; r < rows; ++r) {
+    float* row = s + r * T;
+    __m256 max = neg_inf;
+    for (int64_t j = 0; j < T; j += 8) {
+      const __m256i k = avx2::TailMask(T - j);
+      max = _mm256_max_ps(
+          max, _mm256_blendv_ps(neg_inf, avx2::MaskLoad(row + j, k), _mm256_castsi256_ps(k)));
+    }
+    const __m256 max_vec = _mm256_set1_ps(avx2::ReduceMax(max));
+    __m256 sum = _mm256_setzero_ps();
+    for (int64_t j = 0; j < T; j += 8) {
+      const __m256i k = avx2::TailMask(T - j);
+      const __m256 e = _mm256_and_ps(avx2::Exp(_mm256_sub_ps(avx2::MaskLoad(row + j, k), max_vec)),
+                                     _mm256_castsi256_ps(k));
+      _mm256_maskstore_ps(row + j, k, e);
+      sum = _mm256_add_ps(sum, e);
+    }
+    const __m256 inv = _mm256_set1_ps(1.0f / avx2::ReduceAdd(sum));
+    for (int64_t j = 0; j < T; j += 8) {
+      const __m256i k = avx2::TailMask(T - j);
+      _mm256_maskstore_ps(row + j, k, _mm256_mul_ps(avx2::MaskLoad(row + j, k), inv));
+    }
+  }
+}
+
+ATTN_AVX2 void SoftmaxBackwardRowsAvx2(const float* p, const uint8_t* mask, float keep_scale,
+                                       int64_t rows, int64_t T, float* dp) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* pr = p + r * T;
+    float* dr = dp + r * T;
+    if (mask != nullptr) {
+      const uint8_t* mr = mask + r * T;
+      for (int64_t j = 0; j < T; ++j) dr[j] = mr[j] != 0 ? dr[j] * keep_scale : 0.0f;
+    }
+    __m256 dot = _mm256_setzero_ps();
+    for (int64_t j = 0; j < T; j += 8) {
+      const __m256i k = avx2::TailMask(T - j);
+      dot = _mm256_fmadd_ps(avx2::MaskLoad(dr + j, k), avx2::MaskLoad(pr + j, k), dot);
+    }
+    const __m256 dot_vec = _mm256_set1_ps(avx2::ReduceAdd(dot));
+    for (int64_t j = 0; j < T; j += 8) {
+      const __m256i k = avx2::TailMask(T - j);
+      _mm256_maskstore_ps(dr + j, k,
+                          _mm256_mul_ps(avx2::MaskLoad(pr + j, k),
+                                        _mm256_sub_ps(avx2::MaskLoad(dr + j, k), dot_vec)));
+    }
+  }
+}
+
+// out (d, tp) = rows^T: 8 rows at a time, one gather per column (a whole 8-float store).
+ATTN_AVX2 void TransposeRowsAvx2(const float* rows, int64_t ld, int64_t T, int64_t d, int64_t tp,
+                                 float* out) {
+  const __m256i row_offsets = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
+                                                 _mm256_set1_epi32(static_cast<int32_t>(ld)));
+  for (int64_t j = 0; j < T; j += 8) {
+    const __m256i k = avx2::TailMask(T - j);
+    const float* base = rows + j * ld;
+    for (int64_t c = 0; c < d; ++c) {
+      _mm256_maskstore_ps(out + c * tp + j, k,
+                          _mm256_mask_i32gather_ps(_mm256_setzero_ps(), base + c, row_offsets,
+                                                   _mm256_castsi256_ps(k), sizeof(float)));
+    }
+  }
+}
+
+// The kernels of one path (AVX-512, AVX2 or portable), picked once per call.
 struct TrainingKernels {
   void (*product)(const StridedProduct&);
   void (*softmax_rows)(float*, int64_t, int64_t);
@@ -464,6 +585,9 @@ struct TrainingKernels {
 TrainingKernels SelectTrainingKernels() {
   if (UseAvx512Kernels()) {
     return {ProductAvx512, SoftmaxRowsAvx512, SoftmaxBackwardRowsAvx512, TransposeRowsAvx512};
+  }
+  if (UseAvx2Kernels()) {
+    return {ProductAvx2, SoftmaxRowsAvx2, SoftmaxBackwardRowsAvx2, TransposeRowsAvx2};
   }
   return {ProductPortable, SoftmaxRowsPortable, SoftmaxBackwardRowsPortable, TransposeRowsPortable};
 }

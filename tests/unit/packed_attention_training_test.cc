@@ -1,8 +1,8 @@
 // The packed training attention (engine/ops/fused_attention.h: one parallel region over
 // (sequence, head) items, hand-written kernels) against the per-sequence training attention
 // (engine/ops/attention.h: oneDNN matmul and softmax primitives, an independent implementation)
-// on ragged batches, with and without probability dropout, on both kernel paths (AVX-512 when the
-// CPU has it, and the portable loops).
+// on ragged batches, with and without probability dropout, on every kernel path (AVX-512 and AVX2
+// when the CPU has them, and the portable loops).
 //
 // The dropout masks must be bit-identical (same counters per sequence); probabilities, context
 // and the gradients dQ, dK, dV must agree to max |got - want| / max |want| <= 1e-5.
@@ -39,12 +39,14 @@ double RelError(const float* got, const float* want, int64_t n) {
   return scale > 0.0 ? worst / scale : worst;
 }
 
+enum class KernelPath { kAvx512, kAvx2, kPortable };
+
 struct PackedCase {
   std::vector<int64_t> lengths;
   int64_t heads;
   int64_t head_dim;
   float dropout_p;
-  bool avx512;
+  KernelPath path;
 };
 
 std::string CaseName(const ::testing::TestParamInfo<PackedCase>& info) {
@@ -53,7 +55,9 @@ std::string CaseName(const ::testing::TestParamInfo<PackedCase>& info) {
   for (int64_t t : c.lengths) name += "T" + std::to_string(t);
   name += "_h" + std::to_string(c.heads) + "d" + std::to_string(c.head_dim);
   name += "_p" + std::to_string(static_cast<int>(c.dropout_p * 100));
-  name += c.avx512 ? "_avx512" : "_portable";
+  name += c.path == KernelPath::kAvx512 ? "_avx512"
+          : c.path == KernelPath::kAvx2 ? "_avx2"
+                                        : "_portable";
   return name;
 }
 
@@ -61,14 +65,17 @@ class PackedAttentionTrainingTest : public ::testing::TestWithParam<PackedCase> 
  protected:
   void SetUp() override {
     const PackedCase& c = GetParam();
-    if (c.avx512) {
-      SetAvx512KernelsEnabledForTesting(true);
-      ATTN_SKIP_UNLESS_CPU_HAS("Avx512", UseAvx512Kernels());
-    } else {
-      SetAvx512KernelsEnabledForTesting(false);
-    }
+    SetAvx512KernelsEnabledForTesting(true);  // CPU detection
+    SetAvx2KernelsEnabledForTesting(true);
+    if (c.path == KernelPath::kAvx512) ATTN_SKIP_UNLESS_CPU_HAS("Avx512", UseAvx512Kernels());
+    if (c.path == KernelPath::kAvx2) ATTN_SKIP_UNLESS_CPU_HAS("Avx2", UseAvx2Kernels());
+    SetAvx512KernelsEnabledForTesting(c.path == KernelPath::kAvx512);
+    SetAvx2KernelsEnabledForTesting(c.path == KernelPath::kAvx2);
   }
-  void TearDown() override { SetAvx512KernelsEnabledForTesting(true); }
+  void TearDown() override {
+    SetAvx512KernelsEnabledForTesting(true);
+    SetAvx2KernelsEnabledForTesting(true);
+  }
 };
 
 TEST_P(PackedAttentionTrainingTest, MatchesPerSequenceAttention) {
@@ -169,10 +176,10 @@ std::vector<PackedCase> Cases() {
       {130, 7, 64, 16, 81},  // longer than a 64-row pass
   };
   std::vector<PackedCase> cases;
-  for (bool avx512 : {true, false}) {
+  for (KernelPath path : {KernelPath::kAvx512, KernelPath::kAvx2, KernelPath::kPortable}) {
     for (float p : {0.0f, 0.1f, 0.5f}) {
-      for (const auto& lengths : batches) cases.push_back({lengths, 12, 32, p, avx512});
-      cases.push_back({{9, 40, 3}, 3, 20, p, avx512});  // d not a multiple of 16
+      for (const auto& lengths : batches) cases.push_back({lengths, 12, 32, p, path});
+      cases.push_back({{9, 40, 3}, 3, 20, p, path});  // d not a multiple of 16 (or 8)
     }
   }
   return cases;
