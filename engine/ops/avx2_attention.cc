@@ -10,7 +10,6 @@
 #include <immintrin.h>
 
 #include <cstring>
-#include <limits>
 
 #include "engine/half.h"
 #include "engine/ops/attention_head.h"
@@ -86,30 +85,6 @@ ATTN_AVX2 inline void ContextTile(const float* p, int64_t tp, const float* row_s
   }
 }
 
-// Rows [0, R) of s (stride tp), first T columns: s = exp(s - row max) in place, columns
-// [T, tp) zero; inv_sums[r] = 1 / row sum (the normalisation is left to the readers).
-ATTN_AVX2 void ExpRowsAvx2(float* s, int R, int64_t tp, int64_t T, float* inv_sums) {
-  const __m256 neg_inf = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
-  for (int r = 0; r < R; ++r) {
-    float* row = s + r * tp;
-    __m256 max = neg_inf;
-    for (int64_t j = 0; j < T; j += 8) {
-      const __m256 mask = _mm256_castsi256_ps(avx2::TailMask(T - j));
-      max = _mm256_max_ps(max, _mm256_blendv_ps(neg_inf, _mm256_load_ps(row + j), mask));
-    }
-    const __m256 max_vec = _mm256_set1_ps(avx2::ReduceMax(max));
-    __m256 sum = _mm256_setzero_ps();
-    for (int64_t j = 0; j < T; j += 8) {
-      const __m256 mask = _mm256_castsi256_ps(avx2::TailMask(T - j));
-      const __m256 e =
-          _mm256_and_ps(avx2::Exp(_mm256_sub_ps(_mm256_load_ps(row + j), max_vec)), mask);
-      _mm256_store_ps(row + j, e);
-      sum = _mm256_add_ps(sum, e);
-    }
-    inv_sums[r] = 1.0f / avx2::ReduceAdd(sum);
-  }
-}
-
 // kt (d, tp) = K^T with zero columns [T, tp) (8 rows of K at a time, one gather per column, so
 // each store fills 8 floats of a kt row); v (T, dp) = V with zero columns [d, dp).
 ATTN_AVX2 void PackKeysAndValuesAvx2(const AttentionHeadGeometry& g, const AttentionHeadTask& t,
@@ -151,13 +126,9 @@ ATTN_AVX2 void BlockAvx2(const AttentionHeadGeometry& g, const AttentionHeadTask
     for (int r = 0; r < R; ++r) std::memcpy(t.scores + (i0 + r) * T, s + r * tp, sizeof(float) * T);
   }
   float inv_sums[R];
-  ExpRowsAvx2(s, R, tp, T, inv_sums);
+  avx2::ExpRows(s, R, tp, T, inv_sums);
   if (t.probs != nullptr) {
-    for (int r = 0; r < R; ++r) {
-      const float* row = s + r * tp;
-      float* out = t.probs + (i0 + r) * T;
-      for (int64_t k = 0; k < T; ++k) out[k] = row[k] * inv_sums[r];
-    }
+    for (int r = 0; r < R; ++r) avx2::ScaleRow(s + r * tp, T, inv_sums[r], t.probs + (i0 + r) * T);
   }
   if (g.bf16_products) {
     // The unnormalised exp rows, as the AVX-512 kernel: the row scale after P V is fp32.

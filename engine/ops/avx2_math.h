@@ -8,6 +8,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <limits>
 
 #define ATTN_AVX2 __attribute__((target("avx2,fma")))
 
@@ -66,6 +67,40 @@ ATTN_AVX2 inline __m256 Exp(__m256 x) {
   const __m256i pow2n =
       _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
   return _mm256_mul_ps(p, _mm256_castsi256_ps(pow2n));
+}
+
+// Unnormalised softmax over the first T columns of `rows` rows of s (row stride ld), in place,
+// as avx512::ExpRows: s = exp(s - row max), inv_sums[r] = 1 / row sum.
+ATTN_AVX2 inline void ExpRows(float* s, int64_t rows, int64_t ld, int64_t T, float* inv_sums) {
+  const __m256 neg_inf = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
+  for (int64_t r = 0; r < rows; ++r) {
+    float* row = s + r * ld;
+    __m256 max = neg_inf;
+    for (int64_t j = 0; j < T; j += 8) {
+      const __m256i k = TailMask(T - j);
+      max = _mm256_max_ps(max,
+                          _mm256_blendv_ps(neg_inf, MaskLoad(row + j, k), _mm256_castsi256_ps(k)));
+    }
+    const __m256 max_vec = _mm256_set1_ps(ReduceMax(max));
+    __m256 sum = _mm256_setzero_ps();
+    for (int64_t j = 0; j < T; j += 8) {
+      const __m256i k = TailMask(T - j);
+      const __m256 e =
+          _mm256_and_ps(Exp(_mm256_sub_ps(MaskLoad(row + j, k), max_vec)), _mm256_castsi256_ps(k));
+      _mm256_maskstore_ps(row + j, k, e);
+      sum = _mm256_add_ps(sum, e);
+    }
+    inv_sums[r] = 1.0f / ReduceAdd(sum);
+  }
+}
+
+// out (T floats) = row * scale
+ATTN_AVX2 inline void ScaleRow(const float* row, int64_t T, float scale, float* out) {
+  const __m256 scale_vec = _mm256_set1_ps(scale);
+  for (int64_t j = 0; j < T; j += 8) {
+    const __m256i k = TailMask(T - j);
+    _mm256_maskstore_ps(out + j, k, _mm256_mul_ps(MaskLoad(row + j, k), scale_vec));
+  }
 }
 
 // gelu_erf as avx512::GeluErf (erf by Abramowitz & Stegun 7.1.26, absolute error below

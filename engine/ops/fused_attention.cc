@@ -508,29 +508,10 @@ ATTN_AVX2 void ProductAvx2(const StridedProduct& p) {
 }
 
 ATTN_AVX2 void SoftmaxRowsAvx2(float* s, int64_t rows, int64_t T) {
-  const __m256 neg_inf = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
   for (int64_t r = 0; r < rows; ++r) {
-    float* row = s + r * T;
-    __m256 max = neg_inf;
-    for (int64_t j = 0; j < T; j += 8) {
-      const __m256i k = avx2::TailMask(T - j);
-      max = _mm256_max_ps(
-          max, _mm256_blendv_ps(neg_inf, avx2::MaskLoad(row + j, k), _mm256_castsi256_ps(k)));
-    }
-    const __m256 max_vec = _mm256_set1_ps(avx2::ReduceMax(max));
-    __m256 sum = _mm256_setzero_ps();
-    for (int64_t j = 0; j < T; j += 8) {
-      const __m256i k = avx2::TailMask(T - j);
-      const __m256 e = _mm256_and_ps(avx2::Exp(_mm256_sub_ps(avx2::MaskLoad(row + j, k), max_vec)),
-                                     _mm256_castsi256_ps(k));
-      _mm256_maskstore_ps(row + j, k, e);
-      sum = _mm256_add_ps(sum, e);
-    }
-    const __m256 inv = _mm256_set1_ps(1.0f / avx2::ReduceAdd(sum));
-    for (int64_t j = 0; j < T; j += 8) {
-      const __m256i k = avx2::TailMask(T - j);
-      _mm256_maskstore_ps(row + j, k, _mm256_mul_ps(avx2::MaskLoad(row + j, k), inv));
-    }
+    float inv_sum;
+    avx2::ExpRows(s + r * T, 1, T, T, &inv_sum);
+    avx2::ScaleRow(s + r * T, T, inv_sum, s + r * T);
   }
 }
 
