@@ -13,9 +13,11 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/synchronization/notification.h"
 #include "engine/model_store.h"
 #include "engine/training/losses.h"
 
@@ -273,14 +275,27 @@ TEST_F(ServingCoreTest, BatcherStartsWithTheCheapestQueuedRequest) {
     };
     return j;
   };
-  // Four 256-token chunks keep the engine busy while the other two are queued behind them.
+  // A blocker holds the batcher thread (its cancellation check, made when its batch starts,
+  // waits) until all three are queued, so the order does not depend on when the thread wakes.
+  absl::Notification blocker_started, release_blocker;
+  auto blocker = job("blocker", 1, 4, 0);
+  blocker->is_cancelled = [&, first = std::make_shared<bool>(true)] {
+    if (std::exchange(*first, false)) {
+      blocker_started.Notify();
+      release_blocker.WaitForNotification();
+    }
+    return false;
+  };
+  ASSERT_TRUE(batcher.Submit(blocker).ok());
+  blocker_started.WaitForNotification();
   ASSERT_TRUE(batcher.Submit(job("costly, many tokens", 4, 256, 1'000'000'000)).ok());
   ASSERT_TRUE(batcher.Submit(job("costly, few tokens", 1, 16, 100'000'000)).ok());
   ASSERT_TRUE(batcher.Submit(job("ordinary", 1, 16, 100'000)).ok());
+  release_blocker.Notify();
   batcher.Stop();  // finishes everything queued
-  ASSERT_EQ(finished.size(), 3u);
-  EXPECT_EQ(finished,
-            (std::vector<std::string>{"ordinary", "costly, few tokens", "costly, many tokens"}));
+  ASSERT_EQ(finished.size(), 4u);
+  EXPECT_EQ(finished, (std::vector<std::string>{"blocker", "ordinary", "costly, few tokens",
+                                                "costly, many tokens"}));
 }
 
 TEST_F(ServingCoreTest, UnknownVersionIsNotFound) {
