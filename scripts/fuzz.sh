@@ -45,7 +45,10 @@ if ((DO_BUILD)); then
   if [[ ! -f "$BUILD/build.ninja" ]]; then
     launcher=()
     command -v ccache >/dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
+    # -O1 -g1, as the sanitizer builds: line numbers in crash reports, and 10-20% less compile
+    # time than -O2 -g for the whole engine and protobuf code the fuzzers link.
     cmake -G Ninja -S "$ROOT/fuzz" -B "$BUILD" -DCMAKE_CXX_COMPILER=clang++-14 \
+      -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1 -DNDEBUG" \
       -DATTN_DEFAULT_MODEL_DIR="${ATTN_MODEL_DIR:-$ROOT/models/all-MiniLM-L6-v2}" "${launcher[@]}"
   fi
   build_start=$SECONDS

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Runs the test suite under sanitizers, each build in its own directory:
 #   asan  the unit + integration suite (ctest labels unit, integration, asan) under
-#         AddressSanitizer + UndefinedBehaviorSanitizer (-DATTN_SANITIZE=ON, build-asan/): the
-#         engine, the server, the client and every test those labels run (not the benchmarks,
-#         the golden parity tests, the reliability tests, or the integration tests whose
-#         assertions are what a model learns: ASAN_SKIPPED below);
+#         AddressSanitizer (-DATTN_SANITIZE=ON, build-asan/): the engine (also under
+#         UndefinedBehaviorSanitizer), the server, the client and every test those labels run
+#         (not the benchmarks, the golden parity tests, the reliability tests, or the tests whose
+#         assertions are what a model learns or how close int8 stays to fp32: ASAN_SKIPPED
+#         below); integration_trainer_test serves fuzz/tiny_model here, as under TSan;
 #   tsan  the real server under ThreadSanitizer (-DATTN_TSAN=ON, build-tsan/) driven over gRPC
 #         by the tests that load the dynamic batcher (integration_serving_test: 64 concurrent
 #         clients) and swap model versions while serving (integration_trainer_test: fine-tuning
@@ -81,6 +82,16 @@ check_reports() {
 # CI within its hour (about 6 minutes of ASan build and test time).
 ASAN_SKIPPED=(integration_learns_mpnet_test integration_learns_test integration_classify_test
   integration_evaluation_test)
+# Single test cases left out for the same reason: how close int8/bf16 stay to fp32 over the
+# benchmark's sentences (the release run checks it; the same int8 and bf16 forwards run under
+# ASan in the other Int8EncoderTest cases, about 2 minutes of ASan test time).
+ASAN_SKIPPED_CASES=(Int8EncoderTest.MixedLengthPooledEmbeddingsStayWithinCosine0995OfFp32
+  Int8EncoderTest.Bf16OnTheBenchmarksCosineSentencesStaysWithinCosine0999OfFp32
+  Int8EncoderTest.Int8OnTheBenchmarksCosineSentencesStaysWithinCosine0995OfFp32)
+# Run on its own with fuzz/tiny_model (2 layers, hidden 8), as under TSan: the commits,
+# rollbacks and version swaps are the same code, and MiniLM made it the slowest ASan test
+# (2 to 6 minutes); MiniLM's fine-tuning steps run under ASan in the unit tests.
+ASAN_TINY_MODEL_TEST=integration_trainer_test
 
 asan_targets() {
   local skipped
@@ -106,14 +117,22 @@ run_asan() {
   rm -rf "$logs" && mkdir -p "$logs"
   # Leak checking at exit too (servers exit through SIGTERM's drain path). The asan-labelled
   # loader tests set their own ASAN_OPTIONS and report to their ctest output.
-  ASAN_OPTIONS="detect_leaks=1:abort_on_error=1:detect_stack_use_after_return=1:log_path=$logs/asan" \
-  ATTN_TEST_TIME_SCALE="$TIME_SCALE" \
-  LSAN_OPTIONS="suppressions=$ROOT/tests/lsan.supp:print_suppressions=0" \
-  UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1:log_path=$logs/ubsan" \
-  OMP_NUM_THREADS=1 \
-    ctest --test-dir "$ASAN_BUILD" -L 'unit|integration|asan' --output-on-failure -j2 \
-      -E "^($(IFS='|'; echo "${ASAN_SKIPPED[*]}"))\$" \
-      "${CTEST_EXTRA[@]}" || { check_reports "$logs" || true; return 1; }
+  asan_ctest() {  # ctest arguments...
+    ASAN_OPTIONS="detect_leaks=1:abort_on_error=1:detect_stack_use_after_return=1:log_path=$logs/asan" \
+    ATTN_TEST_TIME_SCALE="$TIME_SCALE" \
+    LSAN_OPTIONS="suppressions=$ROOT/tests/lsan.supp:print_suppressions=0" \
+    UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1:log_path=$logs/ubsan" \
+    OMP_NUM_THREADS=1 \
+      ctest --test-dir "$ASAN_BUILD" -L 'unit|integration|asan' --output-on-failure "$@" \
+        "${CTEST_EXTRA[@]}"
+  }
+  local status=0
+  asan_ctest -j2 \
+    -E "^($(IFS='|'; echo "${ASAN_SKIPPED[*]} ${ASAN_SKIPPED_CASES[*]} $ASAN_TINY_MODEL_TEST" |
+      tr ' ' '|'))\$" || status=1
+  ATTN_TEST_MODEL_DIR="$ROOT/fuzz/tiny_model" asan_ctest -R "^${ASAN_TINY_MODEL_TEST}\$" ||
+    status=1
+  ((status == 0)) || { check_reports "$logs" || true; return 1; }
   check_reports "$logs"
 }
 
