@@ -115,8 +115,7 @@ run_asan() {
   fi
   local logs="$ASAN_BUILD/sanitizer-logs"
   rm -rf "$logs" && mkdir -p "$logs"
-  # Leak checking at exit too (servers exit through SIGTERM's drain path). The asan-labelled
-  # loader tests set their own ASAN_OPTIONS and report to their ctest output.
+  # Leak checking at exit too (servers exit through SIGTERM's drain path).
   asan_ctest() {  # ctest arguments...
     ASAN_OPTIONS="detect_leaks=1:abort_on_error=1:detect_stack_use_after_return=1:log_path=$logs/asan" \
     ATTN_TEST_TIME_SCALE="$TIME_SCALE" \
