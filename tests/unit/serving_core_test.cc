@@ -16,6 +16,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/match.h"
 #include "absl/synchronization/notification.h"
 #include "engine/model_store.h"
@@ -286,12 +287,16 @@ TEST_F(ServingCoreTest, BatcherStartsWithTheCheapestQueuedRequest) {
     }
     return false;
   };
+  // Released on every way out, so that a failed assertion does not leave Stop() waiting.
+  absl::Cleanup release_on_exit = [&] {
+    if (!release_blocker.HasBeenNotified()) release_blocker.Notify();
+  };
   ASSERT_TRUE(batcher.Submit(blocker).ok());
   blocker_started.WaitForNotification();
   ASSERT_TRUE(batcher.Submit(job("costly, many tokens", 4, 256, 1'000'000'000)).ok());
   ASSERT_TRUE(batcher.Submit(job("costly, few tokens", 1, 16, 100'000'000)).ok());
   ASSERT_TRUE(batcher.Submit(job("ordinary", 1, 16, 100'000)).ok());
-  release_blocker.Notify();
+  std::move(release_on_exit).Invoke();
   batcher.Stop();  // finishes everything queued
   ASSERT_EQ(finished.size(), 4u);
   EXPECT_EQ(finished, (std::vector<std::string>{"blocker", "ordinary", "costly, few tokens",
