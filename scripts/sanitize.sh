@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs the test suite under sanitizers, each build in its own directory:
-#   asan  the unit + integration suite (ctest labels unit, integration, asan) under
+#   asan  the unit + integration suite (ctest labels unit, integration) under
 #         AddressSanitizer (-DATTN_SANITIZE=ON, build-asan/): the engine (also under
 #         UndefinedBehaviorSanitizer), the server, the client and every test those labels run
 #         (not the benchmarks, the golden parity tests, the reliability tests, or the tests whose
@@ -122,7 +122,7 @@ run_asan() {
     LSAN_OPTIONS="suppressions=$ROOT/tests/lsan.supp:print_suppressions=0" \
     UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1:log_path=$logs/ubsan" \
     OMP_NUM_THREADS=1 \
-      ctest --test-dir "$ASAN_BUILD" -L 'unit|integration|asan' --output-on-failure "$@" \
+      ctest --test-dir "$ASAN_BUILD" -L 'unit|integration' --output-on-failure "$@" \
         "${CTEST_EXTRA[@]}"
   }
   local status=0
