@@ -170,14 +170,24 @@ if [[ -n "$cache_dir" ]]; then
   mkdir -p "$cache_dir"
   cache_args=(--volume "$cache_dir:/ccache" --build-arg CCACHE_DIR=/ccache)
 fi
+# ccache_counts: "hits misses" of the cache so far (the image build's are the difference).
+ccache_counts() {
+  ccache --print-stats 2> /dev/null | awk '$1 ~ /^(direct|preprocessed)_cache_hit$/ { h += $2 }
+    $1 == "cache_miss" { m += $2 } END { print h + 0, m + 0 }'
+}
+read -r hits_before misses_before < <(ccache_counts)
 log "building $IMAGE (Dockerfile: a release build of attnserve + attnctl on 2 cores${cache_dir:+, compiler cache $cache_dir})"
 step_start=$SECONDS
 podman build --format docker --pull=never "${cache_args[@]}" --build-arg EXTRA_CA_CERTS="$extra_ca" \
   -t "$IMAGE" . > "$WORK/build.log" 2>&1 || die "podman build (see build.log)"
 BUILD_SECONDS=$((SECONDS - step_start))
 IMAGE_MB=$(podman image inspect --format '{{.Size}}' "$IMAGE" | awk '{printf "%.0f", $1/1e6}')
-cache_hits="$(grep -E '^ *Hits:' "$WORK/build.log" | head -1 | sed 's/^ *//' || true)"
-pass "image $IMAGE built in ${BUILD_SECONDS} s, ${IMAGE_MB} MB${cache_hits:+ (compiler cache, cumulative: $cache_hits)}"
+read -r hits_after misses_after < <(ccache_counts)
+cache_note=""
+if [[ -n "$cache_dir" ]] && grep -q 'Building CXX' "$WORK/build.log"; then
+  cache_note=" (compiles found in the compiler cache: $((hits_after - hits_before)) of $((hits_after - hits_before + misses_after - misses_before)))"
+fi
+pass "image $IMAGE built in ${BUILD_SECONDS} s, ${IMAGE_MB} MB$cache_note"
 step_start=$SECONDS
 docker_cli build "${BUILD_FLAGS[@]}" -t "$PROMETHEUS_IMAGE" deploy/prometheus \
   > "$WORK/build-prometheus.log" 2>&1 || die "docker build deploy/prometheus"
