@@ -2,8 +2,8 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import (Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, TypeVar,
-                    Union)
+from typing import (Any, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple,
+                    TypeVar, Union)
 
 import numpy as np
 
@@ -144,6 +144,9 @@ class Encoding:
 
     def __getitem__(self, index: int) -> EncodedInput:
         return self.inputs[index]
+
+    def __iter__(self) -> Iterator[EncodedInput]:
+        return iter(self.inputs)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -252,8 +252,8 @@ def stream(method: Callable[..., Any], metadata: List[Tuple[str, str]],
             promotion = message.promotion or promotion
             if message.step > len(losses):
                 losses.append(message.loss)
+                bar.set_postfix(loss=f"{message.loss:.4f}", refresh=False)
                 bar.update(1)
-                bar.set_postfix(loss=f"{message.loss:.4f}")
             send_more()
     except grpc.RpcError:
         raise

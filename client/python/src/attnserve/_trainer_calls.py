@@ -249,8 +249,8 @@ class TrainerCalls(Connection):
         try:
             for event in self.job_events(job_id, from_event=from_event, model=model):
                 if event.progress is not None and event.progress.step > bar.n:
+                    bar.set_postfix(loss=f"{event.progress.loss:.4f}", refresh=False)
                     bar.update(event.progress.step - bar.n)
-                    bar.set_postfix(loss=f"{event.progress.loss:.4f}")
         finally:
             bar.close()
         return self.job(job_id, model=model)
