@@ -168,3 +168,40 @@ def test_async_client_job_events_and_calls_equal_the_sync_client(server, client)
     np.testing.assert_array_equal(vectors, client.encode(["king", "queen"], model="tiny"))
     assert events[-1].state == "succeeded"
     assert events == list(client.job_events(job.job_id, model="tiny"))
+
+
+def test_bad_arguments_are_refused_before_any_call_quoting_64_bytes(client):
+    # Each is refused by the client itself with a message a user can act on, naming the
+    # argument and the accepted values, and quoting at most 64 bytes of what was given (as the
+    # server quotes: '...'…(N bytes)).
+    cases = [
+        (lambda: client.encode("x", pooling="p" * 10000), ValueError, "pooling 'ppp"),
+        (lambda: client.encode("x", truncation="middle\x07"), ValueError,
+         "truncation 'middle\\x07': expected one of right, left, none"),
+        (lambda: client.encode_full("x", dtype="int8"), ValueError, "dtype 'int8'"),
+        (lambda: client.attention("x", dtype="float64"), ValueError, "dtype 'float64'"),
+        (lambda: client.explain("a", "b", baseline="noise"), ValueError, "baseline 'noise'"),
+        (lambda: client.rerank("q", ["d"], method="bm25"), ValueError, "method 'bm25'"),
+        (lambda: client.finetune([{"anchor": "a", "x" * 5000: "b"}], "contrastive",
+                                 progress=False), ValueError, "unknown field(s) 'xxxx"),
+        (lambda: client.create_job([("a", "b")], "regression"), ValueError,
+         "objective 'regression'"),
+        (lambda: client.finetune([("a", "b")], "contrastive", promote_if="recall@1>0.5",
+                                 progress=False), ValueError, "promote_if needs eval_data"),
+        (lambda: client.evaluate([{"colour": "red"}]), ValueError, "cannot tell the task"),
+        (lambda: client.encode(5), TypeError, "not int"),
+        (lambda: client.encode([["a", "b", "c"]]), TypeError, "not list"),
+        (lambda: client.encode(np.zeros((2, 2, 2), dtype=np.int32)), TypeError, "1-D"),
+    ]
+    for call, kind, words in cases:
+        with pytest.raises(kind) as e:
+            call()
+        assert words in str(e.value), str(e.value)[:300]
+        assert len(str(e.value)) < 300, str(e.value)[:300]
+    with pytest.raises(ValueError) as e:
+        client.encode("x", pooling="p" * 10000)
+    assert str(e.value).startswith("pooling '" + "p" * 64 + "'\u2026(10000 bytes): expected")
+    # A long unknown model name is the server's to quote: NotFound, still short.
+    with pytest.raises(attnserve.NotFound) as e:
+        client.encode("x", model="m" * 10000)
+    assert len(e.value.message) < 400 and "m" * 65 not in e.value.message

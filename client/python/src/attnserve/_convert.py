@@ -7,6 +7,7 @@ from typing import (Any, Dict, Iterable, Iterator, List, Mapping, Optional, Sequ
 
 import numpy as np
 
+from attnserve.errors import quote
 from attnserve.v1 import encoder_pb2 as pb
 
 
@@ -250,7 +251,9 @@ def make_inputs(texts: Texts) -> List[pb.Input]:
     # A top-level list of two texts is two inputs; only a tuple of two is one pair.
     if isinstance(texts, (str, TokenIds)) or (isinstance(texts, tuple) and _is_pair(texts)):
         return [make_input(texts)]  # type: ignore[arg-type]
-    return [make_input(t) for t in texts]  # type: ignore[union-attr]
+    if not isinstance(texts, Iterable):
+        return [make_input(texts)]  # raises the TypeError that says what an input is
+    return [make_input(t) for t in texts]
 
 
 def tokenization(max_length: int, truncation: Optional[str]) -> pb.TokenizationOptions:
@@ -280,7 +283,7 @@ def lookup(table: Mapping[str, _Value], name: str, what: str) -> _Value:
     try:
         return table[name]
     except (KeyError, TypeError):
-        raise ValueError(f"{what} {name!r}: expected one of {', '.join(table)}") from None
+        raise ValueError(f"{what} {quote(name)}: expected one of {', '.join(table)}") from None
 
 
 def chunks(items: Sequence, size: int) -> Iterable[Sequence]:

@@ -12,7 +12,7 @@ import grpc
 
 from attnserve import _convert
 from attnserve._evaluation import Evaluation, EvaluationData, evaluation_set, from_proto
-from attnserve.errors import error
+from attnserve.errors import error, quote
 from attnserve.v1 import trainer_pb2 as tpb
 
 OBJECTIVES = {
@@ -77,7 +77,7 @@ def example(item: Any, objective_value: int, where: str) -> tpb.TrainingExample:
     if isinstance(item, dict):
         unknown = sorted(set(item) - _EXAMPLE_FIELDS)
         if unknown:
-            raise ValueError(f"{where}: unknown field(s) {', '.join(unknown)}; a training "
+            raise ValueError(f"{where}: unknown field(s) {quote(', '.join(unknown))}; a training "
                              f"example has {', '.join(sorted(_EXAMPLE_FIELDS))}")
         return tpb.TrainingExample(**item)
     if isinstance(item, (tuple, list)):

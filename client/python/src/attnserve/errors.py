@@ -102,6 +102,27 @@ _CLASSES: Dict[grpc.StatusCode, Type[AttnserveError]] = {
 }
 
 
+MAX_QUOTED_BYTES = 64
+
+
+def quote(value: object) -> str:
+    """User input in a message, as the server quotes it: in single quotes when at most 64 bytes
+    of UTF-8, else its first 64 bytes (cut back to a character boundary) and "…(N bytes)";
+    control characters as \\xNN."""
+    text = value if isinstance(value, str) else repr(value)
+    data = text.encode("utf-8", errors="surrogatepass")
+    shown = data
+    if len(data) > MAX_QUOTED_BYTES:
+        end = MAX_QUOTED_BYTES
+        while end > 0 and (data[end] & 0xC0) == 0x80:
+            end -= 1
+        shown = data[:end]
+    body = "".join(f"\\x{ord(c):02X}" if ord(c) < 0x20 or ord(c) == 0x7F else c
+                   for c in shown.decode("utf-8", errors="replace"))
+    suffix = f"\u2026({len(data)} bytes)" if len(shown) < len(data) else ""
+    return f"'{body}'{suffix}"
+
+
 def error_class(code: grpc.StatusCode) -> Type[AttnserveError]:
     """The exception class the client raises for `code` (AttnserveError for the rest)."""
     return _CLASSES.get(code, AttnserveError)
