@@ -3,6 +3,7 @@ model= routes a call to the named model ("tiny", checked against a numpy forward
 safetensors file), and every Encode/AttentionMap option comes back as numpy arrays equal to a
 reference computed from other outputs or from the weights."""
 import os
+import warnings
 
 import numpy as np
 import pytest
@@ -77,6 +78,18 @@ def test_encode_takes_numpy_texts_and_token_ids(client):
     np.testing.assert_allclose(client.encode(as_ids), client.encode([pair]), atol=1e-6)
     with pytest.raises(TypeError, match="1-D sequence of integers"):
         client.encode(np.array([1.5, 2.5]))
+
+
+def test_encode_warns_when_an_input_was_cut_to_max_length(client):
+    long_text = "word " * 300
+    with pytest.warns(attnserve.TruncationWarning,
+                      match=r"inputs\[1\] has 302 tokens, more than max_length 256"):
+        vectors = client.encode(["short", long_text])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # chosen truncation, or nothing cut: no warning
+        np.testing.assert_array_equal(client.encode(["short", long_text], truncation="right"),
+                                      vectors)
+        client.encode(["short", "word " * 200])
 
 
 def test_encode_full_returns_every_output_of_encode(client):

@@ -10,6 +10,7 @@ InvalidArgument, NotFound, ...) carrying the gRPC code and the server's message.
 """
 from attnserve._convert import (Attention, EncodedInput, Encoding, LabelScore, Ranking,
                                 RerankHit, SparseVector, Timing, Token, TokenIds, TokenStates)
+from attnserve._encoder_calls import TruncationWarning
 from attnserve._evaluation import Evaluation, TrainingReport
 from attnserve._explain import Attributions, Explanation, Word
 from attnserve._finetune import FineTuneResult
@@ -60,6 +61,7 @@ __all__ = [
     "TokenNeighbor",
     "TokenStates",
     "TrainingReport",
+    "TruncationWarning",
     "Unauthenticated",
     "Unavailable",
     "Unimplemented",

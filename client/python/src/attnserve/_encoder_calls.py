@@ -3,6 +3,7 @@ classify, rerank, models. Each takes `model=` (a served model by name; None = th
 `model`, "" = the server's default) and `model_version=` (pin a version; "" = the served one)."""
 from __future__ import annotations
 
+import warnings
 from typing import Any, List, Optional, Sequence, Union
 
 import grpc
@@ -33,6 +34,23 @@ def _health_status(data: bytes) -> int:
     if len(data) >= 2 and data[0] == 0x08:
         return data[1]
     return 0
+
+
+class TruncationWarning(UserWarning):
+    """encode() embedded only the first max_length tokens of an input (truncation not chosen)."""
+
+
+def _warn_truncated(results: Sequence[pb.EncodeResult]) -> None:
+    cut = [(i, r.untruncated_length, len(r.tokens)) for i, r in enumerate(results) if r.truncated]
+    if not cut:
+        return
+    i, length, kept = cut[0]
+    more = f" (and {len(cut) - 1} more inputs)" if len(cut) > 1 else ""
+    warnings.warn(
+        f"inputs[{i}] has {length} tokens{more}, more than max_length {kept}: its embedding is "
+        f"of the first {kept} tokens only. Pass truncation=\"right\" to accept that without this "
+        "warning, \"left\" to keep the end, \"none\" to refuse such inputs; encode_full() "
+        "reports truncation per input", TruncationWarning, stacklevel=3)
 
 
 class EncoderCalls(Connection):
@@ -101,13 +119,18 @@ class EncoderCalls(Connection):
         "cls_attention"; normalize: L2-normalise (None = the model's default); dimensions:
         Matryoshka truncation to the first `dimensions` values (re-normalised); truncation:
         "right" (default), "left", "none" (too-long inputs are an error). Lists longer than
-        the server's per-request limit are sent in several calls. encode_full() returns the
-        tokens, truncation and the other outputs too.
+        the server's per-request limit are sent in several calls. An input longer than
+        max_length (0 = the model's default) is cut to it: with truncation unset, a
+        TruncationWarning says which. encode_full() returns the tokens, truncation and the other
+        outputs too.
         """
         fields = self._pooled(pooling, normalize, dimensions)
-        return _convert.embeddings(self._encode_calls(
+        results = self._encode_calls(
             texts, tokenization=_convert.tokenization(max_length, truncation),
-            model_version=model_version, model=self._model(model), **fields))
+            model_version=model_version, model=self._model(model), **fields)
+        if truncation is None:
+            _warn_truncated(results)
+        return _convert.embeddings(results)
 
     def encode_full(self, texts: Texts, *, pooling: str = "default",
                     normalize: Optional[bool] = None, dimensions: Optional[int] = None,
