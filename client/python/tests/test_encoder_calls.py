@@ -53,6 +53,7 @@ def test_health_reports_serving_for_the_server_and_the_encoder(client):
     assert client.health() == "SERVING"
     assert client.health("attnserve.v1.Encoder") == "SERVING"
     assert client.health("no.such.Service") == "SERVICE_UNKNOWN"
+    assert client.health("x" * 200) == "SERVICE_UNKNOWN"  # a length of two varint bytes
 
 
 def test_encode_with_model_is_the_named_models_numpy_forward(client, tiny_weights):
@@ -98,7 +99,7 @@ def test_encode_full_returns_every_output_of_encode(client):
     full = client.encode_full(texts, sparse=True, token_embeddings=True, static_embeddings=True,
                               hidden_layers=[0, -1])
     assert len(full) == 2 and isinstance(full[0], attnserve.EncodedInput)
-    np.testing.assert_array_equal(full.embeddings, client.encode(texts))
+    np.testing.assert_array_equal(full.embeddings, client.encode(texts, truncation="right"))
     assert full.model_version == client.model_info().version
     short, cut = full.inputs
     # Truncation is reported per input, with the length the tokenizer gives without a limit.

@@ -14,6 +14,7 @@ from attnserve._base import Connection
 from attnserve._convert import (Attention, Encoding, LabelScore, Ranking, SparseVector, Texts,
                                 TextInput, Token, TokenStates)
 from attnserve._explain import Explanation
+from attnserve._jobs import varint
 from attnserve._versions import ModelInfo
 from attnserve.v1 import encoder_pb2 as pb
 
@@ -21,12 +22,9 @@ _HEALTH = {0: "UNKNOWN", 1: "SERVING", 2: "NOT_SERVING", 3: "SERVICE_UNKNOWN"}
 
 
 def _health_request(service: str) -> bytes:
+    # HealthCheckRequest: field 1 (service), length-delimited; nothing for "".
     data = service.encode()
-    if not data:
-        return b""
-    if len(data) > 127:
-        raise ValueError("a service name is at most 127 bytes")
-    return b"\x0a" + bytes([len(data)]) + data  # field 1, length-delimited
+    return b"\x0a" + varint(len(data)) + data if data else b""
 
 
 def _health_status(data: bytes) -> int:

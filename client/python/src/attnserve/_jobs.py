@@ -156,7 +156,8 @@ def event(message: tpb.JobEvent) -> JobEvent:
                     progress=progress)
 
 
-def _varint(value: int) -> bytes:
+def varint(value: int) -> bytes:
+    """`value` as a protobuf base-128 varint."""
     out = bytearray()
     while True:
         byte = value & 0x7F
@@ -174,7 +175,7 @@ def dataset_bytes(examples: Sequence[tpb.TrainingExample]) -> bytes:
     parts = []
     for example in examples:
         data = example.SerializeToString()
-        parts.append(_varint(len(data)))
+        parts.append(varint(len(data)))
         parts.append(data)
     return b"".join(parts)
 
