@@ -257,7 +257,7 @@ class Client:
                                       trainer=True))
 
     def rollback(self, version: str = "") -> List[VersionInfo]:
-        """Serve the version committed before the current one (or `version`)."""
+        """Serve again the version served before the current one (or `version`, served before)."""
         return versions_of(self._call(self._trainer.Rollback,
                                       tpb.RollbackRequest(version=version), trainer=True))
 
