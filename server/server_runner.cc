@@ -18,6 +18,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/strip.h"
 #include "engine/log.h"
 #include "engine/model.h"
 #include "engine/model_config.h"
@@ -44,6 +45,18 @@ constexpr const char* kEncoderServiceName = "attnserve.v1.Encoder";
 int Fail(const std::string& message) {
   Log(LogLevel::kError, "%s", message);
   return 1;
+}
+
+// A listener that cannot start: the port and the flag that chose it, and what to do. Every port
+// is this process's alone (no SO_REUSEPORT), so a second server on a taken port stops here
+// instead of sharing the port's calls with the first.
+int ListenFailure(const char* what, const std::string& host, int port, const char* flag,
+                  absl::string_view detail) {
+  return Fail(absl::StrCat("cannot listen for ", what, " on ", host, ":", port, " (", flag, " ",
+                           port, "): ", absl::StripSuffix(detail, "."),
+                           "; is another attnserve running there? Stop it or choose another "
+                           "port with ",
+                           flag));
 }
 
 absl::Status WriteReadyFile(const std::string& path, int grpc_port, int metrics_port,
@@ -83,6 +96,30 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeCredentials(
   grpc::SslServerCredentialsOptions ssl;
   ssl.pem_key_cert_pairs.push_back({*key, *cert});
   return grpc::SslServerCredentials(ssl);
+}
+
+// The gRPC server with `services`, health checks and reflection, listening on --host:--port
+// (its port in *port); null when it cannot listen.
+std::unique_ptr<grpc::Server> StartGrpcServer(
+    const ServerOptions& options, const std::shared_ptr<grpc::ServerCredentials>& credentials,
+    const std::vector<grpc::Service*>& services, int* port) {
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(absl::StrCat(options.host, ":", options.port), credentials, port);
+  // gRPC turns SO_REUSEPORT on by default: a second server on the same port would start and
+  // take every other connection.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  for (grpc::Service* service : services) builder.RegisterService(service);
+  // gRPC's own limits sit above ours so oversized requests reach our handler and get a message
+  // that says which flag to raise; gRPC's hard cap still bounds memory.
+  const int64_t hard_limit =
+      std::min<int64_t>(options.max_message_bytes * 2 + (1 << 20), INT32_MAX);
+  builder.SetMaxReceiveMessageSize(static_cast<int>(hard_limit));
+  builder.SetMaxSendMessageSize(static_cast<int>(hard_limit));
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (server == nullptr || *port == 0) return nullptr;
+  return server;
 }
 
 // One served model's parts (model_set.h's ServedModel points into it).
@@ -169,8 +206,8 @@ int RunServer(const ServerOptions& options, std::optional<std::string> trainer_t
       exposer = std::make_unique<prometheus::Exposer>(
           absl::StrCat(options.host, ":", options.metrics_port));
     } catch (const std::exception& e) {
-      return Fail(absl::StrCat("cannot listen for metrics on ", options.host, ":",
-                               options.metrics_port, ": ", e.what()));
+      return ListenFailure("metrics", options.host, options.metrics_port, "--metrics-port",
+                           e.what());
     }
     exposer->RegisterCollectable(metrics.registry());
     metrics_port = exposer->GetListeningPorts().front();
@@ -233,24 +270,14 @@ int RunServer(const ServerOptions& options, std::optional<std::string> trainer_t
       &serving_core, api_key, &metrics);
   TrainerService trainer(options, std::move(trainer_token), &models, &metrics);
 
-  grpc::EnableDefaultHealthCheckService(true);
-  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
-  grpc::ServerBuilder builder;
   int grpc_port = 0;
-  builder.AddListeningPort(absl::StrCat(options.host, ":", options.port), *credentials, &grpc_port);
-  builder.RegisterService(&encoder);
-  builder.RegisterService(&trainer);
-  // gRPC's own limits sit above ours so oversized requests reach our handler and get a message
-  // that says which flag to raise; gRPC's hard cap still bounds memory.
-  const int64_t hard_limit =
-      std::min<int64_t>(options.max_message_bytes * 2 + (1 << 20), INT32_MAX);
-  builder.SetMaxReceiveMessageSize(static_cast<int>(hard_limit));
-  builder.SetMaxSendMessageSize(static_cast<int>(hard_limit));
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  if (server == nullptr || grpc_port == 0) {
-    return Fail(absl::StrCat("cannot listen for gRPC on ", options.host, ":", options.port,
-                             " (port in use or address not available)"));
+  std::unique_ptr<grpc::Server> server =
+      StartGrpcServer(options, *credentials, {&encoder, &trainer}, &grpc_port);
+  if (server == nullptr) {
+    return ListenFailure("gRPC", options.host, options.port, "--port",
+                         "the port is in use or the address is not available");
   }
+  http_routes.SetGrpcPort(grpc_port);
   grpc::HealthCheckServiceInterface* health = server->GetHealthCheckService();
   // Register both names as NOT_SERVING at once: gRPC's default health service answers SERVING
   // for "" from the moment the server listens, and starting the HTTP front end first left that
@@ -275,7 +302,12 @@ int RunServer(const ServerOptions& options, std::optional<std::string> trainer_t
     absl::StatusOr<int> listening = http_server->Start();
     if (!listening.ok()) {
       server->Shutdown();
-      return Fail(std::string(listening.status().message()));
+      // Its message starts "cannot serve HTTP on HOST:PORT: ": the rest is the reason.
+      absl::string_view reason = listening.status().message();
+      if (const size_t colon = reason.find(": "); colon != absl::string_view::npos) {
+        reason.remove_prefix(colon + 2);
+      }
+      return ListenFailure("HTTP", options.host, options.http_port, "--http-port", reason);
     }
     http_port = *listening;
   }

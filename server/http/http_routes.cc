@@ -130,7 +130,10 @@ HttpReply HttpRoutes::Dispatch(const HttpRequest& request, const char** method_l
   }
   const bool serving = serving_.load();
   if (std::string_view(route->label) == "Health") {
-    if (serving) return JsonReply("{\"status\":\"SERVING\"}");
+    if (serving) {
+      return JsonReply(
+          absl::StrCat("{\"status\":\"SERVING\",\"grpc_port\":", grpc_port_.load(), "}"));
+    }
     return ErrorReply(absl::UnavailableError("NOT_SERVING: the model is loading or the server is "
                                              "shutting down"),
                       "", "not_serving");

@@ -12,7 +12,8 @@
 //   POST /v1/explain      ExplainRequest -> ExplainResponse
 //   GET  /v1/models       OpenAI's model list; each entry carries GetModelInfo's ModelInfo
 //   GET  /v1/models/NAME  one entry of that list
-//   GET  /health          200 while SERVING, 503 otherwise (no authentication)
+//   GET  /health          200 while SERVING ({"status": "SERVING", "grpc_port": N}), 503
+//                         otherwise (no authentication)
 #pragma once
 
 #include <atomic>
@@ -41,6 +42,9 @@ class HttpRoutes {
 
   // Health: false until the model is loaded and again once draining starts.
   void SetServing(bool serving) { serving_.store(serving); }
+  // The gRPC port, which /health names: a gRPC client pointed at this port by mistake (attnctl
+  // --server HOST:HTTP_PORT) learns where to go.
+  void SetGrpcPort(int port) { grpc_port_.store(port); }
 
   HttpReply Handle(const HttpRequest& request);
   // 413 for a body of `bytes` bytes over the limit (the listener refuses it unread).
@@ -76,6 +80,7 @@ class HttpRoutes {
   const std::optional<std::string> api_key_;
   Metrics* const metrics_;
   std::atomic<bool> serving_{false};
+  std::atomic<int> grpc_port_{0};
 };
 
 // An OpenAI-shaped error reply for `status` (server/status_map.cc picks the HTTP status and the

@@ -768,10 +768,14 @@ TEST_F(TrainerTest, ListRollbackAndSetServingVersion) {
   EXPECT_EQ(response.serving_version(), "base");
   Embed("", &served);
   EXPECT_EQ(served, "base");
-  status = call_rollback("", &response);  // nothing older than base
+  status = call_rollback("", &response);  // nothing was served before base
   EXPECT_EQ(status.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << StatusString(status);
-  status = call_rollback(second, &response);  // newer: not a rollback
-  EXPECT_EQ(status.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << StatusString(status);
+  status = call_rollback(second, &response);  // served before: allowed; then back to base
+  ASSERT_TRUE(status.ok()) << StatusString(status);
+  EXPECT_EQ(response.serving_version(), second);
+  status = call_rollback("", &response);
+  ASSERT_TRUE(status.ok()) << StatusString(status);
+  EXPECT_EQ(response.serving_version(), "base");
 
   status = call_set("no-such-version", &response);
   EXPECT_EQ(status.error_code(), grpc::StatusCode::NOT_FOUND) << StatusString(status);

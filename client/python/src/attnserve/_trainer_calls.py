@@ -34,7 +34,7 @@ class TrainerCalls(Connection):
             "Promote", tpb.PromoteRequest(version=version, model=self._model(model))))
 
     def rollback(self, version: str = "", *, model: Optional[str] = None) -> List[VersionInfo]:
-        """Serve the version served before the current one (or `version`)."""
+        """Serve again the version served before the current one (or `version`, served before)."""
         return _versions.versions_of(self._trainer_call(
             "Rollback", tpb.RollbackRequest(version=version, model=self._model(model))))
 
