@@ -33,6 +33,13 @@ ABSL_FLAG(std::vector<std::string>, layers, {},
 ABSL_FLAG(bool, jsonl, false,
           "print one JSON line per input ({\"index\": i, ...its EncodeResult}), for files of "
           "any size");
+ABSL_FLAG(std::string, long_text, "truncate",
+          "an input over --max-length tokens: truncate (keep --max-length tokens, as --truncation "
+          "says), refuse (an error naming it), or chunk (embed all of it: windows of --max-length "
+          "tokens overlapping by --chunk-overlap, pooled into one embedding)");
+ABSL_FLAG(int, chunk_overlap, -1,
+          "with --long-text chunk: tokens consecutive windows share; -1 = the server's default "
+          "(--max-length / 8)");
 ABSL_FLAG(std::string, service, "",
           "service to check (default \"\": the server as a whole; for example "
           "attnserve.v1.Encoder)");
@@ -79,8 +86,12 @@ bool PrintJsonLines(const v1::EncodeResponse& response, int first_index) {
 // from the server cannot be decoded.
 bool PrintEncodeResult(int index, const std::string& what, const v1::EncodeResult& r) {
   bool ok = true;
-  std::printf("[%d] %s (%d tokens%s)\n", index, what.c_str(), r.tokens_size(),
-              TruncationNote(r.truncated(), r.untruncated_length()).c_str());
+  std::string note = TruncationNote(r.truncated(), r.untruncated_length());
+  if (r.truncated() && r.untruncated_length_is_lower_bound()) {
+    note = absl::StrFormat(", truncated from at least %d", r.untruncated_length());
+  }
+  if (r.chunks() > 1) note = absl::StrFormat(", embedded in %d overlapping windows", r.chunks());
+  std::printf("[%d] %s (%d tokens%s)\n", index, what.c_str(), r.tokens_size(), note.c_str());
   if (r.embedding_size() > 0) {
     double sq = 0;
     for (float v : r.embedding()) sq += static_cast<double>(v) * v;
@@ -141,6 +152,27 @@ int RunEncode(const Command& command) {
                       &command);
   }
   request.set_sparse(absl::GetFlag(FLAGS_sparse));
+  const std::string long_text = absl::AsciiStrToLower(absl::GetFlag(FLAGS_long_text));
+  const int chunk_overlap = absl::GetFlag(FLAGS_chunk_overlap);
+  if (long_text == "chunk") {
+    request.set_long_text(v1::LONG_TEXT_CHUNK);
+    if (chunk_overlap >= 0) request.set_chunk_overlap(chunk_overlap);
+  } else if (long_text == "refuse") {
+    if (!absl::GetFlag(FLAGS_truncation).empty()) {
+      return UsageError(
+          "--long-text refuse and --truncation both say what to do with a long "
+          "input: give one of them",
+          &command);
+    }
+    request.mutable_tokenization()->set_truncation(v1::TRUNCATION_NONE);
+  } else if (long_text != "truncate") {
+    return UsageError(
+        absl::StrCat("--long-text must be truncate, refuse or chunk, not '", long_text, "'"),
+        &command);
+  }
+  if (chunk_overlap != -1 && long_text != "chunk") {
+    return UsageError("--chunk-overlap goes with --long-text chunk", &command);
+  }
   const std::string normalize = absl::AsciiStrToLower(absl::GetFlag(FLAGS_normalize));
   if (normalize == "true") {
     request.set_normalize(true);
@@ -376,6 +408,8 @@ the server takes per request (its --max-inputs-per-request) are sent in several 
        {{"Flags",
          {{"pooling", "P"},
           {"normalize", "B"},
+          {"long_text", "MODE"},
+          {"chunk_overlap", "N"},
           {"layers", "L,L,..."},
           {"dtype", "D"},
           {"sparse", ""},
@@ -386,6 +420,7 @@ the server takes per request (its --max-inputs-per-request) are sent in several 
   attnctl encode --text "A man is eating." --pair "Someone eats." --pooling cls
   attnctl encode --text "hello" --layers 0,-1 --dtype bfloat16
   attnctl encode --text "red kettle, 1.7 litres" --sparse
+  attnctl encode --long-text chunk --text "$(cat chapter.txt)"
   attnctl encode --jsonl < sentences.txt > embeddings.jsonl
 )",
        RunEncode});
