@@ -416,13 +416,13 @@ the server takes per request (its --max-inputs-per-request) are sent in several 
           {"jsonl", ""}}},
         InputFlags(),
         CommonFlags()},
-       R"(  attnctl encode --text "The cat sat on the mat."
+       R"EX(  attnctl encode --text "The cat sat on the mat."
   attnctl encode --text "A man is eating." --pair "Someone eats." --pooling cls
   attnctl encode --text "hello" --layers 0,-1 --dtype bfloat16
   attnctl encode --text "red kettle, 1.7 litres" --sparse
   attnctl encode --long-text chunk --text "$(cat chapter.txt)"
   attnctl encode --jsonl < sentences.txt > embeddings.jsonl
-)",
+)EX",
        RunEncode});
   group.commands.push_back(AttentionCommand());
   group.commands.push_back(ExplainCommand());

@@ -64,6 +64,67 @@ absl::Status ParseTokenIds(const json& array, const std::string& where, std::vec
   return absl::OkStatus();
 }
 
+// Builds the document as json::parse does, but moves each string out of the parser's buffer
+// instead of copying it: a 50 MB text is held once while the body is parsed, not twice
+// (tests/reliability/memory_limit_test.cc measures what a call holds).
+class MovingDomBuilder {
+ public:
+  explicit MovingDomBuilder(json* root) : root_(root) {}
+  bool null() { return Add(nullptr) != nullptr; }
+  bool boolean(bool value) { return Add(value) != nullptr; }
+  bool number_integer(json::number_integer_t value) { return Add(value) != nullptr; }
+  bool number_unsigned(json::number_unsigned_t value) { return Add(value) != nullptr; }
+  bool number_float(json::number_float_t value, const std::string&) {
+    return Add(value) != nullptr;
+  }
+  bool string(std::string& value) { return Add(std::move(value)) != nullptr; }
+  bool binary(json::binary_t& value) { return Add(std::move(value)) != nullptr; }
+  bool start_object(std::size_t) { return Open(json::object()); }
+  bool key(std::string& key) {
+    key_ = std::move(key);
+    return true;
+  }
+  bool end_object() { return Close(); }
+  bool start_array(std::size_t) { return Open(json::array()); }
+  bool end_array() { return Close(); }
+  // What json::parse throws.
+  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception& error) {
+    if (const auto* parse = dynamic_cast<const json::parse_error*>(&error)) throw *parse;
+    if (const auto* range = dynamic_cast<const json::out_of_range*>(&error)) throw *range;
+    throw json::other_error::create(501, error.what(), nullptr);
+  }
+
+ private:
+  // The new value's place: the root, the open array's end or the open object's last key.
+  json* Add(json value) {
+    if (open_.empty()) {
+      *root_ = std::move(value);
+      return root_;
+    }
+    json& parent = *open_.back();
+    if (parent.is_array()) {
+      parent.push_back(std::move(value));
+      return &parent.back();
+    }
+    json& slot = parent[key_];  // a repeated key keeps the last value, as json::parse does
+    slot = std::move(value);
+    return &slot;
+  }
+  // Only the innermost open container grows, so the pointers to the others stay valid.
+  bool Open(json container) {
+    open_.push_back(Add(std::move(container)));
+    return true;
+  }
+  bool Close() {
+    open_.pop_back();
+    return true;
+  }
+
+  json* root_;
+  std::vector<json*> open_;
+  std::string key_;
+};
+
 // "truncate", "truncation_direction", "long_text" and "chunk_overlap": how the request's
 // over-long inputs are dealt with, into request->encode.
 absl::Status ParseLongText(const json& root, LongTextMode default_mode, EmbeddingsRequest* request,
@@ -162,7 +223,8 @@ absl::Status ParseEmbeddingsRequest(std::string_view body, EmbeddingsRequest* re
                                     std::string* param, LongTextMode default_long_text) {
   json root;
   try {
-    root = json::parse(body.begin(), body.end());
+    MovingDomBuilder builder(&root);
+    json::sax_parse(body.begin(), body.end(), &builder);
   } catch (const json::parse_error& e) {
     // nlohmann's reason sits between " - " and "; last read:" (which would quote the input).
     std::string_view reason = e.what();

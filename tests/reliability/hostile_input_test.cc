@@ -2721,7 +2721,7 @@ std::vector<HostileCase> Catalogue() {
        "Encode"});
   add({"chunk_two_thousand_tokens",
        "a 2,000-token text chunked: served, 9 windows of 256 overlapping by 32",
-       [](Clients& c) {
+       [=](Clients& c) {
          pb::EncodeResponse response;
          const grpc::Status status = Encode(c, chunked(TextOfTokens(2000, 4)), &response);
          if (status.ok()) {

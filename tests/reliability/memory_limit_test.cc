@@ -363,13 +363,18 @@ std::string WordsOfBytes(size_t bytes) {
 // up to what is kept plus the look-ahead, so what one call holds is its request: the body as
 // received and the text parsed from it.
 constexpr size_t kBigTextBytes = 50'000'000;
-// The stated bound (README, "Long documents"): peak RSS above idle while three such calls run
-// at once, per byte of the three texts.
-constexpr double kPeakPerRequestByte = 4.0;
+// The stated bounds (README, "Long documents"): peak RSS above idle while three such calls run
+// at once, per byte of the three texts. gRPC holds the received bytes and the parsed message
+// (2x); HTTP the body and, while the JSON parser reads a string, its two buffers for it (the
+// unescaped text, which becomes the value, and the raw token it keeps for error messages): 3x.
+// Measured 1.9 and 3.7 with three at once (allocations doubling as they grow account for the
+// rest).
+constexpr double kGrpcPeakPerRequestByte = 2.5;
+constexpr double kHttpPeakPerRequestByte = 4.5;
 
 // Three clients each send two 50 MB texts, one after the other, while a fourth sends ordinary
 // Encodes: every big call is answered with the text truncated to 256 tokens, no ordinary Encode
-// fails, and the server's peak RSS stays within kPeakPerRequestByte of the bodies in flight;
+// fails, and the server's peak RSS stays within the stated multiple of the bodies in flight;
 // first over gRPC, then over HTTP (/v1/embeddings with "truncate": true); no OOM kill.
 TEST(MemoryLimitTest, ThreeFiftyMegabyteTextsAtOnceOnGrpcAndHttp) {
   std::string error;
@@ -400,10 +405,11 @@ TEST(MemoryLimitTest, ThreeFiftyMegabyteTextsAtOnceOnGrpcAndHttp) {
 
   struct Phase {
     std::string name;
+    double bound;                       // peak RSS over idle per byte of the texts in flight
     std::function<std::string()> call;  // "" when answered as expected, else what went wrong
   };
   const std::vector<Phase> phases = {
-      {"gRPC Encode",
+      {"gRPC Encode", kGrpcPeakPerRequestByte,
        [&]() -> std::string {
          pb::EncodeRequest request;
          request.add_inputs()->set_text(text);
@@ -418,7 +424,7 @@ TEST(MemoryLimitTest, ThreeFiftyMegabyteTextsAtOnceOnGrpcAndHttp) {
          }
          return "";
        }},
-      {"HTTP /v1/embeddings",
+      {"HTTP /v1/embeddings", kHttpPeakPerRequestByte,
        [&]() -> std::string {
          const std::string body = "{\"input\": \"" + text + "\", \"truncate\": true}";
          HttpResponse response;
@@ -455,22 +461,29 @@ TEST(MemoryLimitTest, ThreeFiftyMegabyteTextsAtOnceOnGrpcAndHttp) {
     }
     threads.emplace_back([&] {
       auto stub = server.NewStub();
-      for (int i = 1; big_running > 0; ++i) {  // bounded by the big calls' deadlines
-        const auto call_start = Clock::now();
+      int failed_in_a_row = 0;  // a dead server fails every call at once: stop asking
+      for (int i = 1; big_running > 0 && failed_in_a_row < 10; ++i) {  // bounded by the big
+        const auto call_start = Clock::now();                          // calls' deadlines
         const grpc::Status status = ordinary_encode(stub.get(), i);
         const double ms =
             std::chrono::duration<double, std::milli>(Clock::now() - call_start).count();
         std::lock_guard<std::mutex> lock(mutex);
         if (status.ok()) {
           encode_ms.push_back(ms);
+          failed_in_a_row = 0;
         } else {
           failures.push_back("ordinary Encode: " + StatusString(status));
+          ++failed_in_a_row;
         }
       }
     });
     for (std::thread& thread : threads) thread.join();
     const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
-    const int64_t peak = reliability::PeakRssBytes(pid);
+    const int64_t peak = reliability::PeakRssBytes(pid);  // -1 once the server is gone
+    ASSERT_GT(peak, 0) << phase.name << ": the server died: " << server.process().ExitDescription()
+                       << "; oom kills " << cgroup.OomKills() << ", cgroup peak "
+                       << cgroup.PeakBytes() / 1e6
+                       << " MB; first failure: " << (failures.empty() ? "" : failures.front());
     const double per_byte = (peak - idle) / (3.0 * kBigTextBytes);
     std::printf(
         "%s: 3 clients x 2 texts of 50 MB in %.1f s; peak RSS %.0f MB (%.0f MB over idle, %.2f x "
@@ -479,7 +492,7 @@ TEST(MemoryLimitTest, ThreeFiftyMegabyteTextsAtOnceOnGrpcAndHttp) {
         Percentile(encode_ms, 0.5), Percentile(encode_ms, 0.99), Percentile(encode_ms, 1.0));
     EXPECT_TRUE(failures.empty()) << phase.name << ": " << failures.size()
                                   << " failures, first: " << failures.front();
-    EXPECT_LE(per_byte, kPeakPerRequestByte) << phase.name;
+    EXPECT_LE(per_byte, phase.bound) << phase.name;
     EXPECT_FALSE(encode_ms.empty()) << phase.name << ": no ordinary Encode completed";
     if (!server.process().Running()) break;
   }
