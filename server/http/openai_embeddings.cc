@@ -138,9 +138,9 @@ absl::Status ParseLongText(const json& root, LongTextMode default_mode, Embeddin
     LongTextMode parsed;
     if (!long_text->is_string() || !ParseLongTextMode(long_text->get<std::string>(), &parsed)) {
       *param = "long_text";
-      return absl::InvalidArgumentError(absl::StrCat(
-          "long_text is ", long_text->is_string() ? "not one of them" : TypeName(*long_text),
-          "; give \"refuse\", \"truncate\" or \"chunk\""));
+      return absl::InvalidArgumentError(
+          absl::StrCat("long_text must be \"refuse\", \"truncate\" or \"chunk\"",
+                       long_text->is_string() ? "" : absl::StrCat(", not ", TypeName(*long_text))));
     }
     mode = parsed;
   }

@@ -351,7 +351,8 @@ std::vector<HttpCase> AllCases() {
            {"truncation_direction_up",
             R"({"input": "a", "truncate": true, "truncation_direction": "up"})",
             "truncation_direction must be"},
-           {"long_text_unknown", R"({"input": "a", "long_text": "split"})", "\"chunk\""},
+           {"long_text_unknown", R"({"input": "a", "long_text": "split"})",
+            "long_text must be \"refuse\", \"truncate\" or \"chunk\""},
            {"long_text_and_truncate_disagree",
             R"({"input": "a", "long_text": "chunk", "truncate": true})",
             "truncate and long_text ask for different things"},
@@ -373,7 +374,8 @@ std::vector<HttpCase> AllCases() {
          "INVALID_ARGUMENT"});
   }
   add({"chunk_three_megabytes",
-       "a 3 MiB text (~580,000 words) to chunk: refused on its word count, before tokenizing",
+       "a 3 MiB text (~580,000 words) to chunk: refused on its word count, before tokenizing "
+       "(its tokens alone would be over the 4 MiB response limit)",
        [=](int p) {
          std::string text;
          while (text.size() < (3 << 20)) text += "lorem ipsum dolor sit amet ";
@@ -381,7 +383,7 @@ std::vector<HttpCase> AllCases() {
        },
        413,
        kBad,
-       {"at least", "--max-request-memory-bytes"},
+       {"at least", "-byte limit"},
        "Embeddings",
        "RESOURCE_EXHAUSTED"});
   // -- sizes
