@@ -69,6 +69,7 @@ struct ServerOptions {
   int http_max_connections = 1024;     // open HTTP connections; more are closed at once
   double http_header_timeout_s = 10;   // a whole request head (line + headers) must arrive in it
   double http_request_timeout_s = 60;  // deadline of one HTTP call (gRPC clients set their own)
+  double http_body_timeout_s = 60;     // a request body must arrive in it (else 408)
   std::string model_name;              // the default model's name (models[0].name)
 
   // Inference authentication: a bearer token for the Encoder service and every HTTP route but

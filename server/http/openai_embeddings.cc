@@ -1,5 +1,6 @@
 #include "server/http/openai_embeddings.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -8,12 +9,16 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "nlohmann/json.hpp"
+#include "server/http/json_message.h"
 
 namespace attn::server::http {
 
 namespace {
 
 using nlohmann::json;
+
+// The request fields of OpenAI's embeddings API this route takes.
+constexpr const char* kFields[] = {"input", "model", "encoding_format", "dimensions", "user"};
 
 constexpr const char* kInputShapes =
     "a string, an array of strings, an array of token ids or an array of token-id arrays";
@@ -66,22 +71,23 @@ absl::Status ParseTokenIds(const json& array, const std::string& where, std::vec
 absl::Status ParseEmbeddingsRequest(std::string_view body, EmbeddingsRequest* request,
                                     std::string* param) {
   json root;
-  try {
-    root = json::parse(body.begin(), body.end());
-  } catch (const json::parse_error& e) {
-    // nlohmann's reason sits between " - " and "; last read:" (which would quote the input).
-    std::string_view reason = e.what();
-    const size_t begin = reason.find(" - ");
-    reason = begin == std::string_view::npos ? "" : reason.substr(begin + 3);
-    reason = reason.substr(0, std::min<size_t>(reason.find("; last read"), 120));
-    return absl::InvalidArgumentError(absl::StrCat(
-        "the request body is not valid JSON (at byte ", e.byte, ": ",
-        std::string(reason.empty() ? "syntax error" : reason),
-        "); send a JSON object such as {\"input\": \"some text\", \"model\": \"...\"}"));
+  if (absl::Status parsed = ParseJsonBody(
+          body, "a JSON object such as {\"input\": \"some text\", \"model\": \"...\"}", &root);
+      !parsed.ok()) {
+    return parsed;
   }
   if (!root.is_object()) {
     return absl::InvalidArgumentError(
         absl::StrCat("the request body is ", TypeName(root), "; send a JSON object"));
+  }
+  // A field OpenAI's API does not have is refused, as OpenAI refuses it: a misspelt
+  // "dimension" or "encodingFormat" would otherwise be ignored and the answer silently differ.
+  for (const auto& [key, value] : root.items()) {
+    if (std::find(std::begin(kFields), std::end(kFields), key) == std::end(kFields)) {
+      *param = "";
+      return absl::InvalidArgumentError(UnknownFieldMessage(
+          key, "/v1/embeddings", std::vector<std::string>(std::begin(kFields), std::end(kFields))));
+    }
   }
   auto field = [&root](const char* name) -> const json* {
     auto it = root.find(name);
@@ -118,8 +124,12 @@ absl::Status ParseEmbeddingsRequest(std::string_view body, EmbeddingsRequest* re
     request->encode.dimensions = static_cast<int32_t>(
         std::clamp<int64_t>(value, std::numeric_limits<int32_t>::min(), INT32_MAX));
   }
-  // `user` (an end-user id for OpenAI's abuse monitoring) is accepted and ignored, like any
-  // field this server does not know.
+  // `user` (an end-user id for OpenAI's abuse monitoring) is accepted and ignored.
+  if (const json* user = field("user"); user != nullptr && !user->is_string()) {
+    *param = "user";
+    return absl::InvalidArgumentError(
+        absl::StrCat("user is ", TypeName(*user), "; it takes a string (an end-user id)"));
+  }
 
   const json* input = field("input");
   *param = "input";
