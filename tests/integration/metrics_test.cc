@@ -162,7 +162,7 @@ void CheckScrape(const std::string& promtool, const std::string& text, const std
         << label << ": " << s.name << " is " << s.value;
     std::set<std::string> names;
     for (const auto& [key, value] : s.labels) {
-      if (key != "le") names.insert(key);
+      if (key != "le" && key != "quantile") names.insert(key);  // histogram and summary series
     }
     label_sets[FamilyOf(s.name, exposition)].insert(names);
   }
@@ -289,7 +289,9 @@ TEST(MetricsTest, EveryScrapeUnderMixedTrafficPassesPromtoolAndNamesProcessFamil
   const double rss = Value(exposition, "process_resident_memory_bytes");
   EXPECT_NEAR(rss, rss_kb * 1024, rss_kb * 1024 * 0.2) << "VmRSS " << rss_kb << " kB";
   EXPECT_GE(Value(exposition, "process_virtual_memory_bytes"), rss);
-  EXPECT_NEAR(Value(exposition, "process_open_fds"), open_fds, 20);
+  // The count moves a little between the test's look and the scrape (the scrape's connection).
+  EXPECT_GT(Value(exposition, "process_open_fds"), 0);
+  EXPECT_NEAR(Value(exposition, "process_open_fds"), open_fds, 8);
   rlimit limit{};
   ASSERT_EQ(prlimit(pid, RLIMIT_NOFILE, nullptr, &limit), 0);
   EXPECT_EQ(Value(exposition, "process_max_fds"), static_cast<double>(limit.rlim_cur));
