@@ -295,8 +295,13 @@ class Run:
                     if l.startswith("#")]
         where = "%s:%d" % (self.args.readme_name, block.line)
         captured = TerminalText()
-        cwd = os.getcwd()
+        cwd, environ = os.getcwd(), dict(os.environ)
         os.chdir(server.dir)
+        # The block sees the server's environment ($ATTNSERVE_ADDR, $ATTNSERVE_TOKEN), as a
+        # shell that ran the console blocks would.
+        os.environ.clear()
+        os.environ.update({k: v for k, v in server.env.items() if k not in ("LD_PRELOAD",
+                                                                              "_STDBUF_O")})
         try:
             with contextlib.redirect_stdout(captured), contextlib.redirect_stderr(captured):
                 exec(compile(code, where, "exec"), server.namespace)
@@ -304,6 +309,8 @@ class Run:
             captured.write(traceback.format_exc())
         finally:
             os.chdir(cwd)
+            os.environ.clear()
+            os.environ.update(environ)
         self.compare(where, "python block (%d lines)" % len(block.lines), expected,
                      captured.getvalue(), server)
 
