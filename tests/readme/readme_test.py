@@ -9,7 +9,8 @@ rendered page):
   ```console   run: each `$ ` line is a command (a line ending in `\\` continues it); the lines up
                to the next `$ ` are what it prints (stdout and stderr together).
   ```python    run: the blocks of one server run in one interpreter, in README order, sharing
-               their variables; a comment line starting at column 0 (`# ...`) is printed output.
+               their variables; comment lines at column 0 (`# ...`) right after a statement
+               are what it prints; a comment after a blank line (or first) is a comment.
   other fences (sh, plain ```): shown, not run: installation, deployment, long jobs.
 
   <!-- doctest: skip REASON -->          this console/python block is not run.
@@ -217,6 +218,19 @@ class Server:
                 self.process.wait()
 
 
+def python_output(lines):
+    """The printed output a python block shows: the comment lines at column 0 that follow a
+    statement directly (a comment run after a blank line, or at the top, explains)."""
+    output, after_code = [], False
+    for line in lines:
+        if line.startswith("#"):
+            if after_code:
+                output.append(line[2:] if line.startswith("# ") else line[1:])
+        else:
+            after_code = bool(line.strip())
+    return output
+
+
 def console_steps(block):
     """(command, its README line, expected lines) for each `$ ` command of a console block."""
     steps, i, lines = [], 0, block.lines
@@ -291,8 +305,7 @@ class Run:
     def python(self, block):
         server = self.server(block)
         code = server.local("\n".join(block.lines))
-        expected = [l[2:] if l.startswith("# ") else l[1:] for l in block.lines
-                    if l.startswith("#")]
+        expected = python_output(block.lines)
         where = "%s:%d" % (self.args.readme_name, block.line)
         captured = TerminalText()
         cwd, environ = os.getcwd(), dict(os.environ)
