@@ -73,8 +73,11 @@ function(attn_grouped_test binary name label)
   target_link_libraries(${name} PRIVATE attn_test_main)
   target_link_libraries(${binary} PRIVATE ${name})
   set(sources)
+  # Relative to the project root: what --attn_test_source matches against the end of each test's
+  # __FILE__ (tests/test_main.cc), which is absolute or, through ccache, relative to the build.
   foreach(source IN LISTS ARGN)
     get_filename_component(source "${source}" ABSOLUTE)
+    file(RELATIVE_PATH source "${PROJECT_SOURCE_DIR}" "${source}")
     list(APPEND sources "${source}")
   endforeach()
   set_target_properties(${name} PROPERTIES ATTN_TEST_BINARY ${binary}

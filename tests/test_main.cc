@@ -2,10 +2,12 @@
 // tests/test_policy.h (a skip without an ISA reason fails the binary).
 //
 // The test files of one folder and layer are linked into one binary (tests/AttnGTest.cmake);
-// --attn_test_source=PATH (repeatable) runs only the tests defined in the source file PATH, as
-// when the file was a binary of its own (its ".shuffled" ctest entry does this).
+// --attn_test_source=PATH (repeatable) runs only the tests defined in the source file PATH
+// (relative to the project root), as when the file was a binary of its own (its ".shuffled" ctest
+// entry does this).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <set>
@@ -16,6 +18,16 @@
 namespace {
 
 constexpr char kSourceFlag[] = "--attn_test_source=";
+
+// Whether `file`, a test's __FILE__, is the project's source `source` (relative to the project
+// root). __FILE__ is the path the compiler was given: absolute from CMake, but relative to the
+// build directory (../tests/unit/x.cc) when ccache rewrites paths under CCACHE_BASEDIR, as
+// scripts/setup.sh's build does. Either way it ends with "/" + `source`.
+bool IsSourceFile(const std::string& file, const std::string& source) {
+  if (file == source) return true;
+  return file.size() > source.size() && file[file.size() - source.size() - 1] == '/' &&
+         file.compare(file.size() - source.size(), source.size(), source) == 0;
+}
 
 // Sets GoogleTest's filter to the tests defined in the files named by --attn_test_source.
 // Returns false (after saying why) if a flag selects no test or clashes with --gtest_filter.
@@ -38,8 +50,11 @@ bool SelectTestsOfSourceFiles(int argc, char** argv) {
     const ::testing::TestSuite& suite = *unit_test.GetTestSuite(s);
     for (int t = 0; t < suite.total_test_count(); ++t) {
       const ::testing::TestInfo& info = *suite.GetTestInfo(t);
-      if (sources.count(info.file()) == 0) continue;
-      matched.insert(info.file());
+      const std::string file = info.file();
+      auto source = std::find_if(sources.begin(), sources.end(),
+                                 [&](const std::string& s) { return IsSourceFile(file, s); });
+      if (source == sources.end()) continue;
+      matched.insert(*source);
       if (!filter.empty()) filter += ':';
       filter += std::string(suite.name()) + "." + info.name();
     }
