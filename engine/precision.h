@@ -31,6 +31,11 @@ bool CpuHasNativeBf16();
 // without the 16-bit saturation of the older multiply-add, so int8 inputs may use 255 levels.
 bool CpuHasInt8Vnni();
 
+// Whether the CPU has AMX tiles with int8 / bf16 products (cpuid amx_int8 / amx_bf16, and the
+// kernel lets this process use the tile state).
+bool CpuHasAmxInt8();
+bool CpuHasAmxBf16();
+
 // The fastest precision whose accuracy bound holds on this CPU: kBf16 where it is native,
 // else kFp32 (int8 is never picked automatically: its bound is looser).
 Precision AutoPrecision();

@@ -446,8 +446,10 @@ PreparedLinear PreparedLinear::Int8Outliers(const Tensor& weight, const Tensor& 
   // u8 inputs: 8-bit weights, and 8-bit inputs only where VNNI sums without saturation.
   linear.input_level_ = CpuHasInt8Vnni() ? 255.0f : 127.0f;
   QuantizeWeightRows(weight, 127.0f, &linear.qweights_, &linear.scales_);
-  // (N, K) row-major read as (K, N) with strides (1, K).
+  // (N, K) row-major read as (K, N) with strides (1, K), then packed once if oneDNN's kernel
+  // wants another layout.
   linear.weights_desc_ = memory::desc({K, N}, memory::data_type::s8, memory::dims{1, K});
+  linear.PackInt8Weights();
   linear.weight_sums_.assign(N, 0);
   linear.inverse_scales_.resize(N);
   for (int64_t n = 0; n < N; ++n) {
@@ -460,6 +462,36 @@ PreparedLinear PreparedLinear::Int8Outliers(const Tensor& weight, const Tensor& 
       linear.transposed_weights_[k * N + n] = weight.data()[n * K + k];
   }
   return linear;
+}
+
+void PreparedLinear::PackInt8Weights() {
+  const int64_t K = in_features_, N = out_features_;
+  const dnnl::engine& engine = DnnlRuntime::Get().engine();
+  auto make_pd = [&](int64_t rows, const memory::desc& weights_desc) {
+    return dnnl::matmul::primitive_desc(
+        dnnl::matmul::desc(Int8RowMajorDesc(rows, K, memory::data_type::u8), weights_desc,
+                           Int8RowMajorDesc(rows, N, memory::data_type::s32)),
+        engine);
+  };
+  try {
+    const memory::desc any({K, N}, memory::data_type::s8, memory::format_tag::any);
+    const memory::desc packed_desc = make_pd(128, any).weights_desc();
+    if (packed_desc == weights_desc_) return;
+    // The layout chosen for 128 rows must serve every row count with a real implementation.
+    for (int64_t rows : {int64_t{1}, int64_t{8}, int64_t{4096}}) {
+      if (absl::StartsWith(make_pd(rows, packed_desc).impl_info_str(), "ref")) return;
+    }
+    Int8Buffer packed(packed_desc.get_size());
+    memory src(weights_desc_, engine, qweights_.data());
+    memory dst(packed_desc, engine, packed.data());
+    dnnl::stream stream(engine);
+    dnnl::reorder(src, dst).execute(stream, src, dst);
+    stream.wait();
+    packed_int8_ = std::move(packed);
+    weights_desc_ = packed_desc;
+  } catch (const dnnl::error&) {
+    // keep the plain layout: every kernel reads it (repacking per call)
+  }
 }
 
 void PreparedLinear::QuantizeInput(const float* x, int64_t rows, Int8Input* input) const {
@@ -499,7 +531,8 @@ void PreparedLinear::ForwardInt8(ExecContext& ctx, const Int8Input& input, int64
   const int64_t mrows = MatmulRows(rows), K = in_features_, N = out_features_;
   const memory::desc x_desc = Int8RowMajorDesc(mrows, K, memory::data_type::u8);
   const memory::desc acc_desc = Int8RowMajorDesc(mrows, N, memory::data_type::s32);
-  const std::string key = absl::StrCat("int8_linear_fwd:", mrows, "x", K, "x", N, ":u8");
+  const std::string key = absl::StrCat("int8_linear_fwd:", mrows, "x", K, "x", N, ":u8",
+                                       packed_int8_.empty() ? ":plain" : ":packed");
   const CachedPrimitive cached = ctx.runtime().GetOrCreate(key, [&] {
     dnnl::primitive_attr attr;
     attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
@@ -632,7 +665,9 @@ void PreparedLinear::ForwardBf16(ExecContext& ctx, const float* x, int64_t rows,
 }
 
 const void* PreparedLinear::weights_data() const {
-  if (precision_ == Precision::kInt8) return qweights_.data();
+  if (precision_ == Precision::kInt8) {
+    return packed_int8_.empty() ? static_cast<const void*>(qweights_.data()) : packed_int8_.data();
+  }
   return packed_ == nullptr ? static_cast<const void*>(view_) : packed_.get();
 }
 

@@ -6,7 +6,9 @@
 //       backed by transparent huge pages: a batch-1 forward streams all 42 MB of them from
 //       memory, and with 4 KB pages every page of that stream is a TLB miss (a two-level page
 //       walk in a VM).
-// int8 (Int8Outliers): W quantised per output channel, symmetric, to 8 bits:
+// int8 (Int8Outliers): W quantised per output channel, symmetric, to 8 bits (packed once in the
+//       layout oneDNN's kernel asks for: with AMX, repacking them on every call was 15% of a
+//       1 x 128 forward):
 //       scale[n] = max_k |W[n, k]| / 127,  Wq[n, k] = round(W[n, k] / scale[n]) in [-127, 127].
 //       Inputs are quantised per token by QuantizeInput to u8 with a zero point (see Int8Input),
 //       their outlier elements kept in fp32. The levels are 0..127 on CPUs without AVX-512 VNNI
@@ -106,7 +108,9 @@ class PreparedLinear {
   const float* bias() const { return bias_; }                           // (N)
   const float* weight_scales() const { return scales_.data(); }         // int8: (N)
   const int8_t* quantized_weights() const { return qweights_.data(); }  // int8: (N, K)
-  bool packed() const { return packed_ != nullptr; }
+  // Weights copied into a layout the matmul prefers (fp32, native bf16, int8), not read as
+  // stored.
+  bool packed() const { return packed_ != nullptr || !packed_int8_.empty(); }
   // bf16: whether oneDNN runs a bf16 matmul (false: bf16-rounded values in the fp32 matmul).
   bool native_bf16() const { return native_bf16_; }
 
@@ -157,7 +161,13 @@ class PreparedLinear {
   std::shared_ptr<const float> packed_;  // fp32, or bf16 bits when native_bf16_
   bool native_bf16_ = false;
   Tensor rounded_weights_;  // emulated bf16: W rounded to bfloat16 (the view or packing source)
-  Int8Buffer qweights_;
+  Int8Buffer qweights_;     // (N, K) row-major
+  Int8Buffer packed_int8_;  // qweights_ in the layout the u8 x s8 matmul asks for (AMX: blocked
+                            // in groups of 4 along K), so no call repacks them; empty when
+                            // that is the plain layout
+  // Packs qweights_ into packed_int8_ and points weights_desc_ at it, where oneDNN's kernel
+  // prefers another layout for every row count.
+  void PackInt8Weights();
   std::vector<float> scales_;
   float input_level_ = 127.0f;         // L_in, the largest input level
   FloatBuffer transposed_weights_;     // (K, N) fp32, for the outliers' products

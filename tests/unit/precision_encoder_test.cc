@@ -452,6 +452,11 @@ TEST_P(Int8OutliersTest, AccumulatorsAreExactAndOutliersAreSplitOff) {
   for (int64_t i = 0; i < weight.numel(); ++i) weight.data()[i] = 0.1f * normal(rng);
   for (int64_t i = 0; i < N; ++i) bias.data()[i] = normal(rng);
   const PreparedLinear linear = PreparedLinear::Int8Outliers(weight, bias);
+  // With AMX, oneDNN's u8 x s8 kernel reads its weights blocked in fours along K: prepared once
+  // (the accumulators below come from that layout), not repacked by every call.
+  if (CpuHasAmxInt8()) {
+    EXPECT_TRUE(linear.packed());
+  }
   ExecContext ctx;
   for (const bool gelu_like : {false, true}) {
     for (const int64_t rows : {int64_t{1}, int64_t{13}, int64_t{100}}) {
