@@ -115,7 +115,15 @@ struct ForwardWorkspace {
   std::optional<ExecContext> ctx;  // stream + oneDNN scratchpad
   FloatBuffer embeddings, hidden, qkv, context, attn_out, intermediate;
   std::vector<uint16_t, AlignedAllocator<uint16_t>> intermediate_bf16;  // native bf16 FFN
+  // int8: inputs of the next int8 layer, quantised by the epilogue before it (two, since an
+  // epilogue writes one while its own layer may read the other).
+  Int8Input int8_inputs[2];
 };
+
+// Whether both layers run in int8 (the first's epilogue then quantises the second's input).
+bool Int8Pair(const PreparedLinear& a, const PreparedLinear& b) {
+  return a.precision() == Precision::kInt8 && b.precision() == Precision::kInt8;
+}
 
 ForwardWorkspace& ThreadWorkspace() {
   thread_local ForwardWorkspace workspace;
@@ -257,6 +265,7 @@ absl::StatusOr<ForwardResult> RunForward(const BertConfig& config, const Inferen
     relative_bias = RelativePositionBiasForward(weights.relative_attention_bias, longest);
     attention_shape.relative_bias = &*relative_bias;
   }
+  bool int8_qkv_input_ready = false;  // ws.int8_inputs[0] holds the next QKV input
   for (int layer_index = 0; layer_index < config.num_hidden_layers; ++layer_index) {
     if (options.stop_requested && options.stop_requested()) {
       return absl::CancelledError(absl::StrCat("forward stopped before layer ", layer_index, " of ",
@@ -265,8 +274,17 @@ absl::StatusOr<ForwardResult> RunForward(const BertConfig& config, const Inferen
     }
     const LayerWeights& lw = weights.layers[layer_index];
     const InferenceLayer& layer = prepared.layer(layer_index);
+    const InferenceLayer* next_layer =
+        layer_index + 1 < config.num_hidden_layers ? &prepared.layer(layer_index + 1) : nullptr;
+    // int8 layers in a row hand their input over quantised: ws.int8_inputs[0] holds the input
+    // of this layer's QKV (when the previous FFN output quantised it) and of its FFN-in, [1]
+    // that of its FFN-out.
     // qkv (M, 3H) = hidden · W_qkv^T + b_qkv
-    layer.qkv.Apply(ctx, hidden, M, LinearOutput::Plain(), qkv);
+    if (int8_qkv_input_ready) {
+      layer.qkv.ApplyInt8(ctx, ws.int8_inputs[0], M, LinearOutput::Plain(), qkv);
+    } else {
+      layer.qkv.Apply(ctx, hidden, M, LinearOutput::Plain(), qkv);
+    }
     if (bf16_attention) RoundFloatsToBFloat16(qkv, M * 3 * H, qkv);
 
     // context (M, H): per sequence and head, softmax(Q K^T / sqrt(d) (+ bias)) V
@@ -276,24 +294,44 @@ absl::StatusOr<ForwardResult> RunForward(const BertConfig& config, const Inferen
                            maps.has_value() ? &*maps : nullptr);
 
     // attn_out (M, H) = LayerNorm(hidden + context · W_o^T + b_o)
-    layer.attn_output.Apply(ctx, context, M,
-                            LinearOutput::AddLayerNorm(hidden, lw.attn_norm_gamma.data(),
-                                                       lw.attn_norm_beta.data(), eps),
-                            attn_out);
+    LinearOutput attn_norm = LinearOutput::AddLayerNorm(hidden, lw.attn_norm_gamma.data(),
+                                                        lw.attn_norm_beta.data(), eps);
+    const bool int8_ffn_in = Int8Pair(layer.attn_output, layer.ffn_in);
+    if (int8_ffn_in) {
+      attn_norm.next_layer = &layer.ffn_in;
+      attn_norm.next_input = &ws.int8_inputs[0];
+    }
+    layer.attn_output.Apply(ctx, context, M, attn_norm, attn_out);
     // intermediate (M, I) = gelu(attn_out · W_i^T + b_i)
     // hidden (M, H) = LayerNorm(attn_out + intermediate · W_f^T + b_f)
-    const LinearOutput ffn_out = LinearOutput::AddLayerNorm(attn_out, lw.ffn_norm_gamma.data(),
-                                                            lw.ffn_norm_beta.data(), eps);
+    LinearOutput ffn_out = LinearOutput::AddLayerNorm(attn_out, lw.ffn_norm_gamma.data(),
+                                                      lw.ffn_norm_beta.data(), eps);
     if (layer.ffn_in.native_bf16() && layer.ffn_out.native_bf16()) {
       // The largest activation stays bfloat16 between the two (GELU's epilogue rounds it, as
       // W_f's input it would be rounded anyway): no fp32 copy, no conversion pass.
       uint16_t* inner = Grow(ws.intermediate_bf16, Mp * I);
       layer.ffn_in.ApplyBf16Out(ctx, attn_out, M, LinearEpilogue::kGelu, inner);
       layer.ffn_out.ApplyBf16In(ctx, inner, M, ffn_out, hidden);
+    } else if (int8_ffn_in && layer.ffn_out.precision() == Precision::kInt8) {
+      // The GELU output exists only quantised, as W_f's input.
+      LinearOutput gelu = LinearOutput::Gelu();
+      gelu.next_layer = &layer.ffn_out;
+      gelu.next_input = &ws.int8_inputs[1];
+      layer.ffn_in.ApplyInt8(ctx, ws.int8_inputs[0], M, gelu, nullptr);
+      if (next_layer != nullptr && next_layer->qkv.precision() == Precision::kInt8) {
+        ffn_out.next_layer = &next_layer->qkv;
+        ffn_out.next_input = &ws.int8_inputs[0];
+      }
+      layer.ffn_out.ApplyInt8(ctx, ws.int8_inputs[1], M, ffn_out, hidden);
     } else {
-      layer.ffn_in.Apply(ctx, attn_out, M, LinearOutput::Gelu(), intermediate);
+      if (int8_ffn_in) {
+        layer.ffn_in.ApplyInt8(ctx, ws.int8_inputs[0], M, LinearOutput::Gelu(), intermediate);
+      } else {
+        layer.ffn_in.Apply(ctx, attn_out, M, LinearOutput::Gelu(), intermediate);
+      }
       layer.ffn_out.Apply(ctx, intermediate, M, ffn_out, hidden);
     }
+    int8_qkv_input_ready = ffn_out.next_layer != nullptr;
     KeepHiddenState(options, layer_index + 1, hidden, M, H, &result);
   }
 

@@ -1,6 +1,6 @@
 // Row-wise CPU kernels of the inference fast path: LayerNorm (with the residual add fused), and
-// the epilogues that turn an int8 matmul's s32 accumulators back into fp32 (dequantise + bias,
-// then GELU or residual + LayerNorm) in one pass over each row while it is in cache.
+// the switches that pick every hand-vectorised kernel's ISA (the int8 row kernels are in
+// engine/ops/int8_kernels.h).
 //
 // Each function runs one OpenMP parallel loop over rows. On CPUs with AVX-512, or else AVX2 + FMA,
 // the inner loops are hand-vectorised; elsewhere portable loops compute the same formulas.
@@ -28,24 +28,5 @@ bool UseAvx512Bf16Kernels();
 // residual may be null (plain LayerNorm); y may alias x or residual. Biased variance, as torch.
 void AddLayerNormRows(const float* x, const float* residual, int64_t rows, int64_t cols,
                       const float* gamma, const float* beta, float eps, float* y);
-
-// The dequantised matmul output v[m, n] = acc[m, n] * row_scale[m] * col_scale[n] + bias[n].
-struct Int8Accumulators {
-  const int32_t* acc = nullptr;       // (rows, cols)
-  const float* row_scales = nullptr;  // (rows)  activation scales
-  const float* col_scales = nullptr;  // (cols)  weight scales
-  const float* bias = nullptr;        // (cols)
-};
-
-// y (rows, cols) = v
-void DequantizeRows(const Int8Accumulators& in, int64_t rows, int64_t cols, float* y);
-
-// y (rows, cols) = gelu_erf(v)
-void DequantizeGeluRows(const Int8Accumulators& in, int64_t rows, int64_t cols, float* y);
-
-// y = LayerNorm(v + residual) * gamma + beta. y may alias residual.
-void DequantizeAddLayerNormRows(const Int8Accumulators& in, const float* residual, int64_t rows,
-                                int64_t cols, const float* gamma, const float* beta, float eps,
-                                float* y);
 
 }  // namespace attn

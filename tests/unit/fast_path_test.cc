@@ -15,6 +15,7 @@
 #include "engine/half.h"
 #include "engine/ops/cpu_kernels.h"
 #include "engine/ops/fused_attention.h"
+#include "engine/ops/int8_kernels.h"
 #include "engine/ops/prepared_linear.h"
 #include "engine/ops/relative_position_bias.h"
 #include "engine/tensor.h"
@@ -417,6 +418,175 @@ void CheckInt8EpiloguesAgainstNaive(int64_t cols) {
       const double ln = (v - mean) / std::sqrt(var + 1e-12) * gamma.data()[j] + beta.data()[j];
       ASSERT_NEAR(out.data()[m * cols + j], ln, 1e-4 * (1 + std::abs(ln)));
     }
+  }
+}
+
+// What an int8 epilogue must give for accumulators of quantised inputs with zero points and
+// outliers (Int8Accumulators' corrections), in double: K inputs per row, `cols` outputs.
+struct CorrectedInt8Case {
+  int64_t rows, cols, K;
+  std::vector<int32_t> acc, zero_points, weight_sums, counts, outlier_cols;
+  std::vector<float> outlier_values;
+  Tensor row_scales, col_scales, bias, transposed_weights;
+
+  CorrectedInt8Case(int64_t rows_, int64_t cols_, int64_t K_, std::mt19937& rng)
+      : rows(rows_), cols(cols_), K(K_) {
+    std::uniform_int_distribution<int32_t> acc_dist(-200000, 200000), zp(0, 255), ws(-3000, 3000);
+    std::uniform_int_distribution<int32_t> count(0, 3), col(0, static_cast<int32_t>(K - 1));
+    std::uniform_real_distribution<float> outlier(-40.0f, 40.0f);
+    acc.resize(rows * cols);
+    for (int32_t& a : acc) a = acc_dist(rng);
+    for (int64_t m = 0; m < rows; ++m) {
+      zero_points.push_back(zp(rng));
+      counts.push_back(m == 0 ? kInt8MaxOutliers : count(rng));  // row 0: every slot used
+      for (int i = 0; i < kInt8MaxOutliers; ++i) {
+        outlier_cols.push_back(col(rng));
+        outlier_values.push_back(outlier(rng));
+      }
+    }
+    for (int64_t n = 0; n < cols; ++n) weight_sums.push_back(ws(rng));
+    row_scales = RandomTensor({rows}, rng, 1e-3f);
+    col_scales = RandomTensor({cols}, rng, 1e-2f);
+    bias = RandomTensor({cols}, rng);
+    transposed_weights = RandomTensor({K, cols}, rng, 0.1f);
+  }
+
+  Int8Accumulators Accumulators() const {
+    Int8Accumulators in;
+    in.acc = acc.data();
+    in.row_scales = row_scales.data();
+    in.col_scales = col_scales.data();
+    in.bias = bias.data();
+    in.zero_points = zero_points.data();
+    in.weight_sums = weight_sums.data();
+    in.outlier_counts = counts.data();
+    in.outlier_cols = outlier_cols.data();
+    in.outlier_values = outlier_values.data();
+    in.transposed_weights = transposed_weights.data();
+    return in;
+  }
+
+  double Value(int64_t m, int64_t n) const {
+    double v = (static_cast<double>(acc[m * cols + n]) -
+                static_cast<double>(zero_points[m]) * weight_sums[n]) *
+                   row_scales.data()[m] * col_scales.data()[n] +
+               bias.data()[n];
+    for (int i = 0; i < counts[m]; ++i) {
+      const int64_t slot = m * kInt8MaxOutliers + i;
+      v += double{outlier_values[slot]} * transposed_weights.data()[outlier_cols[slot] * cols + n];
+    }
+    return v;
+  }
+};
+
+// Owns the buffers of `rows` quantised rows of K.
+struct QuantizedBuffers {
+  std::vector<uint8_t> q;
+  std::vector<float> scales, values;
+  std::vector<int32_t> zero_points, counts, cols;
+  QuantizedBuffers(int64_t rows, int64_t K)
+      : q(rows * K),
+        scales(rows),
+        values(rows * kInt8MaxOutliers),
+        zero_points(rows),
+        counts(rows),
+        cols(rows * kInt8MaxOutliers) {}
+  QuantizedRows View(float level) {
+    return {q.data(),      scales.data(), zero_points.data(), counts.data(), cols.data(),
+            values.data(), level};
+  }
+};
+
+// Every element of `x` (rows, K) is within half a step of its quantised value, or is one of its
+// row's outliers, kept exactly; and the outliers are the elements above 6 x the row's RMS.
+void ExpectQuantizes(const float* x, int64_t rows, int64_t K, const QuantizedBuffers& out) {
+  for (int64_t m = 0; m < rows; ++m) {
+    double sq = 0.0;
+    for (int64_t k = 0; k < K; ++k) sq += double{x[m * K + k]} * x[m * K + k];
+    const double threshold = kInt8OutlierRatio * std::sqrt(sq / K);
+    std::set<int32_t> outliers;
+    for (int i = 0; i < out.counts[m]; ++i) {
+      const int64_t slot = m * kInt8MaxOutliers + i;
+      outliers.insert(out.cols[slot]);
+      EXPECT_EQ(out.values[slot], x[m * K + out.cols[slot]]);
+      EXPECT_GT(std::abs(out.values[slot]), threshold * (1 - 1e-5));
+    }
+    for (int64_t k = 0; k < K; ++k) {
+      if (outliers.count(static_cast<int32_t>(k))) continue;
+      const double back =
+          (static_cast<double>(out.q[m * K + k]) - out.zero_points[m]) * out.scales[m];
+      ASSERT_LE(std::abs(back - x[m * K + k]), out.scales[m] * 0.5001 + 1e-7)
+          << "row " << m << " col " << k;
+    }
+  }
+}
+
+TEST_P(KernelPathTest, CorrectedInt8EpiloguesMatchNaiveAndQuantiseTheNextInput) {
+  for (const int64_t cols : {int64_t{64}, int64_t{37}}) {  // 37: tails of 8 and 16 lanes
+    SCOPED_TRACE(cols);
+    std::mt19937 rng(static_cast<uint32_t>(cols));
+    const CorrectedInt8Case c(6, cols, 29, rng);
+    const Int8Accumulators in = c.Accumulators();
+    const Tensor residual = RandomTensor({c.rows, cols}, rng);
+    const Tensor gamma = RandomTensor({cols}, rng), beta = RandomTensor({cols}, rng);
+
+    Tensor y({c.rows, cols});
+    DequantizeRows(in, c.rows, cols, y.data());
+    for (int64_t m = 0; m < c.rows; ++m) {
+      for (int64_t n = 0; n < cols; ++n) {
+        const double v = c.Value(m, n);
+        ASSERT_NEAR(y.data()[m * cols + n], v, 1e-4 * (1 + std::abs(v))) << m << "," << n;
+      }
+    }
+
+    // GELU, written in fp32 and quantised as the next layer's input; then quantised only.
+    Tensor gelu_out({c.rows, cols});
+    QuantizedBuffers with_y(c.rows, cols), without_y(c.rows, cols), separate(c.rows, cols);
+    QuantizedRows next = with_y.View(255.0f);
+    DequantizeGeluRows(in, c.rows, cols, gelu_out.data(), &next);
+    for (int64_t m = 0; m < c.rows; ++m) {
+      for (int64_t n = 0; n < cols; ++n) {
+        const double v = c.Value(m, n);
+        const double gelu = 0.5 * v * (1.0 + std::erf(v / std::sqrt(2.0)));
+        ASSERT_NEAR(gelu_out.data()[m * cols + n], gelu, 1e-4 * (1 + std::abs(gelu)))
+            << m << "," << n;
+      }
+    }
+    ExpectQuantizes(gelu_out.data(), c.rows, cols, with_y);
+    next = without_y.View(255.0f);
+    DequantizeGeluRows(in, c.rows, cols, nullptr, &next);
+    QuantizeRows(gelu_out.data(), c.rows, cols, separate.View(255.0f));
+    for (const QuantizedBuffers* fused : {&with_y, &without_y}) {
+      EXPECT_EQ(fused->q, separate.q);
+      EXPECT_EQ(fused->scales, separate.scales);
+      EXPECT_EQ(fused->zero_points, separate.zero_points);
+      EXPECT_EQ(fused->counts, separate.counts);
+    }
+
+    // Residual + LayerNorm in place over the residual, quantised at 127 levels (no VNNI).
+    Tensor out = residual;
+    QuantizedBuffers ln_next(c.rows, cols);
+    next = ln_next.View(127.0f);
+    DequantizeAddLayerNormRows(in, out.data(), c.rows, cols, gamma.data(), beta.data(), 1e-12f,
+                               out.data(), &next);
+    for (int64_t m = 0; m < c.rows; ++m) {
+      double mean = 0, var = 0;
+      for (int64_t n = 0; n < cols; ++n) mean += c.Value(m, n) + residual.data()[m * cols + n];
+      mean /= cols;
+      for (int64_t n = 0; n < cols; ++n) {
+        const double v = c.Value(m, n) + residual.data()[m * cols + n];
+        var += (v - mean) * (v - mean);
+      }
+      var /= cols;
+      for (int64_t n = 0; n < cols; ++n) {
+        const double v = c.Value(m, n) + residual.data()[m * cols + n];
+        const double ln = (v - mean) / std::sqrt(var + 1e-12) * gamma.data()[n] + beta.data()[n];
+        ASSERT_NEAR(out.data()[m * cols + n], ln, 1e-4 * (1 + std::abs(ln))) << m << "," << n;
+      }
+      EXPECT_LE(*std::max_element(ln_next.q.begin() + m * cols, ln_next.q.begin() + (m + 1) * cols),
+                127);
+    }
+    ExpectQuantizes(out.data(), c.rows, cols, ln_next);
   }
 }
 
