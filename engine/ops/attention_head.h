@@ -127,6 +127,13 @@ struct Bf16AttentionScratch {
 void AttentionHeadBf16(const AttentionHeadGeometry& g, const AttentionHeadTask& t,
                        Bf16AttentionScratch* scratch);
 
+// AMX (engine/ops/bf16_attention.cc): the same products as AttentionHeadBf16 on the tile unit,
+// 16 query rows at a time; only when UseAmxBf16Kernels() and AmxBf16AttentionSupports(d)
+// (head_dim 32 or 64).
+bool AmxBf16AttentionSupports(int64_t head_dim);
+void AttentionHeadBf16Amx(const AttentionHeadGeometry& g, const AttentionHeadTask& t,
+                          Bf16AttentionScratch* scratch);
+
 // AVX-512 VNNI (engine/ops/vnni_attention.cc): Q K^T and P V on 8-bit integers for
 // Precision::kInt8 (Q per row, K per head, V per channel, P as 255 levels), softmax in fp32;
 // only when UseAvx512VnniKernels().

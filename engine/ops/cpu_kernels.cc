@@ -5,6 +5,7 @@
 
 #include "engine/ops/avx2_math.h"
 #include "engine/ops/avx512_math.h"
+#include "engine/precision.h"
 
 namespace attn {
 
@@ -109,6 +110,17 @@ bool UseAvx512Bf16Kernels() {
   }();
   return bf16 && UseAvx512Kernels();
 }
+
+std::atomic<bool>& AmxEnabled() {
+  static std::atomic<bool> enabled(true);
+  return enabled;
+}
+
+bool UseAmxBf16Kernels() {
+  return AmxEnabled().load(std::memory_order_relaxed) && CpuHasAmxBf16() && UseAvx512Bf16Kernels();
+}
+
+void SetAmxKernelsEnabledForTesting(bool enabled) { AmxEnabled().store(enabled); }
 
 void SetAvx2KernelsEnabledForTesting(bool enabled) {
   Avx2Enabled().store(enabled && CpuSupportsAvx2Fma());

@@ -23,6 +23,10 @@ void SetAvx2KernelsEnabledForTesting(bool enabled);
 bool UseAvx512VnniKernels();
 // The same for AVX-512 BF16 (the bf16 attention products, engine/ops/bf16_attention.cc).
 bool UseAvx512Bf16Kernels();
+// The same for AMX BF16 (the bf16 attention products on tiles; engine/precision.h's
+// CpuHasAmxBf16()); tests switch the AMX kernels off (and back on) with the setter.
+bool UseAmxBf16Kernels();
+void SetAmxKernelsEnabledForTesting(bool enabled);
 
 // y[m] = LayerNorm(x[m] + residual[m]) * gamma + beta for each of `rows` rows of `cols` floats.
 // residual may be null (plain LayerNorm); y may alias x or residual. Biased variance, as torch.

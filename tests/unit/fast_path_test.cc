@@ -237,6 +237,107 @@ TEST_P(KernelPathTest, PackedAttentionWithBf16ProductsRoundsTheProbabilities) {
 // exp() in fp32 and in double round P to different levels (bound: 2 levels of max |V| per row).
 // It must also stay near the fp32 attention (the quantisation is fine enough) and differ from it
 // (the int8 kernel ran). d = 32 and 64 (MiniLM, MPNet), lengths past and below whole blocks.
+// The bf16 attention kernels (AMX tiles, AVX-512 BF16 pairs) against their formula in double:
+// scores = Q K^T / sqrt(d) + bias with Q, K already bfloat16 values (the products exact, the
+// sums fp32), e = exp(scores - max), context = sum_j bfloat16(e_j) V_j / sum_j e_j. Lengths
+// straddle the 16-row and 32-key tiles, head_dim 32 and 64 (the AMX kernel's), one head
+// relative-position-biased as MPNet's.
+enum class Bf16AttentionKernel { kAmx, kAvx512Bf16 };
+
+class Bf16AttentionKernelTest : public ::testing::TestWithParam<Bf16AttentionKernel> {
+ protected:
+  void SetUp() override {
+    if (GetParam() == Bf16AttentionKernel::kAmx) {
+      ATTN_SKIP_UNLESS_CPU_HAS("AmxBf16", UseAmxBf16Kernels());
+    } else {
+      ATTN_SKIP_UNLESS_CPU_HAS("Avx512Bf16", UseAvx512Bf16Kernels());
+    }
+    SetAmxKernelsEnabledForTesting(GetParam() == Bf16AttentionKernel::kAmx);
+  }
+  void TearDown() override { SetAmxKernelsEnabledForTesting(true); }
+};
+
+TEST_P(Bf16AttentionKernelTest, MatchesTheRoundedFormulaInDouble) {
+  for (const int64_t d : {int64_t{32}, int64_t{64}}) {
+    SCOPED_TRACE(d);
+    const int64_t heads = 2, H = heads * d;
+    const std::vector<int64_t> lengths = {1, 15, 16, 17, 31, 33, 100, 130};
+    std::vector<int64_t> offsets = {0};
+    for (int64_t T : lengths) offsets.push_back(offsets.back() + T);
+    const int64_t M = offsets.back();
+    std::mt19937 rng(static_cast<uint32_t>(d));
+    Tensor qkv = RandomTensor({M, 3 * H}, rng, 1.5f);
+    RoundFloatsToBFloat16(qkv.data(), qkv.numel(), qkv.data());
+    const Tensor table = RandomTensor({32, heads}, rng, 2.0f);
+    const RelativePositionBias bias = RelativePositionBiasForward(table, 130);
+    for (const bool biased : {false, true}) {
+      PackedAttentionShape shape{heads, d, /*bf16_products=*/true};
+      if (biased) shape.relative_bias = &bias;
+      std::vector<Tensor> probs, scores;
+      PackedAttentionOutputs outputs;
+      for (int64_t T : lengths) {
+        probs.emplace_back(std::vector<int64_t>{heads, T, T});
+        scores.emplace_back(std::vector<int64_t>{heads, T, T});
+        outputs.probs.push_back(probs.back().data());
+        outputs.scores.push_back(scores.back().data());
+      }
+      Tensor context({M, H});
+      PackedAttentionForward(shape, qkv.data(), offsets, context.data(), &outputs);
+      for (size_t b = 0; b < lengths.size(); ++b) {
+        const int64_t T = lengths[b];
+        const float* seq = qkv.data() + offsets[b] * 3 * H;
+        for (int64_t h = 0; h < heads; ++h) {
+          for (int64_t i = 0; i < T; ++i) {
+            std::vector<double> e(T);
+            double max = -1e300, sum = 0;
+            for (int64_t j = 0; j < T; ++j) {
+              double dot = 0;
+              for (int64_t c = 0; c < d; ++c) {
+                dot += double{seq[i * 3 * H + h * d + c]} * seq[j * 3 * H + H + h * d + c];
+              }
+              e[j] = dot / std::sqrt(double(d)) +
+                     (biased ? table.data()[RelativePositionBucket(j - i) * heads + h] : 0.0);
+              ASSERT_NEAR(scores[b].data()[(h * T + i) * T + j], e[j], 1e-5 * (1 + std::abs(e[j])))
+                  << "T " << T << " row " << i << " key " << j;
+              max = std::max(max, e[j]);
+            }
+            for (int64_t j = 0; j < T; ++j) sum += (e[j] = std::exp(e[j] - max));
+            for (int64_t j = 0; j < T; ++j) {
+              ASSERT_NEAR(probs[b].data()[(h * T + i) * T + j], e[j] / sum, 2e-6);
+            }
+            // The kernel's e_j is fp32 (within a few ulp of this one), so its bfloat16 rounding
+            // is that of e_j (1 - 1e-6) or of e_j (1 + 1e-6): equal except on a rounding edge,
+            // where either may be the kernel's.
+            auto bf16 = [](double v) {
+              return double{BFloat16BitsToFloat(FloatToBFloat16Bits(static_cast<float>(v)))};
+            };
+            for (int64_t c = 0; c < d; ++c) {
+              double expected = 0, edge = 0, magnitude = 0;
+              for (int64_t j = 0; j < T; ++j) {
+                const double v = seq[j * 3 * H + 2 * H + h * d + c];
+                const double low = bf16(e[j] * (1 - 1e-6)), high = bf16(e[j] * (1 + 1e-6));
+                expected += low * v;
+                edge += (high - low) * std::abs(v);
+                magnitude += high * std::abs(v);
+              }
+              ASSERT_NEAR(context.data()[(offsets[b] + i) * H + h * d + c], expected / sum,
+                          (edge + 1e-5 * magnitude + 1e-7) / sum)
+                  << "T " << T << " row " << i << " channel " << c;
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Kernels, Bf16AttentionKernelTest,
+                         ::testing::Values(Bf16AttentionKernel::kAmx,
+                                           Bf16AttentionKernel::kAvx512Bf16),
+                         [](const ::testing::TestParamInfo<Bf16AttentionKernel>& info) {
+                           return info.param == Bf16AttentionKernel::kAmx ? "Amx" : "Avx512Bf16";
+                         });
+
 TEST(Int8AttentionTest, Avx512VnniProductsEqualTheQuantisedFormulas) {
   ATTN_SKIP_UNLESS_CPU_HAS("Avx512Vnni", UseAvx512VnniKernels());
   for (const int64_t d : {int64_t{32}, int64_t{64}}) {
