@@ -93,39 +93,68 @@ void QuantizeInputRowPortable(const float* x, int64_t K, float level, const Inpu
   for (int i = 0; i < *out.count; ++i) out.q[out.cols[i]] = static_cast<uint8_t>(*out.zero_point);
 }
 
+// 64 floats x[k] * inv + zero -> 64 bytes saturated to [0, top] (top <= 255): two saturating
+// packs (32 -> 16 -> 8 bits, interleaving the four vectors by 128-bit lanes) and one permute.
+ATTN_AVX512 void Quantize64Avx512(const float* x, __m512 inv, __m512i zero, __m512i top,
+                                  uint8_t* q) {
+  __m512i v[4];
+  for (int i = 0; i < 4; ++i) {
+    // cvtps2dq rounds half to even, as nearbyint (outliers saturate; they are reset later).
+    v[i] =
+        _mm512_add_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(x + 16 * i), inv)), zero);
+  }
+  const __m512i bytes =
+      _mm512_packus_epi16(_mm512_packs_epi32(v[0], v[1]), _mm512_packs_epi32(v[2], v[3]));
+  const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+  _mm512_storeu_si512(q, _mm512_min_epu8(_mm512_permutexvar_epi32(order, bytes), top));
+}
+
 ATTN_AVX512 void QuantizeInputRowAvx512(const float* x, int64_t K, float level,
                                         const InputRowOut& out) {
-  __m512 sum_sq = _mm512_setzero_ps();
+  // One pass for the sum of squares (the outlier threshold) and the range of every element
+  // (lanes past the row's end load 0, which the range holds anyway); a second one, to set the
+  // outliers apart, only when some element is beyond the threshold.
+  __m512 sum_sq = _mm512_setzero_ps(), low = _mm512_setzero_ps(), high = _mm512_setzero_ps();
   for (int64_t k = 0; k < K; k += 16) {
     const __m512 v = _mm512_maskz_loadu_ps(avx512::TailMask(K - k), x + k);
     sum_sq = _mm512_fmadd_ps(v, v, sum_sq);
+    low = _mm512_min_ps(low, v);
+    high = _mm512_max_ps(high, v);
   }
   const float threshold =
       kInt8OutlierRatio * std::sqrt(_mm512_reduce_add_ps(sum_sq) / static_cast<float>(K));
-  const __m512 threshold_v = _mm512_set1_ps(threshold);
+  Range range{_mm512_reduce_min_ps(low), _mm512_reduce_max_ps(high)};
   int32_t candidates[64];
   int found = 0;
-  __m512 low = _mm512_setzero_ps(), high = _mm512_setzero_ps();
-  for (int64_t k = 0; k < K; k += 16) {
-    const __mmask16 tail = avx512::TailMask(K - k);
-    const __m512 v = _mm512_maskz_loadu_ps(tail, x + k);
-    const __mmask16 above =
-        _mm512_mask_cmp_ps_mask(tail, _mm512_abs_ps(v), threshold_v, _CMP_GT_OQ);
-    __mmask16 collected = 0;  // candidates past 64 (impossible below K = 64 * 36) stay in q
-    for (__mmask16 rest = above; rest != 0 && found < 64; rest &= rest - 1) {
-      candidates[found++] = static_cast<int32_t>(k + __builtin_ctz(rest));
-      collected |= rest & static_cast<__mmask16>(-rest);
+  if (std::max(-range.low, range.high) > threshold) {
+    const __m512 threshold_v = _mm512_set1_ps(threshold);
+    low = _mm512_setzero_ps();
+    high = _mm512_setzero_ps();
+    for (int64_t k = 0; k < K; k += 16) {
+      const __mmask16 tail = avx512::TailMask(K - k);
+      const __m512 v = _mm512_maskz_loadu_ps(tail, x + k);
+      const __mmask16 above =
+          _mm512_mask_cmp_ps_mask(tail, _mm512_abs_ps(v), threshold_v, _CMP_GT_OQ);
+      __mmask16 collected = 0;  // candidates past 64 (impossible below K = 64 * 36) stay in q
+      for (__mmask16 rest = above; rest != 0 && found < 64; rest &= rest - 1) {
+        candidates[found++] = static_cast<int32_t>(k + __builtin_ctz(rest));
+        collected |= rest & static_cast<__mmask16>(-rest);
+      }
+      const __mmask16 kept = tail & static_cast<__mmask16>(~collected);
+      low = _mm512_mask_min_ps(low, kept, low, v);
+      high = _mm512_mask_max_ps(high, kept, high, v);
     }
-    const __mmask16 kept = tail & static_cast<__mmask16>(~collected);
-    low = _mm512_mask_min_ps(low, kept, low, v);
-    high = _mm512_mask_max_ps(high, kept, high, v);
+    range = Range{_mm512_reduce_min_ps(low), _mm512_reduce_max_ps(high)};
   }
-  Range range{_mm512_reduce_min_ps(low), _mm512_reduce_max_ps(high)};
   ChooseOutliers(x, candidates, found, &range, out);
-  const __m512 inv = _mm512_set1_ps(InputScale(range, level, out));
+  const float inv_scale = InputScale(range, level, out);
+  const __m512 inv = _mm512_set1_ps(inv_scale);
   const __m512i zero = _mm512_set1_epi32(*out.zero_point);
+  int64_t k = 0;
+  const __m512i top_bytes = _mm512_set1_epi8(static_cast<char>(static_cast<int>(level)));
+  for (; k + 64 <= K; k += 64) Quantize64Avx512(x + k, inv, zero, top_bytes, out.q + k);
   const __m512i top = _mm512_set1_epi32(static_cast<int32_t>(level));
-  for (int64_t k = 0; k < K; k += 16) {
+  for (; k < K; k += 16) {
     const __mmask16 tail = avx512::TailMask(K - k);
     // cvtps2dq rounds half to even, as nearbyint; outliers are clamped here and reset below.
     __m512i v = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_maskz_loadu_ps(tail, x + k), inv));
