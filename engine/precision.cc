@@ -57,20 +57,18 @@ namespace {
 
 // cpuid leaf 7 sub-leaf 0 EDX: bit 22 AMX-BF16, bit 24 AMX-TILE, bit 25 AMX-INT8; and Linux must
 // grant the process the tile data state (arch_prctl ARCH_REQ_XCOMP_PERM for XTILEDATA, which
-// oneDNN requests too; asking twice is harmless).
+// oneDNN requests too; asking twice is harmless). Read once: in a VM every cpuid traps to the
+// hypervisor (asked per attention call it was a tenth of a 1 x 16 forward).
 bool CpuHasAmx(int feature_bit) {
-  static const bool usable = [] {
+  static const unsigned usable_bits = [] {
     unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
-    if (__get_cpuid_max(0, nullptr) < 7) return false;
+    if (__get_cpuid_max(0, nullptr) < 7) return 0u;
     __cpuid_count(7, 0, eax, ebx, ecx, edx);
-    if (((edx >> 24) & 1) == 0) return false;
+    if (((edx >> 24) & 1) == 0) return 0u;
     constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtileData = 18;
-    return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtileData) == 0;
+    return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtileData) == 0 ? edx : 0u;
   }();
-  if (!usable) return false;
-  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
-  __cpuid_count(7, 0, eax, ebx, ecx, edx);
-  return (edx >> feature_bit) & 1;
+  return (usable_bits >> feature_bit) & 1;
 }
 
 }  // namespace

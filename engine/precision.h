@@ -9,9 +9,10 @@ namespace attn {
 enum class Precision {
   kFp32,  // fp32 everywhere (the reference path; matches Hugging Face to ~1e-5)
   kInt8,  // linear layers on s8 weights (per output channel) x u8 activations (per token, with a
-          // zero point; outliers kept in fp32); with AVX-512 VNNI also the attention products
-          // Q K^T and P V (engine/ops/vnni_attention.cc); softmax, LayerNorm, GELU and the
-          // residual stream stay fp32
+          // zero point; outliers kept in fp32); the attention products Q K^T and P V on AMX
+          // tiles in bf16 where the CPU has AMX (head_dim 32 or 64: more accurate than int8 and
+          // as fast there), else with AVX-512 VNNI on int8 (engine/ops/vnni_attention.cc);
+          // softmax, LayerNorm, GELU and the residual stream stay fp32
   kBf16,  // every matmul (the linear layers and the attention products Q K^T and P V) on
           // bfloat16 inputs with fp32 accumulation; LayerNorm, softmax, GELU and the residual
           // stream fp32. Weights converted once at load.

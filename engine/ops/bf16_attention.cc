@@ -386,7 +386,6 @@ ATTN_AMX_BF16 void AttentionHeadBf16Amx(const AttentionHeadGeometry& g, const At
   const int64_t packed_pairs = (T + 1) / 2;  // the key pairs PackValues wrote; zero the rest
   std::memset(values + packed_pairs * d * 2, 0,
               sizeof(uint16_t) * (t32 / 2 - packed_pairs) * d * 2);
-  _tile_loadconfig(&AllTiles16x64());
   for (int64_t i0 = 0; i0 < T; i0 += kAmxRows) {
     const int64_t rows = std::min<int64_t>(kAmxRows, T - i0);
     if (d == 32) {
@@ -395,8 +394,16 @@ ATTN_AMX_BF16 void AttentionHeadBf16Amx(const AttentionHeadGeometry& g, const At
       BlockAmx<2>(g, t, scratch, i0, rows);
     }
   }
-  _tile_release();
 }
+
+namespace {
+ATTN_AMX_BF16 void ConfigureTiles() { _tile_loadconfig(&AllTiles16x64()); }
+ATTN_AMX_BF16 void ReleaseTiles() { _tile_release(); }
+}  // namespace
+
+AmxBf16Tiles::AmxBf16Tiles() { ConfigureTiles(); }
+
+AmxBf16Tiles::~AmxBf16Tiles() { ReleaseTiles(); }
 
 void AttentionHeadBf16(const AttentionHeadGeometry& g, const AttentionHeadTask& t,
                        Bf16AttentionScratch* scratch) {

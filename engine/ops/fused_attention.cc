@@ -287,6 +287,7 @@ void PackedAttentionForward(const PackedAttentionShape& shape, const float* qkv,
         AttentionHeadInt8Vnni(g, task, &int8_scratch);
       } else if (amx_bf16) {
         thread_local Bf16AttentionScratch bf16_scratch;
+        const AmxBf16Tiles tiles;
         AttentionHeadBf16Amx(g, task, &bf16_scratch);
       } else if (bf16) {
         thread_local Bf16AttentionScratch bf16_scratch;
