@@ -148,7 +148,7 @@ struct LayerRows {
   const InferenceLayer* next = nullptr;  // the next layer, whose QKV projection runs here too
   int64_t H = 0, I = 0;
   float eps = 0.0f;
-  bool bf16_attention = false;     // round the next QKV to bfloat16 values
+  bool round_qkv = false;          // round the next QKV to bfloat16 values
   int64_t row_block = 0;           // RowBlock()
   const float* context = nullptr;  // (rows, H)   in
   float* attn_out = nullptr;       // (rows, H)
@@ -214,7 +214,7 @@ void LayerRowTail(ExecContext& ctx, ForwardWorkspace& ws, const LayerRows& L, in
   } else {
     next_qkv->Apply(ctx, hidden, n, LinearOutput::Plain(), qkv);
   }
-  if (L.bf16_attention) RoundFloatsToBFloat16(qkv, n * 3 * H, qkv);
+  if (L.round_qkv) RoundFloatsToBFloat16(qkv, n * 3 * H, qkv);
 }
 
 // Rows per block of LayerRowTails, or 0 for none. Every block streams the layer's weights again,
@@ -261,12 +261,13 @@ void ZeroPaddingRows(float* data, int64_t rows, int64_t padded_rows, int64_t col
 
 // If `layer_index` is one whose attention the caller asked for: appends its LayerAttention to
 // `result` (tensors allocated for the requested sequences and parts, the per-head Q, K, V
-// copied out of qkv (M, 3H)) and returns where PackedAttentionForward writes the maps; else
+// copied out of qkv (M, 3H), rounded to bfloat16 values with round_bf16) and returns where
+// PackedAttentionForward writes the maps; else
 // returns nullopt.
 std::optional<PackedAttentionOutputs> CollectAttention(const BertConfig& config,
                                                        const ForwardOptions& options,
                                                        int layer_index, const float* qkv,
-                                                       ForwardResult* result) {
+                                                       bool round_bf16, ForwardResult* result) {
   if (!Contains(options.attention_layers, layer_index)) return std::nullopt;
   const int64_t H = config.hidden_size, heads = config.num_attention_heads, d = config.head_dim();
   const int64_t batch_size = static_cast<int64_t>(result->seq_offsets.size()) - 1;
@@ -302,6 +303,11 @@ std::optional<PackedAttentionOutputs> CollectAttention(const BertConfig& config,
       ExtractHeads(shape, seq_qkv, 0, out.query.data());
       ExtractHeads(shape, seq_qkv, 1, out.key.data());
       ExtractHeads(shape, seq_qkv, 2, out.value.data());
+      if (round_bf16) {  // the values the products took
+        for (Tensor* t : {&out.query, &out.key, &out.value}) {
+          RoundFloatsToBFloat16(t->data(), t->numel(), t->data());
+        }
+      }
     }
   }
   return outputs;
@@ -365,9 +371,12 @@ absl::StatusOr<ForwardResult> RunForward(const BertConfig& config, const Inferen
                    weights.embedding_norm_beta.data(), eps, hidden);
   KeepHiddenState(options, 0, hidden, M, H, &result);
 
-  // Under bf16 the attention products take bfloat16 inputs too: Q, K, V are rounded here, the
-  // probabilities inside the attention kernel.
+  // Under bf16 the attention products take bfloat16 inputs too: Q, K, V and the probabilities
+  // are rounded (by the kernel, or here before it).
   const bool bf16_attention = prepared.precision() == Precision::kBf16;
+  // The native bf16 kernels (AVX-512 BF16, AMX) round Q, K and V themselves as they pack them;
+  // the others need them rounded first.
+  const bool round_qkv = bf16_attention && !UseAvx512Bf16Kernels();
   // Under int8, where the AMX tile kernel runs bfloat16 attention products (head_dim 32 or 64),
   // the attention takes them (the kernel rounds Q, K, V itself): on the AMX host they were
   // faster than the VNNI int8 products and are more accurate.
@@ -393,7 +402,7 @@ absl::StatusOr<ForwardResult> RunForward(const BertConfig& config, const Inferen
   // qkv (M, 3H) = hidden · W_qkv^T + b_qkv of the first layer; every layer's row-local part
   // computes the next one's.
   prepared.layer(0).qkv.Apply(ctx, hidden, M, LinearOutput::Plain(), qkv);
-  if (bf16_attention) RoundFloatsToBFloat16(qkv, M * 3 * H, qkv);
+  if (round_qkv) RoundFloatsToBFloat16(qkv, M * 3 * H, qkv);
   for (int layer_index = 0; layer_index < config.num_hidden_layers; ++layer_index) {
     if (options.stop_requested && options.stop_requested()) {
       return absl::CancelledError(absl::StrCat("forward stopped before layer ", layer_index, " of ",
@@ -402,7 +411,7 @@ absl::StatusOr<ForwardResult> RunForward(const BertConfig& config, const Inferen
     }
     // context (M, H): per sequence and head, softmax(Q K^T / sqrt(d) (+ bias)) V
     const std::optional<PackedAttentionOutputs> maps =
-        CollectAttention(config, options, layer_index, qkv, &result);
+        CollectAttention(config, options, layer_index, qkv, bf16_attention, &result);
     PackedAttentionForward(attention_shape, qkv, result.seq_offsets, context,
                            maps.has_value() ? &*maps : nullptr);
     LayerRows rows;
@@ -412,7 +421,7 @@ absl::StatusOr<ForwardResult> RunForward(const BertConfig& config, const Inferen
     rows.H = H;
     rows.I = I;
     rows.eps = eps;
-    rows.bf16_attention = bf16_attention;
+    rows.round_qkv = round_qkv;
     rows.row_block = row_block;
     rows.context = context;
     rows.attn_out = attn_out;

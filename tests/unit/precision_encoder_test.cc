@@ -9,6 +9,7 @@
 #include <cctype>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <random>
 #include <string>
@@ -398,6 +399,30 @@ TEST_F(Int8EncoderTest, Bf16AttentionProbabilitiesStayClose) {
   const auto [worst, mean] = AttentionDifference(fp32(), bf16(), Tokenize(MakeSentences(6)));
   EXPECT_LT(worst, 0.1);
   EXPECT_LT(mean, 1e-3);
+}
+
+// Under bf16 the Q, K and V an AttentionMap returns are the bfloat16 values the products took
+// (the native kernels round them while packing, the others before: either way the same values).
+TEST_F(Int8EncoderTest, Bf16AttentionReturnsTheRoundedQueriesKeysAndValues) {
+  ForwardOptions options = bf16().DefaultForwardOptions();
+  options.attention_layers = {2};
+  options.attention_qkv = true;
+  auto result = bf16().Forward(Tokenize(MakeSentences(3)), options);
+  ASSERT_TRUE(result.ok()) << result.status();
+  const LayerAttention* layer = result->Attention(2);
+  ASSERT_NE(layer, nullptr);
+  int64_t checked = 0;
+  for (const SequenceAttention& seq : layer->sequences) {
+    for (const Tensor* t : {&seq.query, &seq.key, &seq.value}) {
+      ASSERT_GT(t->numel(), 0);
+      for (int64_t i = 0; i < t->numel(); ++i, ++checked) {
+        uint32_t bits;
+        std::memcpy(&bits, t->data() + i, 4);
+        ASSERT_EQ(bits & 0xFFFFu, 0u) << "element " << i << " = " << t->data()[i];
+      }
+    }
+  }
+  EXPECT_GT(checked, 0);
 }
 
 TEST_F(Int8EncoderTest, PackedFp32EqualsTheUnpackedReferencePath) {
