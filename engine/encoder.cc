@@ -119,6 +119,8 @@ struct ForwardWorkspace {
   std::optional<ExecContext> ctx;  // stream + oneDNN scratchpad
   FloatBuffer embeddings, hidden, qkv, context, attn_out, intermediate;
   std::vector<uint16_t, AlignedAllocator<uint16_t>> intermediate_bf16;  // native bf16 FFN
+  // native bf16: the LayerNorm outputs as bfloat16, the next bf16 layers' input
+  std::vector<uint16_t, AlignedAllocator<uint16_t>> layer_norm_bf16[2];
   // int8: inputs of the next int8 layer, quantised by the epilogue before it (two, since an
   // epilogue writes one while its own layer may read the other).
   Int8Input int8_inputs[2];
@@ -177,15 +179,27 @@ void LayerRowTail(ExecContext& ctx, ForwardWorkspace& ws, const LayerRows& L, in
     attn_norm.next_layer = &layer.ffn_in;
     attn_norm.next_input = &ws.int8_inputs[0];
   }
+  const bool bf16_ffn = layer.ffn_in.native_bf16() && layer.ffn_out.native_bf16();
+  if (bf16_ffn && layer.attn_output.precision() != Precision::kInt8) {
+    attn_norm.bf16_copy = Grow(ws.layer_norm_bf16[0], np * H);  // W_i's input
+  }
   layer.attn_output.Apply(ctx, L.context + r0 * H, n, attn_norm, attn_out);
   LinearOutput ffn_norm = LinearOutput::AddLayerNorm(attn_out, lw.ffn_norm_gamma.data(),
                                                      lw.ffn_norm_beta.data(), L.eps);
   const PreparedLinear* next_qkv = L.next != nullptr ? &L.next->qkv : nullptr;
-  if (layer.ffn_in.native_bf16() && layer.ffn_out.native_bf16()) {
+  if (bf16_ffn) {
     // The largest activation stays bfloat16 between the two (GELU's epilogue rounds it, as
-    // W_f's input it would be rounded anyway): no fp32 copy, no conversion pass.
+    // W_f's input it would be rounded anyway): no fp32 copy, no conversion pass; so do the
+    // LayerNorm outputs feeding W_i and the next W_qkv (their epilogue writes them both ways).
     uint16_t* inner = Grow(ws.intermediate_bf16, np * I);
-    layer.ffn_in.ApplyBf16Out(ctx, attn_out, n, LinearEpilogue::kGelu, inner);
+    if (attn_norm.bf16_copy != nullptr) {
+      layer.ffn_in.ApplyBf16InOut(ctx, attn_norm.bf16_copy, n, LinearEpilogue::kGelu, inner);
+    } else {
+      layer.ffn_in.ApplyBf16Out(ctx, attn_out, n, LinearEpilogue::kGelu, inner);
+    }
+    if (next_qkv != nullptr && next_qkv->native_bf16()) {
+      ffn_norm.bf16_copy = Grow(ws.layer_norm_bf16[1], np * H);
+    }
     layer.ffn_out.ApplyBf16In(ctx, inner, n, ffn_norm, hidden);
   } else if (int8_ffn_in && layer.ffn_out.precision() == Precision::kInt8) {
     // The GELU output exists only quantised, as W_f's input.
@@ -211,6 +225,8 @@ void LayerRowTail(ExecContext& ctx, ForwardWorkspace& ws, const LayerRows& L, in
   float* qkv = L.qkv + r0 * 3 * H;
   if (ffn_norm.next_layer != nullptr) {
     next_qkv->ApplyInt8(ctx, ws.int8_inputs[0], n, LinearOutput::Plain(), qkv);
+  } else if (ffn_norm.bf16_copy != nullptr) {
+    next_qkv->ApplyBf16In(ctx, ffn_norm.bf16_copy, n, LinearOutput::Plain(), qkv);
   } else {
     next_qkv->Apply(ctx, hidden, n, LinearOutput::Plain(), qkv);
   }

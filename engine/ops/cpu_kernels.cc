@@ -3,6 +3,7 @@
 #include <atomic>
 #include <cmath>
 
+#include "engine/half.h"
 #include "engine/ops/avx2_math.h"
 #include "engine/ops/avx512_math.h"
 #include "engine/precision.h"
@@ -127,7 +128,8 @@ void SetAvx2KernelsEnabledForTesting(bool enabled) {
 }
 
 void AddLayerNormRows(const float* x, const float* residual, int64_t rows, int64_t cols,
-                      const float* gamma, const float* beta, float eps, float* y) {
+                      const float* gamma, const float* beta, float eps, float* y,
+                      uint16_t* y_bf16) {
   const bool avx512 = UseAvx512Kernels(), avx2 = !avx512 && UseAvx2Kernels();
 #pragma omp parallel for schedule(static) if (rows * cols >= kParallelElements)
   for (int64_t m = 0; m < rows; ++m) {
@@ -139,6 +141,7 @@ void AddLayerNormRows(const float* x, const float* residual, int64_t rows, int64
     } else {
       AddLayerNormRowPortable(x + m * cols, r, cols, gamma, beta, eps, y + m * cols);
     }
+    if (y_bf16 != nullptr) FloatsToBFloat16BitsSerial(y + m * cols, cols, y_bf16 + m * cols);
   }
 }
 

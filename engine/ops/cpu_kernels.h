@@ -30,7 +30,10 @@ void SetAmxKernelsEnabledForTesting(bool enabled);
 
 // y[m] = LayerNorm(x[m] + residual[m]) * gamma + beta for each of `rows` rows of `cols` floats.
 // residual may be null (plain LayerNorm); y may alias x or residual. Biased variance, as torch.
+// With y_bf16, each row of y is also written there as bfloat16 bits (rows x cols), while it is
+// in cache: the input of a bf16 matmul that follows.
 void AddLayerNormRows(const float* x, const float* residual, int64_t rows, int64_t cols,
-                      const float* gamma, const float* beta, float eps, float* y);
+                      const float* gamma, const float* beta, float eps, float* y,
+                      uint16_t* y_bf16 = nullptr);
 
 }  // namespace attn

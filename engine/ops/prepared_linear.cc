@@ -389,8 +389,16 @@ void PreparedLinear::Apply(ExecContext& ctx, const float* x, int64_t rows,
   } else {
     Forward(ctx, x, rows, output.epilogue, product);
   }
-  if (output.residual != nullptr) {
-    AddLayerNormRows(product, output.residual, rows, N, output.gamma, output.beta, output.eps, y);
+  if (output.residual != nullptr) LayerNormInto(output, product, rows, y);
+}
+
+void PreparedLinear::LayerNormInto(const LinearOutput& output, const float* product, int64_t rows,
+                                   float* y) const {
+  const int64_t N = out_features_;
+  AddLayerNormRows(product, output.residual, rows, N, output.gamma, output.beta, output.eps, y,
+                   output.bf16_copy);
+  if (output.bf16_copy != nullptr) {
+    std::fill(output.bf16_copy + rows * N, output.bf16_copy + MatmulRows(rows) * N, uint16_t{0});
   }
 }
 
@@ -437,9 +445,17 @@ void PreparedLinear::ApplyBf16In(ExecContext& ctx, const uint16_t* x, int64_t ro
                          static_cast<int>(output.epilogue)),
             memory::desc({mrows, K}, memory::data_type::bf16, memory::dims{K, 1}), x,
             output.epilogue, product);
-  if (output.residual != nullptr) {
-    AddLayerNormRows(product, output.residual, rows, N, output.gamma, output.beta, output.eps, y);
-  }
+  if (output.residual != nullptr) LayerNormInto(output, product, rows, y);
+}
+
+void PreparedLinear::ApplyBf16InOut(ExecContext& ctx, const uint16_t* x, int64_t rows,
+                                    LinearEpilogue epilogue, uint16_t* y) const {
+  const int64_t mrows = MatmulRows(rows), K = in_features_, N = out_features_;
+  RunMatmul(ctx,
+            absl::StrCat("bf16_linear_fwd:", mrows, "x", K, "x", N, ":", static_cast<int>(epilogue),
+                         ":bf16_out"),
+            memory::desc({mrows, K}, memory::data_type::bf16, memory::dims{K, 1}), x, epilogue, y,
+            memory::data_type::bf16);
 }
 
 void PreparedLinear::ForwardBf16(ExecContext& ctx, const float* x, int64_t rows,

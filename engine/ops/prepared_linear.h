@@ -86,6 +86,10 @@ struct LinearOutput {
   // GELU epilogue's y may then be null); next_layer->ApplyInt8(ctx, *next_input, ...) runs it.
   const PreparedLinear* next_layer = nullptr;
   Int8Input* next_input = nullptr;
+  // Native bf16 layers with a residual only: y also written here as bfloat16 bits
+  // (MatmulRows(rows) rows; the padding ones zero), as the next native bf16 layer's input
+  // (ApplyBf16In, ApplyBf16InOut).
+  uint16_t* bf16_copy = nullptr;
 
   static LinearOutput Plain() { return {}; }
   static LinearOutput Gelu() { return {LinearEpilogue::kGelu}; }
@@ -136,6 +140,9 @@ class PreparedLinear {
                     uint16_t* y) const;
   void ApplyBf16In(ExecContext& ctx, const uint16_t* x, int64_t rows, const LinearOutput& output,
                    float* y) const;
+  // Both: x and y bfloat16 (the FFN's first layer on a LayerNorm's bf16_copy).
+  void ApplyBf16InOut(ExecContext& ctx, const uint16_t* x, int64_t rows, LinearEpilogue epilogue,
+                      uint16_t* y) const;
   // int8 layers only: Apply() on an input already quantised for this layer (QuantizeInput, or
   // the previous layer's LinearOutput::next_layer). The zero points and outliers are applied in
   // the epilogue (Int8Accumulators), not by a pass over the accumulators.
@@ -182,6 +189,9 @@ class PreparedLinear {
   Int8Buffer packed_int8_;  // qweights_ in the layout the u8 x s8 matmul asks for (AMX: blocked
                             // in groups of 4 along K), so no call repacks them; empty when
                             // that is the plain layout
+  // y = LayerNorm(product + output.residual), and output.bf16_copy when set.
+  void LayerNormInto(const LinearOutput& output, const float* product, int64_t rows,
+                     float* y) const;
   // int8: acc (MatmulRows(rows), N) = q · Wq^T, the zero points not subtracted.
   void MatmulInt8(ExecContext& ctx, const Int8Input& input, int64_t rows, int32_t* acc) const;
   // int8: what the epilogue needs to turn `acc` of `input` into x · W^T + b.

@@ -371,6 +371,17 @@ TEST_P(KernelPathTest, AddLayerNormMatchesNaive) {
     EXPECT_LT(MaxAbsDiff(in_place.data(), expected), 2e-5);
     AddLayerNormRows(x.data(), nullptr, rows, cols, gamma.data(), beta.data(), eps, y.data());
     EXPECT_LT(MaxAbsDiff(y.data(), expected_plain), 2e-5);
+    // With the bfloat16 copy (a bf16 matmul's input): each element y rounded to nearest even.
+    std::vector<uint16_t> y_bf16(rows * cols);
+    Tensor y_too({rows, cols});
+    AddLayerNormRows(x.data(), residual.data(), rows, cols, gamma.data(), beta.data(), eps,
+                     y_too.data(), y_bf16.data());
+    EXPECT_LT(MaxAbsDiff(y_too.data(), expected), 2e-5);
+    for (int64_t i = 0; i < rows * cols; ++i) {
+      ASSERT_EQ(y_bf16[i], FloatToBFloat16Bits(y_too.data()[i])) << i;
+      ASSERT_NEAR(BFloat16BitsToFloat(y_bf16[i]), expected[i], 2e-5 + std::abs(expected[i]) / 256)
+          << i;
+    }
   }
 }
 
