@@ -151,7 +151,7 @@ struct LayerRows {
   int64_t H = 0, I = 0;
   float eps = 0.0f;
   bool round_qkv = false;          // round the next QKV to bfloat16 values
-  int64_t row_block = 0;           // RowBlock()
+  int64_t row_block = 0;           // rows per block, 0: all rows in one call
   const float* context = nullptr;  // (rows, H)   in
   float* attn_out = nullptr;       // (rows, H)
   float* hidden = nullptr;         // (rows, H)   in: residual stream; out: the layer's output
@@ -251,14 +251,14 @@ int64_t RowBlock(Precision precision, int64_t H, int64_t I) {
   return rows;
 }
 
-// LayerRowTail over rows [0, M): with enough rows for two blocks per thread, in blocks of
-// RowBlock() rows handed to the threads one at a time, each running its block through every
-// step with single-threaded kernels (the block's activations never leave that core's cache);
-// else in one call whose every kernel uses all threads (small batches: the weights' traffic,
-// not the activations', is what costs there).
+// LayerRowTail over rows [0, M): in blocks of L.row_block rows handed to the threads one at a
+// time, each running its block through every step with single-threaded kernels (the block's
+// activations never leave that core's cache); without row blocks (small batches: the weights'
+// traffic, not the activations', is what costs there) in one call whose every kernel uses all
+// threads.
 void LayerRowTails(ExecContext& ctx, ForwardWorkspace& ws, const LayerRows& L, int64_t M) {
   const int64_t R = L.row_block, blocks = R > 0 ? (M + R - 1) / R : 0;
-  if (blocks < 2 * omp_get_max_threads()) {
+  if (blocks == 0) {
     LayerRowTail(ctx, ws, L, 0, M);
     return;
   }
@@ -367,7 +367,9 @@ absl::StatusOr<ForwardResult> RunForward(const BertConfig& config, const Inferen
 
   // Rows past M up to Ma: what the matmuls of the last row block (LayerRowTails) or of all M
   // rows (MatmulRows) read past the real ones, finite.
-  const int64_t row_block = RowBlock(prepared.precision(), H, I);
+  // Row blocks (LayerRowTails) when there are at least two per thread.
+  int64_t row_block = RowBlock(prepared.precision(), H, I);
+  if (row_block > 0 && (M + row_block - 1) / row_block < 2 * omp_get_max_threads()) row_block = 0;
   const int64_t Ma = std::max(Mp, M + row_block);
   float* hidden = Grow(ws.hidden, Ma * H);      // (Ma, H) residual stream
   float* qkv = Grow(ws.qkv, Ma * 3 * H);        // (Ma, 3H)
