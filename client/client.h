@@ -168,7 +168,8 @@ class TrainerClient {
   std::unique_ptr<FineTuneSession> FineTune();
   // `model`: a served model's name (--model NAME=DIR); "" = the server's default model.
   absl::StatusOr<attnserve::v1::ListVersionsResponse> ListVersions(const std::string& model = "");
-  // Serves the version committed before the current one, or `version` when not empty.
+  // Serves again the version served by default before the current one, or `version` (served
+  // before) when not empty; never a version committed staged and never promoted.
   absl::StatusOr<attnserve::v1::ListVersionsResponse> Rollback(const std::string& version = "",
                                                                const std::string& model = "");
   absl::StatusOr<attnserve::v1::ListVersionsResponse> SetServingVersion(

@@ -898,8 +898,8 @@ CliResult RunCli(const std::vector<std::string>& args, const std::string& stdin_
     std::ofstream in(in_path, std::ios::binary);
     in << stdin_text;
   }
-  std::string command =
-      absl::StrCat("env -u ATTNSERVE_ADDR -u ATTNSERVE_TOKEN ", env, " ", ATTNCTL_BINARY);
+  std::string command = absl::StrCat(
+      "env -u ATTNSERVE_ADDR -u ATTNSERVE_TOKEN -u ATTNSERVE_API_KEY ", env, " ", ATTNCTL_BINARY);
   for (const std::string& a : args) absl::StrAppend(&command, " ", ShellQuote(a));
   absl::StrAppend(&command, " <", in_path, " 2>", err_path);
   CliResult result;
@@ -1052,9 +1052,13 @@ TEST_F(ClientTest, CliEncode) {
   EXPECT_TRUE(absl::StrContains(r.out, "layer 6 [5 x 8]")) << r.out;
   EXPECT_TRUE(absl::StrContains(r.out, "model v2:")) << r.out;
 
-  // Defaults: model pooling, normalize unset, float32; stdin gives one input per line.
+  // Defaults: model pooling, normalize unset, float32; stdin gives one input per line (an
+  // empty line is an error naming it: every line is one input).
+  r = RunCli({"encode", "--server", Target()}, "first line\n\nsecond line\r\n");
+  EXPECT_EXIT_CODE(r, 2);
+  EXPECT_TRUE(absl::StrContains(r.err, "line 2 of stdin is empty")) << r.err;
   r = RunCli({"encode", "--server", Target(), "--dtype", "float16", "--layers", "-1"},
-             "first line\n\nsecond line\r\n");
+             "first line\nsecond line\r\n");
   EXPECT_EXIT_CODE(r, 0);
   const v1::EncodeRequest req2 = service_->last_encode();
   ASSERT_EQ(req2.inputs_size(), 2);
@@ -1089,7 +1093,8 @@ TEST_F(ClientTest, CliEncodeSplitsInputsOverTheServersLimitAndPrintsJsonLines) {
   const std::vector<std::string> lines = absl::StrSplit(r.out, '\n', absl::SkipEmpty());
   ASSERT_EQ(lines.size(), 7u) << r.out;
   for (int i = 0; i < 7; ++i) {
-    EXPECT_TRUE(absl::StartsWith(lines[i], absl::StrCat("{\"index\":", i, ",\"tokens\":[")))
+    EXPECT_TRUE(absl::StartsWith(lines[i], absl::StrCat("{\"index\":", i, ",\"line\":", i + 1,
+                                                        ",\"text\":\"s", i, "\",\"tokens\":[")))
         << lines[i];
     EXPECT_TRUE(absl::StrContains(lines[i], "\"embedding\":[")) << lines[i];
   }
@@ -1114,11 +1119,11 @@ TEST_F(ClientTest, CliClassifyAndRerank) {
 
   r = RunCli({"rerank", "--server", Target(), "--query", "kettle", "--top-n", "2",
               "--rerank-method", "cross-encoder"},
-             "red kettle\n\nblue lamp\ngreen tent\n");
+             "red kettle\nblue lamp\ngreen tent\n");
   EXPECT_EXIT_CODE(r, 0);
   const v1::RerankRequest request = service_->last_rerank();
   EXPECT_EQ(request.query(), "kettle");
-  ASSERT_EQ(request.documents_size(), 3) << "blank lines are skipped";
+  ASSERT_EQ(request.documents_size(), 3) << "document i is line i+1";
   EXPECT_EQ(request.documents(2), "green tent");
   EXPECT_EQ(request.top_n(), 2);
   EXPECT_EQ(request.method(), v1::RERANK_CROSS_ENCODER);
@@ -1163,6 +1168,23 @@ TEST_F(ClientTest, CliExplain) {
   content << picture.rdbuf();
   EXPECT_TRUE(absl::StrContains(content.str(), "<svg")) << "no SVG written to " << svg;
   EXPECT_TRUE(absl::StrContains(content.str(), "token-pair attributions"));
+
+  // The HTML page says how to read an explanation, not an attention map (issue 31: it carried
+  // the attention page's caption, "darker is more attention").
+  const std::string html = ::testing::TempDir() + "/attnctl_explain_test.html";
+  r = RunCli({"explain", "--server", Target(), "--text", "king spoke", "--pair", "queen spoke",
+              "--html", html});
+  EXPECT_EXIT_CODE(r, 0);
+  std::ifstream page_file(html);
+  std::stringstream page;
+  page << page_file.rdbuf();
+  EXPECT_TRUE(absl::StrContains(page.str(), "<h1>attnserve: why are these texts similar?</h1>"))
+      << page.str().substr(0, 2000);
+  EXPECT_FALSE(absl::StrContains(page.str(), "more attention")) << page.str().substr(0, 2000);
+  EXPECT_FALSE(absl::StrContains(page.str(), "attending from")) << page.str().substr(0, 2000);
+  EXPECT_TRUE(absl::StrContains(page.str(), "contribution to the similarity"))
+      << page.str().substr(0, 2000);
+  std::remove(html.c_str());
 
   // Per-token only: no matrix, gradient x input, words asked for.
   r = RunCli({"explain", "--server", Target(), "--text", "a", "--pair", "b", "--method", "gxi",

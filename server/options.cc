@@ -35,9 +35,9 @@ ABSL_FLAG(int, port, kDefaults.port, "gRPC port; 0 picks a free port (see --read
 ABSL_FLAG(int, metrics_port, kDefaults.metrics_port,
           "Prometheus /metrics port on the same host; 0 picks a free port, -1 disables.");
 ABSL_FLAG(int, http_port, kDefaults.http_port,
-          "HTTP/JSON port on the same host: the OpenAI-compatible POST /v1/embeddings, REST "
-          "routes of the Encoder calls (/v1/encode, /v1/attention, /v1/tokenize, /v1/models) "
-          "and GET /health; 0 picks a free port, -1 disables.");
+          "HTTP/JSON port on the same host (the OpenAI-compatible POST /v1/embeddings and a "
+          "route per Encoder call: the list is at the top of --help); 0 picks a free port, -1 "
+          "disables.");
 ABSL_FLAG(int, http_threads, kDefaults.http_threads,
           "HTTP worker threads: requests served at once (each waits for its engine call).");
 ABSL_FLAG(int, http_max_connections, kDefaults.http_max_connections,
@@ -47,9 +47,18 @@ ABSL_FLAG(double, http_header_timeout_s, kDefaults.http_header_timeout_s,
           "Seconds a client has to send a whole HTTP request head, and to send the next one on a "
           "kept-alive connection (slow-loris protection: a client trickling its headers gets "
           "408 and the connection closes).");
+ABSL_FLAG(std::string, openai_long_text, kDefaults.openai_long_text,
+          "What POST /v1/embeddings does with an input over the model's limit (256 tokens for "
+          "all-MiniLM-L6-v2) when the request says nothing: refuse (400 naming the input, its "
+          "length and the ways out, as OpenAI's API does), truncate (embed its first tokens) or "
+          "chunk (embed all of it in overlapping windows). A request chooses with \"truncate\": "
+          "true/false or \"long_text\": \"chunk\"; every answer says per input what happened.");
 ABSL_FLAG(double, http_request_timeout_s, kDefaults.http_request_timeout_s,
           "Deadline of one HTTP call, from receipt to answer (HTTP has no client deadline); "
           "beyond it the call is dropped and answered 504.");
+ABSL_FLAG(double, http_body_timeout_s, kDefaults.http_body_timeout_s,
+          "Seconds a client has to send a whole HTTP request body once its head has arrived; a "
+          "body that stops arriving gets 408 and the connection closes.");
 ABSL_FLAG(std::string, model_name, "",
           "The --model-dir model's name: the request field `model` (gRPC) and the OpenAI API's "
           "`model` (/v1/embeddings, /v1/models; a name ending in /<model-name> is accepted too). "
@@ -106,10 +115,12 @@ ABSL_FLAG(std::string, trainer_token_file, "",
           "(surrounding whitespace is ignored; an empty file is an error). Without it the "
           "Trainer answers UNIMPLEMENTED. The Encoder service needs no token.");
 ABSL_FLAG(std::string, model_store, "",
-          "Directory of committed fine-tuned versions (created if missing). At start every "
-          "version in it is loaded and the latest one is served by default; commits write new "
-          "versions here. Empty: FineTune answers FAILED_PRECONDITION (a job's result could not be "
-          "kept).");
+          "Directory of committed fine-tuned versions and server-side jobs (created if missing). "
+          "Commits write new versions here, staged unless promoted. At start the server serves "
+          "by default the version the store records as serving (serving.json, written by "
+          "promote, rollback and promoting commits; base until one is promoted); a store "
+          "without that record, from a release before it, serves its newest version. Empty: "
+          "fine-tuning answers FAILED_PRECONDITION (a job's result could not be kept).");
 ABSL_FLAG(int, trainer_threads, kDefaults.trainer_threads,
           "OpenMP threads of the training thread (0 = all cores). Few threads keep Encode "
           "latency low while a job runs.");
@@ -224,7 +235,9 @@ absl::StatusOr<ServerOptions> OptionsFromFlags() {
   options.http_threads = absl::GetFlag(FLAGS_http_threads);
   options.http_max_connections = absl::GetFlag(FLAGS_http_max_connections);
   options.http_header_timeout_s = absl::GetFlag(FLAGS_http_header_timeout_s);
+  options.http_body_timeout_s = absl::GetFlag(FLAGS_http_body_timeout_s);
   options.http_request_timeout_s = absl::GetFlag(FLAGS_http_request_timeout_s);
+  options.openai_long_text = absl::GetFlag(FLAGS_openai_long_text);
   options.model_name = absl::GetFlag(FLAGS_model_name);
   options.api_key_file = absl::GetFlag(FLAGS_api_key_file);
   const std::vector<std::string> model_entries = absl::GetFlag(FLAGS_model);
@@ -296,8 +309,14 @@ absl::StatusOr<ServerOptions> OptionsFromFlags() {
   if (options.http_threads < 1) return invalid("--http-threads must be >= 1");
   if (options.http_max_connections < 1) return invalid("--http-max-connections must be >= 1");
   if (!(options.http_header_timeout_s > 0)) return invalid("--http-header-timeout-s must be > 0");
+  if (!(options.http_body_timeout_s > 0)) return invalid("--http-body-timeout-s must be > 0");
   if (!(options.http_request_timeout_s > 0)) {
     return invalid("--http-request-timeout-s must be > 0");
+  }
+  if (options.openai_long_text != "refuse" && options.openai_long_text != "truncate" &&
+      options.openai_long_text != "chunk") {
+    return invalid(absl::StrCat("--openai-long-text ", QuoteInput(options.openai_long_text),
+                                ": must be refuse, truncate or chunk"));
   }
   if (options.max_batch_tokens < 512) return invalid("--max-batch-tokens must be >= 512");
   if (options.max_concurrent_requests < 1) {

@@ -257,7 +257,9 @@ absl::Status TrainerService::Authorize(const grpc::CallbackServerContext& contex
 void TrainerService::FillVersions(const ServedModel& served, v1::ListVersionsResponse* response) {
   std::string serving;
   const std::vector<ModelVersion> versions = served.registry->List(&serving);
-  const std::set<std::string> served_ever = VersionsServedEver(served.store);
+  // The versions served by default at some point, as Rollback knows them; without a recorded
+  // serving state every commit was served when made.
+  const std::set<std::string> served_ever = served.registry->serving_history().served_ever;
   for (const ModelVersion& version : versions) {
     v1::VersionInfo* info = response->add_versions();
     info->set_version(version.version);
@@ -266,7 +268,6 @@ void TrainerService::FillVersions(const ServedModel& served, v1::ListVersionsRes
     info->set_serving(version.version == serving);
     info->set_description(version.description);
     for (const std::string& note : version.notes) info->add_notes(note);
-    // Without a recorded serving state every commit was served when made (staging records one).
     info->set_staged(!served_ever.empty() && version.sequence > 0 && version.version != serving &&
                      served_ever.count(version.version) == 0);
   }
@@ -348,6 +349,13 @@ absl::Status TrainerService::HandleGetTrainingReport(const v1::GetTrainingReport
   if (model->served->store.empty()) {
     return absl::FailedPreconditionError(
         "this server has no --model-store, so no version has a training report");
+  }
+  if (request.version() == "base") {
+    // Not a missing version: base is there, it was loaded, not trained.
+    return absl::FailedPreconditionError(
+        absl::StrCat("base has no training report: it is model ", model->served->name,
+                     " as loaded, not a fine-tuned version; ask for a committed version "
+                     "(ListVersions lists them)"));
   }
   absl::StatusOr<TrainingReport> report =
       ReadTrainingReport(model->served->store, request.version());

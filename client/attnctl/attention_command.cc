@@ -156,7 +156,9 @@ int RunAttention(const Command& command) {
     view = View::kHead;
   }
 
-  EncoderClient client(ServerAddress(), OptionsFromFlags());
+  int exit_code = kExitOk;
+  std::unique_ptr<EncoderClient> client = MakeEncoderClient(&exit_code);
+  if (client == nullptr) return exit_code;
   v1::AttentionMapRequest request;
   auto texts = FillSharedRequestFields(&request);
   if (!texts.ok()) return UsageError(std::string(texts.status().message()), &command);
@@ -167,8 +169,8 @@ int RunAttention(const Command& command) {
   request.set_mean_over_heads(view == View::kMean);
   request.set_rollout(view == View::kRollout);
 
-  auto response = client.AttentionMap(request);
-  if (!response.ok()) return RpcError(response.status(), client.target());
+  auto response = client->AttentionMap(request);
+  if (!response.ok()) return RpcError(response.status(), client->target(), NamesOf(*texts));
   if (json && !PrintJson(*response)) return kExitFailure;
   if (json && !pictures) return kExitOk;
 
@@ -219,8 +221,9 @@ int RunAttention(const Command& command) {
   if (!pictures) PrintMetadata(response->model_version(), response->metadata());
   if (!html_path.empty()) {
     const std::string subtitle =
-        absl::StrFormat("model version %s, server %s", response->model_version(), client.target());
-    if (!WriteFile(html_path, RenderHtml("attnserve attention maps", subtitle, sections))) {
+        absl::StrFormat("model version %s, server %s", response->model_version(), client->target());
+    if (!WriteFile(html_path, RenderHtml("attnserve attention maps", subtitle, kAttentionPageNote,
+                                         sections))) {
       return kExitFailure;
     }
   }
@@ -250,7 +253,7 @@ every head of the layer.
          {"top", "K"},
          {"dtype", "D"}}},
        InputFlags(),
-       CommonFlags()},
+       EncoderCommonFlags()},
       R"(  attnctl attention --text "The cat sat on the mat." --head 3
   attnctl attention --text "The cat sat on the mat." --layer 0 --svg heads.svg
   attnctl attention --text "The bank of the river." --rollout --html rollout.html

@@ -19,7 +19,8 @@
 ABSL_FLAG(int, top_k, 0, "labels printed per input, most probable first; 0 = all");
 ABSL_FLAG(std::string, query, "", "the query documents are scored against");
 ABSL_FLAG(std::string, documents, "",
-          "file with one document per line (blank lines skipped); default: stdin");
+          "file with one document per line (document i is line i+1; an empty line is an "
+          "error); default: stdin");
 ABSL_FLAG(int, top_n, 0, "documents returned, best first; 0 = all");
 ABSL_FLAG(std::string, rerank_method, "auto",
           "auto (the version's pair head if it has one, else cosine) | cosine | cross-encoder");
@@ -40,9 +41,11 @@ int RunClassify(const Command& command) {
   request.set_model_version(absl::GetFlag(FLAGS_model_version));
   request.set_top_k(absl::GetFlag(FLAGS_top_k));
 
-  EncoderClient client(ServerAddress(), OptionsFromFlags());
-  auto response = client.Classify(request);
-  if (!response.ok()) return RpcError(response.status(), client.target());
+  int exit_code = kExitOk;
+  std::unique_ptr<EncoderClient> client = MakeEncoderClient(&exit_code);
+  if (client == nullptr) return exit_code;
+  auto response = client->Classify(request);
+  if (!response.ok()) return RpcError(response.status(), client->target(), NamesOf(*texts));
   if (absl::GetFlag(FLAGS_json)) return PrintJson(*response) ? kExitOk : kExitFailure;
   for (int i = 0; i < response->results_size(); ++i) {
     const InputText* input = i < static_cast<int>(texts->size()) ? &(*texts)[i] : nullptr;
@@ -72,11 +75,12 @@ int RunRerank(const Command& command) {
     return UsageError("rerank reads the documents one per line from --documents FILE or stdin",
                       &command);
   }
-  std::istream& in = path.empty() ? std::cin : file;
-  for (std::string line; std::getline(in, line);) {
-    if (!absl::StripAsciiWhitespace(line).empty()) documents.push_back(line);
-  }
-  if (documents.empty()) return UsageError("no documents (every line was blank)", &command);
+  // Document i is line i+1: its index in the answer names its line.
+  absl::StatusOr<std::vector<std::string>> lines =
+      ReadInputLines(path.empty() ? std::cin : file, path.empty() ? "stdin" : path);
+  if (!lines.ok()) return UsageError(std::string(lines.status().message()), &command);
+  documents = *std::move(lines);
+  if (documents.empty()) return UsageError("no documents (no lines)", &command);
   for (const std::string& document : documents) request.add_documents(document);
   request.set_top_n(absl::GetFlag(FLAGS_top_n));
   const std::string method = absl::AsciiStrToLower(absl::GetFlag(FLAGS_rerank_method));
@@ -96,9 +100,11 @@ int RunRerank(const Command& command) {
   *request.mutable_tokenization() = *tokenization;
   request.set_model_version(absl::GetFlag(FLAGS_model_version));
 
-  EncoderClient client(ServerAddress(), OptionsFromFlags());
-  auto response = client.Rerank(request);
-  if (!response.ok()) return RpcError(response.status(), client.target());
+  int exit_code = kExitOk;
+  std::unique_ptr<EncoderClient> client = MakeEncoderClient(&exit_code);
+  if (client == nullptr) return exit_code;
+  auto response = client->Rerank(request);
+  if (!response.ok()) return RpcError(response.status(), client->target());
   if (absl::GetFlag(FLAGS_json)) return PrintJson(*response) ? kExitOk : kExitFailure;
   std::printf(
       "query: %s (%s)\n", ShortText(request.query()).c_str(),
@@ -124,7 +130,7 @@ Command ClassifyCommand() {
 classification`, or pair_classification for text pairs) over each input's pooled embedding.
 Prints the labels with their names (if the job gave --label-names) and probabilities.
 )",
-          {{"Flags", {{"top_k", "K"}}}, InputFlags(), CommonFlags()},
+          {{"Flags", {{"top_k", "K"}}}, InputFlags(), EncoderCommonFlags()},
           R"(  attnctl classify --model-version ft-000002-20261125T031117Z --text "Vornak Zelto"
   attnctl classify --model-version ft-000003-... --text "a red kettle" --pair "Vornak Zelto"
   attnctl classify --model-version ft-000002-... --top-k 1 < texts.txt
@@ -149,7 +155,7 @@ relevant. Prints the documents best first.
          {"model_version", "V", "rerank with this version (default: the one served)"},
          {"max_length", "N"},
          {"truncation", "SIDE"}}},
-       CommonFlags()},
+       EncoderCommonFlags()},
       R"(  printf 'Vornak Zelto\nQuellix Prynn\n' | attnctl rerank --query "a red kettle"
   attnctl rerank --query "cheap flights" --documents documents.txt --top-n 3
 )",

@@ -7,6 +7,8 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/string_view.h"
+
 namespace attn::client::attnctl {
 
 constexpr int kExitOk = 0;
@@ -72,6 +74,8 @@ CommandGroup JobCommands();
 // The flags every command takes (--server, --timeout-ms, --wait-for-ready, --json), with
 // `overrides` replacing the help of the flags they name.
 FlagGroup CommonFlags(const std::vector<FlagUse>& overrides = {});
+// CommonFlags and --api-key-file: the flags every command of the Encoder service takes.
+FlagGroup EncoderCommonFlags(const std::vector<FlagUse>& overrides = {});
 // The input flags of encode, attention and tokenize (--text, --pair, --max-length,
 // --truncation, --model-version).
 FlagGroup InputFlags();
@@ -80,6 +84,10 @@ FlagGroup InputFlags();
 const FlagUse* FindFlag(const Command& command, const std::string& name);
 // Whether `command` reads texts (--text or stdin).
 bool TakesInputs(const Command& command);
+
+// At most 64 bytes of what the user typed, for messages: a longer piece is cut at a character
+// boundary and followed by "…(N bytes)"; control characters are shown as \xNN.
+std::string Shortened(absl::string_view text);
 
 // "attnctl: <message>" and where to find help, on stderr; returns kExitUsage.
 int UsageError(const std::string& message, const Command* command = nullptr);

@@ -7,6 +7,7 @@
 #include "absl/flags/reflection.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
@@ -79,6 +80,27 @@ const FlagUse* FindFlagInTable(const std::vector<CommandGroup>& table, const std
 
 }  // namespace
 
+std::string Shortened(absl::string_view text) {
+  constexpr size_t kMaxBytes = 64;
+  absl::string_view shown = text;
+  if (text.size() > kMaxBytes) {
+    size_t end = kMaxBytes;
+    while (end > 0 && (static_cast<unsigned char>(text[end]) & 0xC0) == 0x80) --end;
+    shown = text.substr(0, end);
+  }
+  std::string out;
+  for (char c : shown) {
+    const auto byte = static_cast<unsigned char>(c);
+    if (byte < 0x20 || byte == 0x7F) {
+      absl::StrAppendFormat(&out, "\\x%02X", byte);
+    } else {
+      out.push_back(c);
+    }
+  }
+  if (shown.size() < text.size()) absl::StrAppend(&out, "\u2026(", text.size(), " bytes)");
+  return out;
+}
+
 const FlagUse* FindFlag(const Command& command, const std::string& name) {
   for (const FlagGroup& group : command.flag_groups) {
     for (const FlagUse& use : group.flags) {
@@ -137,124 +159,252 @@ std::string CommandListHelp(const std::vector<CommandGroup>& table,
 }
 
 namespace {
+
 std::vector<std::string>& Arguments() {
   static std::vector<std::string>* arguments = new std::vector<std::string>();
   return *arguments;
 }
-}  // namespace
 
-const std::vector<std::string>& CommandArguments() { return Arguments(); }
+// The flags the command line set (underscored names), for FlagGiven.
+std::set<std::string>& GivenFlags() {
+  static std::set<std::string>* given = new std::set<std::string>();
+  return *given;
+}
 
-bool ParseCommandLine(const std::vector<CommandGroup>& table, int argc, char** argv,
-                      CommandLine* line, int* exit_code) {
-  const Command* command = nullptr;
-  // The command's own spelling of a builtin's name (rollback: --version V) wins over the
-  // builtin, wherever the command stands on the line.
-  const Command* named = nullptr;
-  for (int i = 1; i < argc && named == nullptr; ++i) {
-    if (absl::string_view(argv[i]) == "--") break;
-    if (argv[i][0] != '-') named = FindCommand(table, argv[i]);
+// Optimal string alignment distance: insertions, deletions, substitutions and swaps of two
+// neighbours ("txet") each cost 1.
+int EditDistance(absl::string_view a, absl::string_view b) {
+  std::vector<std::vector<int>> d(a.size() + 1, std::vector<int>(b.size() + 1));
+  for (size_t i = 0; i <= a.size(); ++i) d[i][0] = static_cast<int>(i);
+  for (size_t j = 0; j <= b.size(); ++j) d[0][j] = static_cast<int>(j);
+  for (size_t i = 1; i <= a.size(); ++i) {
+    for (size_t j = 1; j <= b.size(); ++j) {
+      d[i][j] = std::min(
+          {d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1]) {
+        d[i][j] = std::min(d[i][j], d[i - 2][j - 2] + 1);
+      }
+    }
   }
-  auto fail = [&](const std::string& message, const Command* for_command) {
-    *exit_code = UsageError(message, for_command);
+  return d[a.size()][b.size()];
+}
+
+// The candidate `typed` is most likely a typo of ("txt" -> "text"), or "" when none is close:
+// at most a third of the name's letters wrong (at least one), and the closest by a margin.
+std::string Closest(const std::string& typed, const std::vector<std::string>& candidates) {
+  if (typed.size() > 64) return "";  // no name is that long: not a typo, and slow to compare
+  std::string best;
+  int best_distance = 0, ties = 0;
+  for (const std::string& candidate : candidates) {
+    const int distance = EditDistance(typed, candidate);
+    const int allowed = std::max<int>(1, static_cast<int>(candidate.size()) / 3);
+    if (distance > allowed || distance >= static_cast<int>(candidate.size())) continue;
+    if (best.empty() || distance < best_distance) {
+      best = candidate;
+      best_distance = distance;
+      ties = 0;
+    } else if (distance == best_distance && candidate != best) {
+      ++ties;
+    }
+  }
+  return ties == 0 ? best : "";
+}
+
+// The flags `command` takes (every command's when null), as typed: underscored.
+std::vector<std::string> FlagNames(const std::vector<CommandGroup>& table, const Command* command) {
+  std::vector<std::string> names;
+  for (const CommandGroup& group : table) {
+    for (const Command& c : group.commands) {
+      if (command != nullptr && &c != command) continue;
+      for (const FlagGroup& flags : c.flag_groups) {
+        for (const FlagUse& use : flags.flags) {
+          names.push_back(use.spelled.empty() ? use.name : use.spelled);
+        }
+      }
+    }
+  }
+  return names;
+}
+
+// "unknown flag --txt; did you mean --text?"
+std::string UnknownFlag(const std::vector<CommandGroup>& table, const Command* command,
+                        const std::string& name) {
+  std::string guess = Closest(name, FlagNames(table, command));
+  if (guess.empty() && command != nullptr) guess = Closest(name, FlagNames(table, nullptr));
+  return absl::StrCat("unknown flag --", Shortened(name),
+                      guess.empty() ? "" : absl::StrCat("; did you mean --", Dashed(guess), "?"));
+}
+
+// "unknown command 'encod'; did you mean 'encode'?"
+std::string UnknownCommand(const std::vector<CommandGroup>& table, absl::string_view name) {
+  std::vector<std::string> names;
+  for (const CommandGroup& group : table) {
+    for (const Command& c : group.commands) names.push_back(c.name);
+  }
+  const std::string guess = Closest(std::string(name), names);
+  return absl::StrCat("unknown command '", Shortened(name), "'",
+                      guess.empty() ? "" : absl::StrCat("; did you mean '", guess, "'?"));
+}
+
+// "missing command (encode, attention, ... or report)"
+std::string MissingCommand(const std::vector<CommandGroup>& table) {
+  std::vector<std::string> names;
+  for (const CommandGroup& group : table) {
+    for (const Command& c : group.commands) names.push_back(c.name);
+  }
+  const std::string last = names.back();
+  names.pop_back();
+  return absl::StrCat("missing command (", absl::StrJoin(names, ", "), " or ", last, ")");
+}
+
+// Reads the command line, word by word; each step either succeeds or leaves the message of the
+// usage error in error_.
+class LineParser {
+ public:
+  LineParser(const std::vector<CommandGroup>& table, int argc, char** argv, CommandLine* line)
+      : table_(table), argc_(argc), argv_(argv), line_(line) {
+    // The command's own spelling of a builtin's name (rollback: --version V) wins over the
+    // builtin, wherever the command stands on the line.
+    for (int i = 1; i < argc && named_ == nullptr; ++i) {
+      if (absl::string_view(argv[i]) == "--") break;
+      if (argv[i][0] != '-') named_ = FindCommand(table, argv[i]);
+    }
+  }
+
+  bool Parse() {
+    for (int i = 1; i < argc_; ++i) {
+      const absl::string_view arg = argv_[i];
+      if (arg == "--") {
+        if (i + 1 < argc_) {
+          return Fail(absl::StrCat("unexpected argument '", Shortened(argv_[i + 1]),
+                                   "'; give texts with --text or on stdin"));
+        }
+        break;
+      }
+      const bool ok = arg.empty() || arg[0] != '-' || arg == "-" ? Word(arg) : Flag(arg, &i);
+      if (!ok) return false;
+    }
+    if (command_ == nullptr) return Fail(MissingCommand(table_));
+    for (const FlagUse* use : seen_) {
+      if (FindFlag(*command_, use->name) == nullptr) {
+        return Fail(
+            absl::StrCat("flag --", use->name, " does not apply to '", command_->name, "'"));
+      }
+    }
+    line_->command = command_;
+    return true;
+  }
+
+  const std::string& error() const { return error_; }
+  const Command* command() const { return command_; }
+
+ private:
+  bool Fail(std::string message) {
+    error_ = std::move(message);
     return false;
-  };
-  std::vector<const FlagUse*> seen;  // checked against the command once it is known
-  for (int i = 1; i < argc; ++i) {
-    const absl::string_view arg = argv[i];
-    if (arg == "--") {
-      if (i + 1 < argc) {
-        return fail(absl::StrCat("unexpected argument '", argv[i + 1],
-                                 "'; give texts with --text or on stdin"),
-                    nullptr);
-      }
-      break;
+  }
+
+  // The command's name, or one of its arguments.
+  bool Word(absl::string_view arg) {
+    if (command_ == nullptr) {
+      command_ = FindCommand(table_, std::string(arg));
+      return command_ != nullptr || Fail(UnknownCommand(table_, arg));
     }
-    if (arg.empty() || arg[0] != '-' || arg == "-") {
-      if (command == nullptr) {
-        command = FindCommand(table, std::string(arg));
-        if (command == nullptr) return fail(absl::StrCat("unknown command '", arg, "'"), nullptr);
-        continue;
-      }
-      if (static_cast<int>(Arguments().size()) < command->max_arguments) {
-        Arguments().emplace_back(arg);
-        continue;
-      }
-      if (command->max_arguments > 0) {
-        return fail(absl::StrCat("unexpected argument '", arg, "'; usage: ", command->usage),
-                    command);
-      }
-      return fail(TakesInputs(*command) ? absl::StrCat("unexpected argument '", arg,
-                                                       "'; give texts with --text or on stdin")
-                                        : absl::StrCat("unexpected argument '", arg, "'; '",
-                                                       command->name, "' takes flags only"),
-                  command);
+    if (static_cast<int>(Arguments().size()) < command_->max_arguments) {
+      Arguments().emplace_back(arg);
+      return true;
     }
+    if (command_->max_arguments > 0) {
+      return Fail(
+          absl::StrCat("unexpected argument '", Shortened(arg), "'; usage: ", command_->usage));
+    }
+    return Fail(TakesInputs(*command_)
+                    ? absl::StrCat("unexpected argument '", Shortened(arg),
+                                   "'; give texts with --text or on stdin")
+                    : absl::StrCat("unexpected argument '", Shortened(arg), "'; '", command_->name,
+                                   "' takes flags only"));
+  }
+
+  // A flag (with its value: the next word, *i advanced, unless "--name=value" or a boolean).
+  bool Flag(absl::string_view arg, int* i) {
     const absl::string_view body = arg.substr(arg[1] == '-' ? 2 : 1);
     const size_t eq = body.find('=');
     const std::string name = Underscored(body.substr(0, eq));
     const bool has_value = eq != absl::string_view::npos;
-    const bool claimed = named != nullptr && FindFlag(*named, name) != nullptr;
+    const bool claimed = named_ != nullptr && FindFlag(*named_, name) != nullptr;
     if (!claimed && IsAbseilBuiltinFlag(name)) {
-      line->abseil_args.push_back(absl::StrCat("--", name, has_value ? body.substr(eq) : ""));
-      if (!has_value && !IsAbseilSwitch(name) && i + 1 < argc) {
-        line->abseil_args.push_back(argv[++i]);  // "--flagfile PATH"
+      line_->abseil_args.push_back(absl::StrCat("--", name, has_value ? body.substr(eq) : ""));
+      if (!has_value && !IsAbseilSwitch(name) && *i + 1 < argc_) {
+        line_->abseil_args.push_back(argv_[++*i]);  // "--flagfile PATH"
       }
-      continue;
+      return true;
     }
     // The command's own use of the flag (whether it repeats, say), else any command's: a flag
     // another command takes is reported as not applying once the command is known.
-    const FlagUse* use = claimed ? FindFlag(*named, name) : FindFlagInTable(table, name);
+    const FlagUse* use = claimed ? FindFlag(*named_, name) : FindFlagInTable(table_, name);
     bool negated = false;
     if (use == nullptr && absl::StartsWith(name, "no") && !has_value) {
       // "--nojson" negates a boolean flag.
-      const FlagUse* positive = FindFlagInTable(table, name.substr(2));
+      const FlagUse* positive = FindFlagInTable(table_, name.substr(2));
       if (positive != nullptr && absl::FindCommandLineFlag(positive->name)->IsOfType<bool>()) {
         use = positive;
         negated = true;
       }
     }
     absl::CommandLineFlag* flag = use != nullptr ? absl::FindCommandLineFlag(use->name) : nullptr;
-    if (flag == nullptr) return fail(absl::StrCat("unknown flag --", name), command);
-    seen.push_back(use);
+    if (flag == nullptr) return Fail(UnknownFlag(table_, command_ ? command_ : named_, name));
+    seen_.push_back(use);
     const std::string shown = negated ? name.substr(2) : name;
     std::string value;
     if (has_value) {
       value = std::string(body.substr(eq + 1));
     } else if (flag->IsOfType<bool>()) {
       value = negated ? "false" : "true";
-    } else if (i + 1 < argc) {
-      value = argv[++i];
+    } else if (*i + 1 < argc_) {
+      value = argv_[++*i];
     } else {
-      return fail(absl::StrCat("flag --", shown, " needs a value"), command);
+      return Fail(absl::StrCat("flag --", shown, " needs a value"));
     }
+    return Set(use, flag, shown, value);
+  }
+
+  bool Set(const FlagUse* use, absl::CommandLineFlag* flag, const std::string& shown,
+           std::string value) {
     if (use->repeatable &&
-        std::count(seen.begin(), seen.end() - 1, use) > 0) {  // an earlier occurrence
+        std::count(seen_.begin(), seen_.end() - 1, use) > 0) {  // an earlier occurrence
       value = absl::StrCat(flag->CurrentValue(), std::string(1, kRepeatedFlagSeparator), value);
     }
     std::string error;
     if (!flag->ParseFrom(value, &error)) {
-      return fail(absl::StrCat("invalid value '", value, "' for --", shown, ": ", error), command);
+      return Fail(absl::StrCat("invalid value '", Shortened(value), "' for --", shown, ": ",
+                               Shortened(error)));
     }
+    GivenFlags().insert(use->name);
+    return true;
   }
-  if (command == nullptr) {
-    std::vector<std::string> names;
-    for (const CommandGroup& group : table) {
-      for (const Command& c : group.commands) names.push_back(c.name);
-    }
-    const std::string last = names.back();
-    names.pop_back();
-    return fail(absl::StrCat("missing command (", absl::StrJoin(names, ", "), " or ", last, ")"),
-                nullptr);
-  }
-  for (const FlagUse* use : seen) {
-    if (FindFlag(*command, use->name) == nullptr) {
-      return fail(absl::StrCat("flag --", use->name, " does not apply to '", command->name, "'"),
-                  command);
-    }
-  }
-  line->command = command;
-  return true;
+
+  const std::vector<CommandGroup>& table_;
+  const int argc_;
+  char** const argv_;
+  CommandLine* const line_;
+  const Command* named_ = nullptr;
+  const Command* command_ = nullptr;
+  std::vector<const FlagUse*> seen_;  // checked against the command once it is known
+  std::string error_;
+};
+
+}  // namespace
+
+const std::vector<std::string>& CommandArguments() { return Arguments(); }
+
+bool FlagGiven(const std::string& name) { return GivenFlags().count(name) > 0; }
+
+bool ParseCommandLine(const std::vector<CommandGroup>& table, int argc, char** argv,
+                      CommandLine* line, int* exit_code) {
+  LineParser parser(table, argc, argv, line);
+  if (parser.Parse()) return true;
+  *exit_code = UsageError(parser.error(), parser.command());
+  return false;
 }
 
 }  // namespace attn::client::attnctl

@@ -28,7 +28,13 @@ struct CommandLine {
 // "--noFLAG" negates a boolean. A missing or unknown command, an unknown flag, a flag the
 // command does not take, a missing or unparsable value and a stray argument are usage errors:
 // printed, with where to find help, and false with *exit_code = kExitUsage.
+// A flag or command name that is not known but close to one (an edit or two) is answered
+// with it: "unknown flag --txt; did you mean --text?".
 bool ParseCommandLine(const std::vector<CommandGroup>& table, int argc, char** argv,
                       CommandLine* line, int* exit_code);
+
+// Whether the command line set the flag `name` (underscored), even to its default or "": how
+// `--text ""` is told apart from no --text.
+bool FlagGiven(const std::string& name);
 
 }  // namespace attn::client::attnctl

@@ -5,9 +5,11 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <sstream>
@@ -20,6 +22,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "client/attnctl/command.h"
+#include "client/attnctl/command_line.h"
 #include "google/protobuf/util/json_util.h"
 
 // Flags every command takes.
@@ -36,8 +39,8 @@ ABSL_FLAG(std::string, model, "",
           "the served model to use, by name (attnserve --model NAME=DIR; 'attnctl models' lists "
           "them); default: the server's default model");
 ABSL_FLAG(std::string, text, "",
-          "the input text; without --text, one text per line is read from stdin (empty lines "
-          "skipped), each line one input of the batch");
+          "the input text; without --text, one text per line is read from stdin, each line one "
+          "input of the batch (an empty line is an error: results are numbered by line)");
 ABSL_FLAG(std::string, pair, "", "second text of a pair with --text: [CLS] text [SEP] pair [SEP]");
 ABSL_FLAG(int, max_length, 0, "max tokens incl. [CLS]/[SEP]; 0 = the model's default");
 ABSL_FLAG(std::string, truncation, "",
@@ -45,6 +48,10 @@ ABSL_FLAG(std::string, truncation, "",
 // The Trainer's commands.
 ABSL_FLAG(std::string, token_file, "",
           "file with the Trainer's bearer token (default: $ATTNSERVE_TOKEN)");
+// The Encoder's commands.
+ABSL_FLAG(std::string, api_key_file, "",
+          "file with the API key of a server started with --api-key-file (default: "
+          "$ATTNSERVE_API_KEY)");
 // encode and attention.
 ABSL_FLAG(std::string, dtype, "float32", "wire dtype of tensors: float32 | float16 | bfloat16");
 
@@ -64,6 +71,12 @@ FlagGroup CommonFlags(const std::vector<FlagUse>& overrides) {
   return group;
 }
 
+FlagGroup EncoderCommonFlags(const std::vector<FlagUse>& overrides) {
+  FlagGroup group = CommonFlags(overrides);
+  group.flags.push_back({"api_key_file", "PATH"});
+  return group;
+}
+
 FlagGroup InputFlags() {
   return {"Inputs",
           {{"text", "TEXT"},
@@ -74,58 +87,67 @@ FlagGroup InputFlags() {
            {"model_version", "V"}}};
 }
 
-// The bearer token: --token-file (whitespace around it stripped), else $ATTNSERVE_TOKEN, else
-// none (the server then answers UNAUTHENTICATED, and TrainerRpcError says how to pass one).
-absl::StatusOr<std::string> LoadToken() {
-  const std::string path = absl::GetFlag(FLAGS_token_file);
+namespace {
+
+// The longest secret sent: gRPC's metadata (8 KiB by default) holds it with room to spare.
+constexpr size_t kMaxSecretBytes = 4096;
+
+// A bearer secret from the file `path` (`what` names it: "token", "API key"), else from the
+// environment variable `variable`, else "" (none). Surrounding whitespace is stripped; what is
+// left must be visible ASCII: it travels in an HTTP/2 header.
+absl::StatusOr<std::string> ReadSecret(const std::string& path, const char* variable,
+                                       const std::string& what) {
+  std::string secret;
+  std::string source = absl::StrCat("$", variable);
   if (!path.empty()) {
+    std::error_code error;
+    if (std::filesystem::is_directory(path, error)) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "%s file %s is a directory; give the file holding the %s", what, path, what));
+    }
     std::ifstream in(path, std::ios::binary);
     if (!in) {
       return absl::NotFoundError(
-          absl::StrFormat("cannot read token file %s: %s", path, std::strerror(errno)));
+          absl::StrFormat("cannot read %s file %s: %s", what, path, std::strerror(errno)));
     }
-    std::stringstream buffer;
-    buffer << in.rdbuf();
-    const std::string token(absl::StripAsciiWhitespace(buffer.str()));
-    if (token.empty()) {
-      return absl::InvalidArgumentError(absl::StrFormat("token file %s is empty", path));
+    std::string contents(kMaxSecretBytes + 4096, '\0');
+    in.read(contents.data(), static_cast<std::streamsize>(contents.size()));
+    contents.resize(static_cast<size_t>(in.gcount()));
+    secret = std::string(absl::StripAsciiWhitespace(contents));
+    if (secret.empty()) {
+      return absl::InvalidArgumentError(absl::StrFormat("%s file %s is empty", what, path));
     }
-    return token;
+    source = path;
+  } else {
+    const char* env = std::getenv(variable);
+    secret = std::string(absl::StripAsciiWhitespace(env != nullptr ? env : ""));
   }
-  const char* env = std::getenv("ATTNSERVE_TOKEN");
-  return std::string(absl::StripAsciiWhitespace(env != nullptr ? env : ""));
+  if (secret.size() > kMaxSecretBytes) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "the %s in %s is longer than %d bytes: not a key or token", what, source, kMaxSecretBytes));
+  }
+  for (size_t i = 0; i < secret.size(); ++i) {
+    const unsigned char c = static_cast<unsigned char>(secret[i]);
+    if (c <= 0x20 || c >= 0x7f) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("the %s in %s has a space, control or non-ASCII character at byte %d "
+                          "(it travels in an HTTP/2 header: visible ASCII only)",
+                          what, source, i));
+    }
+  }
+  return secret;
 }
 
-// RpcError plus what to do about the errors specific to the Trainer.
-int TrainerRpcError(const absl::Status& status, const std::string& target) {
-  RpcError(status, target);
-  const char* env = std::getenv("ATTNSERVE_TOKEN");
-  const bool have_token = !absl::GetFlag(FLAGS_token_file).empty() ||
-                          (env != nullptr && !absl::StripAsciiWhitespace(env).empty());
-  const char* hint = nullptr;
-  switch (status.code()) {
-    case absl::StatusCode::kUnauthenticated:
-      hint = have_token ? "the server did not accept the token's format"
-                        : "the Trainer needs its token: pass --token-file PATH or set "
-                          "ATTNSERVE_TOKEN";
-      break;
-    case absl::StatusCode::kPermissionDenied:
-      hint =
-          "wrong token: compare --token-file / $ATTNSERVE_TOKEN with the server's "
-          "--trainer-token-file";
-      break;
-    case absl::StatusCode::kUnimplemented:
-      hint = "this server has no Trainer service (start it with --trainer-token-file)";
-      break;
-    default:
-      break;
-  }
-  if (hint != nullptr) std::fprintf(stderr, "attnctl: hint: %s\n", hint);
-  return kExitFailure;
+}  // namespace
+
+absl::StatusOr<std::string> LoadToken() {
+  return ReadSecret(absl::GetFlag(FLAGS_token_file), "ATTNSERVE_TOKEN", "token");
 }
 
-// A TrainerClient for the command line's server, options and token; nullptr after printing
-// the error (exit code in *exit_code).
+absl::StatusOr<std::string> LoadApiKey() {
+  return ReadSecret(absl::GetFlag(FLAGS_api_key_file), "ATTNSERVE_API_KEY", "API key");
+}
+
 std::unique_ptr<TrainerClient> MakeTrainerClient(int* exit_code) {
   auto token = LoadToken();
   if (!token.ok()) {
@@ -136,6 +158,18 @@ std::unique_ptr<TrainerClient> MakeTrainerClient(int* exit_code) {
   ClientOptions options = OptionsFromFlags();
   options.bearer_token = *token;
   return std::make_unique<TrainerClient>(ServerAddress(), options);
+}
+
+std::unique_ptr<EncoderClient> MakeEncoderClient(int* exit_code) {
+  auto key = LoadApiKey();
+  if (!key.ok()) {
+    std::fprintf(stderr, "attnctl: %s\n", std::string(key.status().message()).c_str());
+    *exit_code = kExitFailure;
+    return nullptr;
+  }
+  ClientOptions options = OptionsFromFlags();
+  options.bearer_token = *key;
+  return std::make_unique<EncoderClient>(ServerAddress(), options);
 }
 
 std::string ServerAddress() {
@@ -151,17 +185,6 @@ ClientOptions OptionsFromFlags() {
   options.timeout = std::chrono::milliseconds(std::max(0, absl::GetFlag(FLAGS_timeout_ms)));
   options.wait_for_ready = absl::GetFlag(FLAGS_wait_for_ready);
   return options;
-}
-
-int RpcError(const absl::Status& status, const std::string& target) {
-  const std::string code = absl::StatusCodeToString(status.code());
-  if (IsUnreachable(status)) {
-    std::fprintf(stderr, "attnctl: cannot reach %s (%s): %s\n", target.c_str(), code.c_str(),
-                 std::string(status.message()).c_str());
-  } else {
-    std::fprintf(stderr, "attnctl: %s: %s\n", code.c_str(), std::string(status.message()).c_str());
-  }
-  return kExitFailure;
 }
 
 bool PrintJson(const google::protobuf::Message& message) {
@@ -233,10 +256,83 @@ std::string InputText::Describe() const {
   return absl::StrCat("\"", ShortText(first, 40), "\" + \"", ShortText(second, 40), "\"");
 }
 
+namespace {
+
+// The offset of the first byte of `text` that is not well-formed UTF-8 (an overlong form, a
+// surrogate, a code point past U+10FFFF, a cut sequence), or npos.
+size_t InvalidUtf8At(absl::string_view text) {
+  for (size_t i = 0; i < text.size();) {
+    const auto byte = static_cast<unsigned char>(text[i]);
+    const int length = byte < 0x80   ? 1
+                       : byte < 0xC2 ? 0
+                       : byte < 0xE0 ? 2
+                       : byte < 0xF0 ? 3
+                       : byte < 0xF5 ? 4
+                                     : 0;
+    if (length == 0 || i + length > text.size()) return i;
+    uint32_t code = length == 1 ? byte : byte & (0x7F >> length);
+    for (int k = 1; k < length; ++k) {
+      const auto next = static_cast<unsigned char>(text[i + k]);
+      if ((next & 0xC0) != 0x80) return i;
+      code = (code << 6) | (next & 0x3F);
+    }
+    const uint32_t smallest[] = {0, 0, 0x80, 0x800, 0x10000};
+    if (code < smallest[length] || code > 0x10FFFF || (code >= 0xD800 && code <= 0xDFFF)) {
+      return i;
+    }
+    i += length;
+  }
+  return absl::string_view::npos;
+}
+
+// An error naming `where` if `text` is not UTF-8 (the server refuses such text; attnctl says so
+// before sending anything).
+absl::Status CheckUtf8(absl::string_view text, const std::string& where) {
+  const size_t bad = InvalidUtf8At(text);
+  if (bad == absl::string_view::npos) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrFormat("%s is not valid UTF-8 (byte 0x%02X at offset %d); texts must be UTF-8",
+                      where, static_cast<unsigned char>(text[bad]), bad));
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<std::string>> ReadInputLines(std::istream& in,
+                                                        const std::string& source) {
+  std::vector<std::string> lines;
+  std::string line;
+  while (std::getline(in, line)) {
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (absl::StripAsciiWhitespace(line).empty()) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "line %d of %s is %s: every line is one input and results are numbered by line, so "
+          "an empty line is refused rather than skipped; remove it (e.g. grep -v "
+          "'^[[:space:]]*$')",
+          lines.size() + 1, source, line.empty() ? "empty" : "blank"));
+    }
+    if (absl::Status utf8 =
+            CheckUtf8(line, absl::StrFormat("line %d of %s", lines.size() + 1, source));
+        !utf8.ok()) {
+      return utf8;
+    }
+    lines.push_back(std::move(line));
+  }
+  return lines;
+}
+
 absl::StatusOr<std::vector<InputText>> ReadInputs() {
   std::vector<InputText> inputs;
   const std::string text = absl::GetFlag(FLAGS_text);
   const std::string pair = absl::GetFlag(FLAGS_pair);
+  if (FlagGiven("text") && text.empty()) {
+    return absl::InvalidArgumentError(
+        "--text is empty: give a non-empty text, or leave --text out and pipe one text per line");
+  }
+  if (FlagGiven("pair") && pair.empty()) {
+    return absl::InvalidArgumentError("--pair is empty: give the pair's second text");
+  }
+  if (absl::Status utf8 = CheckUtf8(text, "--text"); !utf8.ok()) return utf8;
+  if (absl::Status utf8 = CheckUtf8(pair, "--pair"); !utf8.ok()) return utf8;
   if (!text.empty()) {
     inputs.push_back({text, pair, !pair.empty()});
     return inputs;
@@ -246,16 +342,25 @@ absl::StatusOr<std::vector<InputText>> ReadInputs() {
   if (isatty(STDIN_FILENO)) {
     return absl::InvalidArgumentError("no input: give --text TEXT or pipe one text per line");
   }
-  std::string line;
-  while (std::getline(std::cin, line)) {
-    if (!line.empty() && line.back() == '\r') line.pop_back();
-    if (absl::StripAsciiWhitespace(line).empty()) continue;
-    inputs.push_back({line, "", false});
+  absl::StatusOr<std::vector<std::string>> lines = ReadInputLines(std::cin, "stdin");
+  if (!lines.ok()) return lines.status();
+  for (std::string& line : *lines) {
+    inputs.push_back({std::move(line), "", false, static_cast<int>(inputs.size()) + 1});
   }
   if (inputs.empty()) {
     return absl::InvalidArgumentError("no input: stdin had no text (one text per line)");
   }
   return inputs;
+}
+
+InputNamer NamesOf(const std::vector<InputText>& texts, int first) {
+  return [&texts, first](int k) -> std::string {
+    const int index = first + k;
+    if (index < 0 || index >= static_cast<int>(texts.size())) return absl::StrCat("input ", index);
+    const InputText& input = texts[index];
+    if (input.line > 0) return absl::StrFormat("line %d of stdin", input.line);
+    return input.is_pair ? "the pair --text/--pair" : "--text";
+  };
 }
 
 void FillInputs(const std::vector<InputText>& texts,

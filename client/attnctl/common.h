@@ -2,6 +2,7 @@
 // options), error and JSON output, text alignment helpers and reading inputs.
 #pragma once
 
+#include <istream>
 #include <memory>
 #include <string>
 #include <vector>
@@ -13,6 +14,7 @@
 #include "absl/strings/string_view.h"
 #include "attnserve/v1/encoder.pb.h"
 #include "attnserve/v1/trainer.pb.h"
+#include "client/attnctl/rpc_errors.h"
 #include "client/client.h"
 #include "google/protobuf/message.h"
 
@@ -28,6 +30,7 @@ ABSL_DECLARE_FLAG(int, max_length);
 ABSL_DECLARE_FLAG(std::string, truncation);
 ABSL_DECLARE_FLAG(std::string, dtype);
 ABSL_DECLARE_FLAG(std::string, token_file);
+ABSL_DECLARE_FLAG(std::string, api_key_file);
 
 namespace attn::client::attnctl {
 
@@ -42,12 +45,14 @@ absl::StatusOr<std::string> LoadToken();
 // A TrainerClient for the command line's server, options and token; nullptr after printing
 // the error (exit code in *exit_code).
 std::unique_ptr<TrainerClient> MakeTrainerClient(int* exit_code);
-// RpcError plus what to do about the errors specific to the Trainer; returns kExitFailure.
-int TrainerRpcError(const absl::Status& status, const std::string& target);
 
-// "attnctl: cannot reach <target> (CODE): ..." or "attnctl: CODE: message"; returns
-// kExitFailure.
-int RpcError(const absl::Status& status, const std::string& target);
+// The API key of a server started with --api-key-file: --api-key-file PATH (whitespace around
+// it stripped), else $ATTNSERVE_API_KEY, else none (the server then answers UNAUTHENTICATED,
+// and RpcError says how to pass one). A key is visible ASCII, at most 4096 bytes.
+absl::StatusOr<std::string> LoadApiKey();
+// An EncoderClient for the command line's server, options and API key; nullptr after printing
+// the error (exit code in *exit_code).
+std::unique_ptr<EncoderClient> MakeEncoderClient(int* exit_code);
 
 // One line of JSON on stdout (proto field names, default values included); false after
 // printing why it could not.
@@ -74,11 +79,22 @@ struct InputText {
   std::string first;
   std::string second;  // empty unless a pair
   bool is_pair = false;
+  int line = 0;  // its line of stdin (1-based); 0 for --text
   std::string Describe() const;
 };
 
-// --text [--pair], else one text per line of stdin (not a terminal; blank lines skipped).
+// The lines of `in`, each one input (`source` names it in errors: "stdin", "--documents
+// FILE"); a trailing '\r' is dropped. An empty line, or one of blanks only, is an error naming
+// it: skipping it would shift the index of every later line, and so map results to the wrong
+// lines.
+absl::StatusOr<std::vector<std::string>> ReadInputLines(std::istream& in,
+                                                        const std::string& source);
+// --text [--pair], else one text per line of stdin (not a terminal; see ReadInputLines). An
+// empty --text or --pair is an error.
 absl::StatusOr<std::vector<InputText>> ReadInputs();
+// Names input k of a call whose inputs start at texts[first], for RpcError: "line L of stdin",
+// "--text" (or "the pair --text/--pair"), "input N".
+InputNamer NamesOf(const std::vector<InputText>& texts, int first = 0);
 void FillInputs(const std::vector<InputText>& texts,
                 google::protobuf::RepeatedPtrField<attnserve::v1::Input>* inputs);
 // --max-length and --truncation.

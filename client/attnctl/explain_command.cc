@@ -103,9 +103,11 @@ int RunExplain(const Command& command) {
   request.set_model(absl::GetFlag(FLAGS_model));
   request.set_model_version(absl::GetFlag(FLAGS_model_version));
 
-  EncoderClient client(ServerAddress(), OptionsFromFlags());
-  auto response = client.Explain(request);
-  if (!response.ok()) return RpcError(response.status(), client.target());
+  int exit_code = kExitOk;
+  std::unique_ptr<EncoderClient> client = MakeEncoderClient(&exit_code);
+  if (client == nullptr) return exit_code;
+  auto response = client->Explain(request);
+  if (!response.ok()) return RpcError(response.status(), client->target());
   if (absl::GetFlag(FLAGS_json)) return PrintJson(*response) ? kExitOk : kExitFailure;
   if (response->results_size() != 1) {
     std::fprintf(stderr, "attnctl: the server returned %d results for one document\n",
@@ -174,7 +176,7 @@ int RunExplain(const Command& command) {
        {std::tuple{"query", &q_labels, &q_values}, std::tuple{"pair", &d_labels, &d_values}}) {
     auto strip = RenderTokenStripSvg(
         *labels, *values, absl::StrFormat("%s: %s per %s", name, what, words ? "word" : "token"));
-    if (!strip.ok()) return RpcError(strip.status(), client.target());
+    if (!strip.ok()) return RpcError(strip.status(), client->target());
     sections.push_back({name, "", *strip});
   }
   if (!matrix.empty()) {
@@ -184,7 +186,7 @@ int RunExplain(const Command& command) {
     options.col_axis_label = "pair";
     options.value_label = "contribution to the score";
     auto heatmap = RenderMatrixSvg(q_labels, d_labels, matrix, "token-pair attributions", options);
-    if (!heatmap.ok()) return RpcError(heatmap.status(), client.target());
+    if (!heatmap.ok()) return RpcError(heatmap.status(), client->target());
     sections.push_back({"token pairs", "", *heatmap});
   }
   bool ok = true;
@@ -198,8 +200,8 @@ int RunExplain(const Command& command) {
     ok &= WriteFile(svg_path, StackSvgs(parts, title));
   }
   if (!html_path.empty()) {
-    ok &= WriteFile(html_path,
-                    RenderHtml("attnserve: why are these texts similar?", title, sections));
+    ok &= WriteFile(html_path, RenderHtml("attnserve: why are these texts similar?", title,
+                                          kExplainPageNote, sections));
   }
   return ok ? kExitOk : kExitFailure;
 }
@@ -230,7 +232,7 @@ score) and the pair matrix as a heatmap. Pairwise with 32 steps takes seconds to
          {"html", "PATH", "write the picture as a self-contained HTML page"},
          {"model", "NAME", "explain with this served model (default: the server's default)"},
          {"model_version", "V", "explain with this version (default: the one served)"}}},
-       CommonFlags()},
+       EncoderCommonFlags()},
       R"(  attnctl explain --text "A man is playing a guitar." --pair "Someone plays the guitar on stage." --svg why.svg
   attnctl explain --text "cheap flights" --pair "low-cost airline tickets" --method ig --words
   attnctl explain --text "query" --pair "document" --steps 8 --json

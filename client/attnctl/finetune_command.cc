@@ -1,7 +1,6 @@
 // attnctl finetune: checks a JSON Lines file and the flags (the whole job, before connecting),
 // then runs the job through FineTuneRunner with live progress; Ctrl-C aborts it cleanly.
 #include <signal.h>
-#include <sys/ioctl.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -23,6 +22,7 @@
 #include "absl/strings/str_split.h"
 #include "client/attnctl/command.h"
 #include "client/attnctl/common.h"
+#include "client/attnctl/progress_printer.h"
 #include "client/client.h"
 #include "client/fine_tune_runner.h"
 #include "client/training_data.h"
@@ -80,20 +80,6 @@ namespace attn::client::attnctl {
 namespace {
 
 namespace v1 = ::attnserve::v1;
-
-// "0:07", "12:34", "1:02:03".
-std::string FormatDuration(double seconds) {
-  if (!std::isfinite(seconds) || seconds < 0) return "?";
-  const int64_t s = static_cast<int64_t>(seconds + 0.5);
-  if (s >= 3600) return absl::StrFormat("%d:%02d:%02d", s / 3600, s / 60 % 60, s % 60);
-  return absl::StrFormat("%d:%02d", s / 60, s % 60);
-}
-
-int TerminalColumns() {
-  struct winsize ws;
-  if (ioctl(STDERR_FILENO, TIOCGWINSZ, &ws) == 0 && ws.ws_col > 0) return ws.ws_col;
-  return 80;
-}
 
 struct FineTunePlan {
   std::string data_path;
@@ -331,220 +317,6 @@ absl::StatusOr<FineTunePlan> PlanFineTune(const Command& command, int* exit_code
   return plan;
 }
 
-// "most changed: layers.5.value 1.2e-03, layers.4.query 9.8e-04, ...; 212 embedding rows
-// touched": the groups that moved most since the job started, from a telemetry message.
-std::string MostChanged(const v1::TrainingTelemetry& telemetry, int count) {
-  std::vector<const v1::ParameterGroupTelemetry*> groups;
-  for (const v1::ParameterGroupTelemetry& g : telemetry.groups()) groups.push_back(&g);
-  const size_t shown = std::min<size_t>(count, groups.size());
-  std::partial_sort(
-      groups.begin(), groups.begin() + shown, groups.end(),
-      [](const auto* a, const auto* b) { return a->relative_change() > b->relative_change(); });
-  std::string line = "most changed:";
-  for (size_t i = 0; i < shown; ++i) {
-    absl::StrAppendFormat(&line, "%s %s %.1e", i == 0 ? "" : ",", groups[i]->name(),
-                          groups[i]->relative_change());
-  }
-  if (telemetry.embedding_rows_touched() > 0) {
-    absl::StrAppendFormat(&line, "; %d embedding rows touched", telemetry.embedding_rows_touched());
-  }
-  return line;
-}
-
-// Shows the job's progress on stderr (a live bar on a terminal, else a line every --log-every
-// steps) or every message as JSON on stdout, and the runner's events. The runner serialises the
-// calls.
-class ProgressPrinter final : public FineTuneObserver {
- public:
-  enum class Mode { kBar, kLines, kJson };
-
-  ProgressPrinter(const FineTunePlan& plan, Mode mode)
-      : plan_(plan), mode_(mode), start_(std::chrono::steady_clock::now()) {
-    log_every_ = LogEvery(plan);
-  }
-
-  Mode mode() const { return mode_; }
-  double Elapsed() const {
-    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
-  }
-
-  void OnProgress(const v1::FineTuneProgress& p, bool new_step) override {
-    for (const v1::EvaluationResult& e : p.evaluations()) {
-      if (first_evaluation_.metrics_size() == 0) first_evaluation_ = e;
-      last_evaluation_ = e;
-    }
-    if (mode_ == Mode::kJson) {
-      PrintJson(p);
-      std::fflush(stdout);
-      return;
-    }
-    if (!new_step) return PrintEvaluations(p);
-    const int64_t step = p.step();
-    const auto now = std::chrono::steady_clock::now();
-    if (first_step_ < 0) {
-      first_step_ = step;
-      first_time_ = now;
-    }
-    if (mode_ == Mode::kLines) {
-      if (step == 1 || step % log_every_ == 0 || step >= plan_.total_steps) {
-        std::fprintf(stderr, "%s\n", Status(p, now).c_str());
-      }
-      if (p.has_telemetry()) std::fprintf(stderr, "  %s\n", MostChanged(p.telemetry(), 5).c_str());
-      return PrintEvaluations(p);
-    }
-    PrintEvaluations(p);  // above the bar, which is redrawn under them
-    if (p.has_telemetry()) most_changed_ = MostChanged(p.telemetry(), 3);
-    // A bar: redraw at most 10 times a second, and always for the last step.
-    if (step < plan_.total_steps && p.evaluations_size() == 0 &&
-        last_draw_ != std::chrono::steady_clock::time_point() &&
-        now - last_draw_ < std::chrono::milliseconds(100)) {
-      return;
-    }
-    last_draw_ = now;
-    const std::string status = Status(p, now);
-    const int columns = TerminalColumns();
-    std::string line =
-        absl::StrFormat("step %*d/%d", Digits(plan_.total_steps), step, plan_.total_steps);
-    const int bar_width =
-        std::min(30, columns - 1 - DisplayWidth(line) - 3 - DisplayWidth(status) - 2);
-    const double fraction =
-        plan_.total_steps > 0 ? std::min(1.0, static_cast<double>(step) / plan_.total_steps) : 1;
-    if (bar_width >= 10) {
-      const int filled = static_cast<int>(fraction * bar_width);
-      std::string bar(filled, '=');
-      if (filled < bar_width) bar += '>' + std::string(bar_width - filled - 1, ' ');
-      absl::StrAppend(&line, " [", bar, "]");
-    }
-    absl::StrAppendFormat(&line, " %3d%%  %s", static_cast<int>(fraction * 100), status);
-    if (DisplayWidth(line) > columns - 1) line = CodePointPrefix(line, columns - 1);
-    // The bar, and under it the matrices that moved most (redrawn in place).
-    std::string table = most_changed_;
-    if (DisplayWidth(table) > columns - 1) table = CodePointPrefix(table, columns - 1);
-    if (bar_visible_) std::fprintf(stderr, "\033[1A");
-    std::fprintf(stderr, "\r%s\033[K\n%s\033[K", line.c_str(), table.c_str());
-    std::fflush(stderr);
-    bar_visible_ = true;
-  }
-
-  void OnEvent(FineTuneEvent event) override {
-    BreakLine();
-    const char* note = "disconnecting";
-    if (event == FineTuneEvent::kAbortingOnInterrupt) {
-      note =
-          "interrupted: aborting the job after the current step (Ctrl-C again to disconnect at "
-          "once)";
-    } else if (event == FineTuneEvent::kCommitPending) {
-      note = "the commit was already requested; waiting for it (Ctrl-C again to disconnect)";
-    }
-    std::fprintf(stderr, "attnctl: %s\n", note);
-  }
-
-  // One line per evaluation the message carries.
-  void PrintEvaluations(const v1::FineTuneProgress& p) {
-    for (const v1::EvaluationResult& e : p.evaluations()) {
-      BreakLine();
-      std::fprintf(stderr, "evaluation %s: %s\n",
-                   e.step() == 0 ? "of the base" : absl::StrCat("after step ", e.step()).c_str(),
-                   FormatMetrics(e).c_str());
-    }
-  }
-
-  // "recall@1 0.000 -> 0.850, mrr@10 ..." from the base's evaluation to the last one; "" when
-  // there were fewer than two.
-  std::string EvaluationChange() const {
-    if (first_evaluation_.step() == last_evaluation_.step() ||
-        first_evaluation_.metrics_size() != last_evaluation_.metrics_size()) {
-      return "";
-    }
-    std::vector<std::string> parts;
-    for (int i = 0; i < last_evaluation_.metrics_size(); ++i) {
-      parts.push_back(absl::StrFormat("%s %.4f \u2192 %.4f", last_evaluation_.metrics(i).name(),
-                                      first_evaluation_.metrics(i).value(),
-                                      last_evaluation_.metrics(i).value()));
-    }
-    return absl::StrFormat("evaluation (%d examples, step 0 \u2192 %d): %s",
-                           last_evaluation_.examples(), last_evaluation_.step(),
-                           absl::StrJoin(parts, ", "));
-  }
-
-  // Ends the bar's line (before other output, and at the end).
-  void BreakLine() {
-    if (bar_visible_) {
-      std::fputc('\n', stderr);
-      bar_visible_ = false;
-    }
-  }
-
- private:
-  static int Digits(int64_t n) { return static_cast<int>(absl::StrCat(n).size()); }
-  static std::string CodePointPrefix(const std::string& s, int n) {
-    std::string out;
-    int cp = -1;
-    for (char c : s) {
-      if ((static_cast<unsigned char>(c) & 0xC0) != 0x80) ++cp;
-      if (cp >= n) break;
-      out.push_back(c);
-    }
-    return out;
-  }
-
-  // "epoch 1/2  loss 0.4123  lr 1.60e-05  312.4 ex/s  ETA 0:42" (lines: with the step first).
-  std::string Status(const v1::FineTuneProgress& p,
-                     std::chrono::steady_clock::time_point now) const {
-    const int64_t step = p.step();
-    const int64_t epoch =
-        plan_.steps_per_epoch > 0
-            ? std::min<int64_t>(plan_.epochs,
-                                (std::max<int64_t>(step, 1) - 1) / plan_.steps_per_epoch + 1)
-            : 1;
-    // ETA from the pace since the first answered step (the first includes the job's set-up).
-    double eta = std::numeric_limits<double>::quiet_NaN();
-    const double since_first = std::chrono::duration<double>(now - first_time_).count();
-    if (step > first_step_ && since_first > 0) {
-      eta = (plan_.total_steps - step) * since_first / (step - first_step_);
-    } else if (step > 0) {
-      eta = (plan_.total_steps - step) * Elapsed() / step;
-    }
-    std::string s;
-    if (mode_ == Mode::kLines) {
-      s = absl::StrFormat("step %d/%d  ", step, plan_.total_steps);
-    }
-    absl::StrAppendFormat(&s, "epoch %d/%d  loss %.4f  lr %.2e  %.1f ex/s  ", epoch, plan_.epochs,
-                          p.loss(), p.learning_rate(), p.examples_per_second());
-    if (mode_ == Mode::kLines) absl::StrAppend(&s, "elapsed ", FormatDuration(Elapsed()), "  ");
-    absl::StrAppend(&s, "ETA ", step >= plan_.total_steps ? "0:00" : FormatDuration(eta));
-    return s;
-  }
-
-  const FineTunePlan& plan_;
-  const Mode mode_;
-  const std::chrono::steady_clock::time_point start_;
-  int64_t log_every_ = 1;
-  int64_t first_step_ = -1;
-  std::chrono::steady_clock::time_point first_time_;
-  std::chrono::steady_clock::time_point last_draw_;
-  bool bar_visible_ = false;  // a progress bar is on the terminal's line above the current one
-  std::string most_changed_;  // the last telemetry's summary, shown under the bar
-  v1::EvaluationResult first_evaluation_, last_evaluation_;
-};
-
-// "committed version V (staged: ...)" and the server's word on the promotion.
-void PrintCommitted(FILE* out, const std::string& version, bool promoted,
-                    const std::string& promotion) {
-  if (promoted) {
-    std::fprintf(out,
-                 "committed version %s (promoted: now served by default; 'attnctl "
-                 "rollback' undoes)\n",
-                 version.c_str());
-  } else {
-    std::fprintf(out,
-                 "committed version %s (staged: not served by default; try it with "
-                 "--model-version %s, then 'attnctl promote --version %s')\n",
-                 version.c_str(), version.c_str(), version.c_str());
-  }
-  if (!promotion.empty()) std::fprintf(out, "%s\n", promotion.c_str());
-}
-
 // --detach: the plan as a server-side job (CreateJob); its id on stdout, the rest on stderr.
 int RunDetached(const FineTunePlan& plan, TrainerClient* client) {
   v1::JobSpec spec;
@@ -613,7 +385,8 @@ int RunFineTune(const Command& command) {
   const ProgressPrinter::Mode mode = json                    ? ProgressPrinter::Mode::kJson
                                      : isatty(STDERR_FILENO) ? ProgressPrinter::Mode::kBar
                                                              : ProgressPrinter::Mode::kLines;
-  ProgressPrinter printer(plan, mode);
+  ProgressPrinter printer({plan.epochs, plan.steps_per_epoch, plan.total_steps, LogEvery(plan)},
+                          mode);
   std::unique_ptr<FineTuneSession> session = client->FineTune();
   FineTuneRunnerOptions options;
   const int timeout_ms = std::max(0, absl::GetFlag(FLAGS_timeout_ms));
@@ -768,71 +541,6 @@ summary says why ("base", "base+0.02" compare with the base version's score).
       --eval-data catalog-heldout.jsonl --eval-every 5 --commit --promote-if "recall@1>=base+0.3"
 )",
           RunFineTune};
-}
-
-// attnctl job watch (job_commands.cc): `job`'s events from `from_index` on, with the progress
-// display of finetune (--json: every event as a JSON line), then the job's outcome. 0 when it
-// succeeded.
-int WatchJobEvents(TrainerClient* client, const v1::Job& job, int64_t from_index) {
-  FineTunePlan plan;
-  plan.epochs = std::max(1, job.epochs());
-  plan.total_steps = job.total_steps();
-  plan.steps_per_epoch = plan.total_steps / plan.epochs;
-  const bool json = absl::GetFlag(FLAGS_json);
-  ProgressPrinter printer(plan, json                    ? ProgressPrinter::Mode::kJson
-                                : isatty(STDERR_FILENO) ? ProgressPrinter::Mode::kBar
-                                                        : ProgressPrinter::Mode::kLines);
-  if (!json) {
-    absl::FPrintF(stderr,
-                  "job %s (model %s): %s from version %s, %d steps (%d epoch%s x %d), batches of "
-                  "%d, %d examples\n",
-                  job.job_id(), job.model(), job.objective(), job.base_version(), plan.total_steps,
-                  plan.epochs, plan.epochs == 1 ? "" : "s", plan.steps_per_epoch, job.batch_size(),
-                  job.dataset().examples());
-  }
-  v1::JobState state = job.state();
-  int64_t steps = 0;
-  double first_loss = std::numeric_limits<double>::quiet_NaN(), last_loss = first_loss;
-  v1::FineTuneProgress committed;
-  const absl::Status status =
-      client->WatchJob(job.job_id(), job.model(), from_index, [&](const v1::JobEvent& event) {
-        state = event.state();
-        if (json) {
-          PrintJson(event);
-          std::fflush(stdout);
-          return true;
-        }
-        if (event.has_progress()) {
-          const v1::FineTuneProgress& p = event.progress();
-          if (!p.committed_version().empty()) committed = p;
-          const bool new_step = p.step() > steps;
-          if (new_step) {
-            if (std::isnan(first_loss)) first_loss = p.loss();
-            last_loss = p.loss();
-            steps = p.step();
-          }
-          printer.OnProgress(p, new_step);
-        }
-        if (!event.message().empty()) {
-          printer.BreakLine();
-          absl::FPrintF(stderr, "[%s] %s\n", event.time_utc(), event.message());
-        }
-        return true;
-      });
-  printer.BreakLine();
-  if (!status.ok()) return TrainerRpcError(status, client->target());
-  if (json) return state == v1::JOB_SUCCEEDED ? kExitOk : kExitFailure;
-  std::string summary = absl::StrFormat("job %s: %s, %d/%d steps", job.job_id(),
-                                        absl::AsciiStrToLower(v1::JobState_Name(state)).substr(4),
-                                        steps, plan.total_steps);
-  if (!std::isnan(first_loss)) {
-    absl::StrAppendFormat(&summary, ", loss %.4f \u2192 %.4f", first_loss, last_loss);
-  }
-  std::printf("%s\n", summary.c_str());
-  if (state != v1::JOB_SUCCEEDED) return kExitFailure;
-  PrintCommitted(stdout, committed.committed_version(), committed.promoted(),
-                 committed.promotion());
-  return kExitOk;
 }
 
 }  // namespace attn::client::attnctl

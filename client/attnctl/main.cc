@@ -28,13 +28,15 @@ namespace {
 std::string TopHelp(const std::vector<CommandGroup>& table) {
   FlagGroup inputs = InputFlags();
   inputs.title = "Inputs (encode, attention, tokenize)";
+  const FlagGroup encoder = {"The Encoder's commands (encode ... health)",
+                             {{"api_key_file", "PATH"}}};
   return absl::StrCat(
       R"(attnctl: command-line client for attnserve (a BERT encoder served over gRPC).
 
 Usage: attnctl <command> [flags]
 
 )",
-      CommandListHelp(table, {CommonFlags(), inputs}),
+      CommandListHelp(table, {CommonFlags(), encoder, inputs}),
       R"(Examples:
   attnctl info --server localhost:50051
   attnctl encode --text "The cat sat on the mat."

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -72,7 +73,14 @@ int RunServingChange(const Command& command) {
   auto response = rollback  ? client->Rollback(version, model)
                   : promote ? client->Promote(version, model)
                             : client->SetServingVersion(version, model);
-  if (!response.ok()) return TrainerRpcError(response.status(), client->target());
+  if (!response.ok()) {
+    TrainerRpcError(response.status(), client->target());
+    if (rollback && absl::StrContains(response.status().message(), "never served")) {
+      // A staged version is served by a promotion, which the store records as such.
+      std::fprintf(stderr, "attnctl: hint: attnctl promote --version %s\n", version.c_str());
+    }
+    return kExitFailure;
+  }
   if (absl::GetFlag(FLAGS_json)) return PrintJson(*response) ? kExitOk : kExitFailure;
   std::printf("%s %s\n\n",
               rollback  ? "rolled back: now serving"
@@ -233,13 +241,17 @@ version and the versions table.
        RunServingChange});
   group.commands.push_back(
       {"rollback",
-       "serve the version before the current one (or --version V)",
+       "serve again the version served before the current one (or --version V)",
        "attnctl rollback [--version V] [flags]",
-       R"(Without --version: the version committed before the one served now. Prints the new serving
-version and the versions table. Requests that pin a version keep it.
+       R"(Without --version: the version served by default before the one served now (the serving
+history the server records: promotions, commits that served, rollbacks), never a version that
+was committed staged and never promoted: 'attnctl promote --version V' serves one of those.
+Each rollback goes one step further back. Prints the new serving version and the versions
+table. Requests that pin a version keep it.
 )",
        {{"Flags",
-         {{"model_version", "V", "serve this (older) version instead", "version"},
+         {{"model_version", "V", "serve this version, served by default before, instead",
+           "version"},
           model,
           token_file}},
         CommonFlags()},

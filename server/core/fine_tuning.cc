@@ -191,8 +191,10 @@ absl::Status FineTuning::RecordOrRevert(const std::string& action, const std::st
                                         const std::string& to, const std::string& committed) {
   absl::Status recorded = RecordServing(options_.model_store, action, from, to, committed);
   if (recorded.ok() || from.empty()) return recorded;
-  // Not recorded: a restart or a replica would serve `from`, so this server does too.
+  // Not recorded: a restart or a replica would serve `from`, so this server does too, with the
+  // serving history the store still records.
   registry_->SetServing(from).IgnoreError();
+  ReloadServingHistory(options_.model_store, registry_);
   return absl::Status(recorded.code(), absl::StrCat(recorded.message(), "; still serving ", from));
 }
 

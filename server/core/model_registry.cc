@@ -1,6 +1,7 @@
 #include "server/core/model_registry.h"
 
 #include <algorithm>
+#include <iterator>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -21,7 +22,17 @@ void ModelRegistry::SetEvictionListener(EvictionListener listener) {
   eviction_listener_ = std::move(listener);
 }
 
-void ModelRegistry::SetServingLocked(const std::string& version) {
+void ModelRegistry::SetServingLocked(const std::string& version, bool rollback) {
+  std::vector<std::string>& before = history_.served_before;
+  auto found = std::find(before.rbegin(), before.rend(), version);
+  if (rollback && found != before.rend()) {
+    before.erase(std::next(found).base(), before.end());
+  } else if (!serving_.empty() && serving_ != version) {
+    // A change forward, or a rollback to a version rolled back from earlier (served, but not
+    // before this one): what is served now is what the next rollback returns to.
+    before.push_back(serving_);
+  }
+  history_.served_ever.insert(version);
   serving_ = version;
   Entry& entry = versions_.at(version);
   entry.last_used = ++use_clock_;
@@ -173,49 +184,60 @@ absl::Status ModelRegistry::SetServing(const std::string& version) {
   return absl::OkStatus();
 }
 
+absl::StatusOr<std::string> ModelRegistry::RollbackTargetLocked(const std::string& version) const {
+  if (serving_.empty()) return absl::UnavailableError("no version is served yet");
+  if (version.empty()) {
+    if (history_.served_before.empty()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("nothing to roll back to: no version was served by default before ",
+                       QuoteInput(serving_)));
+    }
+    return history_.served_before.back();
+  }
+  if (versions_.count(version) == 0) {
+    return absl::NotFoundError(absl::StrCat("model version ", QuoteInput(version), " not found"));
+  }
+  if (version == serving_) {
+    return absl::FailedPreconditionError(absl::StrCat(QuoteInput(version), " is already served"));
+  }
+  if (history_.served_ever.count(version) == 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "version ", QuoteInput(version),
+        " was never served by default (committed staged, never promoted), so there is nothing "
+        "to roll back to; to serve it, promote it (Promote)"));
+  }
+  return version;
+}
+
 absl::StatusOr<ModelVersion> ModelRegistry::Rollback(const std::string& version) {
   absl::MutexLock load_lock(&load_mutex_);
   std::string target;
   {
     // Every change of the version set holds load_mutex_, so the target stays valid below.
     absl::MutexLock lock(&mutex_);
-    const std::vector<const ModelVersion*> ordered = OrderedLocked();
-    auto current = std::find_if(ordered.begin(), ordered.end(),
-                                [&](const ModelVersion* v) { return v->version == serving_; });
-    if (current == ordered.end()) return absl::UnavailableError("no version is served yet");
-    if (version.empty()) {
-      if (current == ordered.begin()) {
-        return absl::FailedPreconditionError(
-            absl::StrCat("nothing to roll back to: '", serving_, "' is the oldest version"));
-      }
-      target = (*(current - 1))->version;
-    } else {
-      auto found = versions_.find(version);
-      if (found == versions_.end()) {
-        return absl::NotFoundError(
-            absl::StrCat("model version ", QuoteInput(version), " not found"));
-      }
-      if (version == serving_) {
-        return absl::FailedPreconditionError(
-            absl::StrCat(QuoteInput(version), " is already served"));
-      }
-      auto position = std::find(ordered.begin(), ordered.end(), &found->second.version);
-      if (position > current) {
-        return absl::FailedPreconditionError(
-            absl::StrCat(QuoteInput(version), " is newer than the served '", serving_,
-                         "'; Rollback only goes back (use SetServingVersion to go forward)"));
-      }
-      target = version;
-    }
+    absl::StatusOr<std::string> found = RollbackTargetLocked(version);
+    if (!found.ok()) return found.status();
+    target = *found;
   }
   absl::StatusOr<ModelVersion> loaded = EnsureLoaded(target);
   if (!loaded.ok()) return loaded.status();
   std::vector<std::shared_ptr<const Model>> released;
   absl::MutexLock lock(&mutex_);
-  SetServingLocked(target);
-  follow_latest_ = false;  // an older version than the newest, by construction
+  SetServingLocked(target, /*rollback=*/true);
+  follow_latest_ = false;  // the registry serves what it was told from now on
   EvictLocked(&released);
   return versions_.at(target).version;
+}
+
+void ModelRegistry::RestoreServingHistory(ServingHistory history) {
+  absl::MutexLock lock(&mutex_);
+  history_ = std::move(history);
+  if (!serving_.empty()) history_.served_ever.insert(serving_);
+}
+
+ServingHistory ModelRegistry::serving_history() const {
+  absl::MutexLock lock(&mutex_);
+  return history_;
 }
 
 absl::StatusOr<ModelVersion> ModelRegistry::Get(const std::string& version) {

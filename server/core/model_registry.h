@@ -14,12 +14,14 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "engine/model.h"
+#include "server/core/serving_history.h"
 
 namespace attn::server {
 
@@ -76,12 +78,18 @@ class ModelRegistry {
   // Makes `version` the default, loading it if needed. NotFound if unknown. The registry then
   // follows the latest version again only if `version` is the newest.
   absl::Status SetServing(const std::string& version);
-  // Serves the version before the served one in commit order (`version` empty), or `version`,
-  // which must be older than the served one. Returns the newly served version.
-  // FailedPrecondition if there is nothing older; NotFound if `version` is unknown. Afterwards
-  // the registry no longer follows the latest version (newly discovered versions are listed,
-  // not served) until SetServing picks the newest or Publish serves a new one.
+  // Serves again the version served by default before the served one (`version` empty: the top
+  // of the serving history, serving_history.h), or `version`, which must have been served by
+  // default before; a version committed staged and never promoted never was. Returns the newly
+  // served version. FailedPrecondition if the history is empty or `version` was never served
+  // (or is served now); NotFound if `version` is unknown. Afterwards the registry no longer
+  // follows the latest version (newly discovered versions are listed, not served) until
+  // SetServing picks the newest or Publish serves a new one.
   absl::StatusOr<ModelVersion> Rollback(const std::string& version);
+  // Replaces the serving history with one rebuilt from the model store's record.
+  void RestoreServingHistory(ServingHistory history);
+  // The serving history now (the served version is in served_ever, not in served_before).
+  ServingHistory serving_history() const;
 
   // Empty name = the served version. Loads the version if it is known but unloaded (see above
   // for a failed load). NotFound (naming the available versions) if unknown; Unavailable if
@@ -112,7 +120,13 @@ class ModelRegistry {
   absl::Status NotFoundLocked(const std::string& version) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   bool IsNewestLocked(const std::string& version) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
-  void SetServingLocked(const std::string& version) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  // Makes `version` the default; the one served until then goes on top of the history unless
+  // this is a rollback (which takes versions off it).
+  void SetServingLocked(const std::string& version, bool rollback = false)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  // The version Rollback(`version`) serves, or why there is none.
+  absl::StatusOr<std::string> RollbackTargetLocked(const std::string& version) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   // Unloads least recently used versions (never the served one) until at most max_loaded_
   // remain; the unloaded models go to *released so they are freed after the lock is dropped.
   void EvictLocked(std::vector<std::shared_ptr<const Model>>* released)
@@ -130,6 +144,7 @@ class ModelRegistry {
   mutable absl::Mutex mutex_;
   std::map<std::string, Entry> versions_ ABSL_GUARDED_BY(mutex_);
   std::string serving_ ABSL_GUARDED_BY(mutex_);
+  ServingHistory history_ ABSL_GUARDED_BY(mutex_);
   bool follow_latest_ ABSL_GUARDED_BY(mutex_) = true;
   bool store_decides_ ABSL_GUARDED_BY(mutex_) = false;
   uint64_t use_clock_ ABSL_GUARDED_BY(mutex_) = 0;

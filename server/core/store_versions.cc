@@ -12,6 +12,7 @@
 #include "engine/log.h"
 #include "engine/serving_state.h"
 #include "server/core/fine_tune_job.h"
+#include "server/core/serving_history.h"
 
 namespace attn::server {
 
@@ -139,16 +140,6 @@ absl::Status RecordServing(const std::string& store, const std::string& action,
   return absl::OkStatus();
 }
 
-std::set<std::string> VersionsServedEver(const std::string& store) {
-  std::set<std::string> served;
-  if (store.empty()) return served;
-  absl::StatusOr<ServingState> state = ReadServingState(store);
-  if (!state.ok()) return served;
-  served.insert(state->serving);
-  for (const ServingChange& change : state->history) served.insert(change.to);
-  return served;
-}
-
 absl::Status RecordServingIfUnrecorded(const std::string& store, const std::string& serving) {
   absl::StatusOr<ServingState> state = ReadServingState(store);
   if (state.ok()) return absl::OkStatus();
@@ -156,18 +147,38 @@ absl::Status RecordServingIfUnrecorded(const std::string& store, const std::stri
   return RecordServing(store, "record", serving, serving);
 }
 
+void ReloadServingHistory(const std::string& store, ModelRegistry* registry) {
+  if (store.empty()) return;
+  absl::StatusOr<ServingState> state = ReadServingState(store);
+  if (state.ok()) {
+    registry->RestoreServingHistory(ReplayServingHistory(*state, registry->Versions()));
+  } else if (state.status().code() == absl::StatusCode::kNotFound) {
+    registry->RestoreServingHistory(
+        CommitOrderHistory(registry->Versions(), ServedVersion(registry)));
+  }
+}
+
 absl::StatusOr<bool> ApplyRecordedServing(const std::string& store, ModelRegistry* registry) {
   absl::StatusOr<ServingState> state = ReadServingState(store);
   if (!state.ok()) {
-    if (state.status().code() == absl::StatusCode::kNotFound) return false;
-    return state.status();
+    if (state.status().code() != absl::StatusCode::kNotFound) return state.status();
+    // Nothing recorded: every commit was served when it was made.
+    registry->RestoreServingHistory(
+        CommitOrderHistory(registry->Versions(), ServedVersion(registry)));
+    return false;
   }
   registry->LetStoreDecide();
-  if (ServedVersion(registry) == state->serving) return false;
-  if (absl::Status served = registry->SetServing(state->serving); !served.ok()) {
-    return absl::Status(served.code(), absl::StrCat("the recorded serving version ", state->serving,
-                                                    " cannot be served: ", served.message()));
+  const bool changed = ServedVersion(registry) != state->serving;
+  if (changed) {
+    if (absl::Status served = registry->SetServing(state->serving); !served.ok()) {
+      return absl::Status(served.code(),
+                          absl::StrCat("the recorded serving version ", state->serving,
+                                       " cannot be served: ", served.message()));
+    }
   }
+  // What Rollback returns to: the record's history (also after a change made by a replica).
+  registry->RestoreServingHistory(ReplayServingHistory(*state, registry->Versions()));
+  if (!changed) return false;
   const ServingChange* last = state->history.empty() ? nullptr : &state->history.back();
   Log(LogLevel::kInfo, "model store %s: serving %s as recorded%s", store, state->serving,
       last == nullptr ? ""

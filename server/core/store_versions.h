@@ -40,19 +40,19 @@ absl::Status RecordServing(const std::string& store, const std::string& action,
                            const std::string& from, const std::string& to,
                            const std::string& committed = "");
 
-// Every version the store records as served by default at some point (each change's `to`, and
-// the serving one); empty without a serving.json (or `store` empty). A fine-tuned version not
-// in it was committed staged and never promoted.
-std::set<std::string> VersionsServedEver(const std::string& store);
-
 // Makes sure the store records which version is served (`serving`, as action "record") so
 // that a version committed next is not served as the newest one by a server following the
 // newest version; nothing written if the store already records one.
 absl::Status RecordServingIfUnrecorded(const std::string& store, const std::string& serving);
 
+// Rebuilds `registry`'s serving history (serving_history.h) from what the store records; left as
+// it is when the record cannot be read.
+void ReloadServingHistory(const std::string& store, ModelRegistry* registry);
+
 // Serves what the store records (at start and on each --watch-store poll): once the store has a
 // serving.json the registry stops following the newest version and serves the recorded one.
-// Returns whether the default changed. OK and nothing done without a serving.json.
+// Either way the registry's serving history is rebuilt from the record (without one: commit
+// order). Returns whether the default changed. OK and nothing else done without a serving.json.
 absl::StatusOr<bool> ApplyRecordedServing(const std::string& store, ModelRegistry* registry);
 
 }  // namespace attn::server

@@ -2,14 +2,17 @@
 
 #include <google/protobuf/util/json_util.h>
 
+#include <string_view>
 #include <utility>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "attnserve/v1/encoder.pb.h"
+#include "engine/quote.h"
 #include "nlohmann/json.hpp"
 #include "server/auth.h"
+#include "server/http/json_message.h"
 #include "server/http/openai_embeddings.h"
 #include "server/proto_convert.h"
 #include "server/raw_method.h"
@@ -21,12 +24,6 @@ namespace v1 = attnserve::v1;
 using nlohmann::json;
 
 namespace {
-
-// At most `max` characters of `text` for an error message (what a client sent can be long).
-std::string Quote(std::string_view text, size_t max = 64) {
-  if (text.size() <= max) return std::string(text);
-  return std::string(text.substr(0, max)) + "...";
-}
 
 HttpReply JsonReply(std::string body) {
   HttpReply reply;
@@ -67,11 +64,11 @@ HttpReply HttpRoutes::TooLarge(int64_t bytes) {
 }
 
 HttpReply HttpRoutes::Refused(int http_status, const std::string& why) {
-  HttpReply reply =
-      ErrorReply(http_status == 408 ? absl::DeadlineExceededError(why)
-                                    : absl::InvalidArgumentError(absl::StrCat(
-                                          "the HTTP request was refused: ", Quote(why, 120))),
-                 "", http_status == 408 ? "request_timeout" : "bad_http_request", http_status);
+  HttpReply reply = ErrorReply(
+      http_status == 408
+          ? absl::DeadlineExceededError(why)
+          : absl::InvalidArgumentError(absl::StrCat("the HTTP request was refused: ", why)),
+      "", http_status == 408 ? "request_timeout" : "bad_http_request", http_status);
   metrics_->RecordRequest("http", "unknown", reply.code_name, 0);
   return reply;
 }
@@ -85,52 +82,67 @@ HttpReply HttpRoutes::Handle(const HttpRequest& request) {
   return reply;
 }
 
+const std::vector<HttpRoute>& HttpRouteTable() {
+  static const auto* routes = new std::vector<HttpRoute>{
+      {"POST", "/v1/embeddings", "Embeddings", "OpenAI-compatible embeddings"},
+      {"POST", "/v1/encode", "Encode", "Encoder.Encode"},
+      {"POST", "/v1/attention", "AttentionMap", "Encoder.AttentionMap"},
+      {"POST", "/v1/tokenize", "Tokenize", "Encoder.Tokenize"},
+      {"POST", "/v1/explain", "Explain", "Encoder.Explain"},
+      {"POST", "/v1/classify", "Classify", "Encoder.Classify"},
+      {"POST", "/v1/rerank", "Rerank", "Encoder.Rerank"},
+      {"GET", "/v1/models", "GetModelInfo", "OpenAI's model list, with Encoder.GetModelInfo"},
+      {"GET", "/v1/models/NAME", "GetModelInfo", "one model of that list"},
+      {"GET", "/health", "Health", "200 while SERVING, else 503; no key needed"},
+  };
+  return *routes;
+}
+
+std::string HttpRouteSummary() {
+  std::string out;
+  std::string_view method;
+  for (const HttpRoute& route : HttpRouteTable()) {
+    absl::StrAppend(&out, out.empty() ? "" : ", ", route.method == method ? "" : route.method,
+                    route.method == method ? "" : " ", route.path);
+    method = route.method;
+  }
+  return out;
+}
+
 HttpReply HttpRoutes::Dispatch(const HttpRequest& request, const char** method_label) {
-  // The routes: path, HTTP method, metrics label.
-  struct RouteEntry {
-    const char* path;
-    const char* method;
-    const char* label;
-  };
-  static constexpr RouteEntry kRoutes[] = {
-      {"/v1/embeddings", "POST", "Embeddings"},
-      {"/v1/encode", "POST", "Encode"},
-      {"/v1/attention", "POST", "AttentionMap"},
-      {"/v1/tokenize", "POST", "Tokenize"},
-      {"/v1/explain", "POST", "Explain"},
-      {"/v1/classify", "POST", "Classify"},
-      {"/v1/rerank", "POST", "Rerank"},
-      {"/v1/models", "GET", "GetModelInfo"},
-      {"/health", "GET", "Health"},
-  };
-  const RouteEntry* route = nullptr;
-  for (const RouteEntry& entry : kRoutes) {
-    if (request.path == entry.path || (std::string_view(entry.path) == "/v1/models" &&
-                                       absl::StartsWith(request.path, "/v1/models/"))) {
+  const HttpRoute* route = nullptr;
+  for (const HttpRoute& entry : HttpRouteTable()) {
+    // "/v1/models/NAME": any name after the prefix.
+    const std::string_view path = entry.path;
+    const size_t name = path.find("NAME");
+    if (name == std::string_view::npos
+            ? request.path == path
+            : request.path.size() > name && request.path.compare(0, name, path.data(), name) == 0) {
       route = &entry;
       break;
     }
   }
   if (route == nullptr) {
-    return ErrorReply(absl::NotFoundError(absl::StrCat(
-                          "no route ", Quote(request.path),
-                          "; this server answers POST /v1/embeddings, /v1/encode, /v1/attention, "
-                          "/v1/tokenize, /v1/explain, /v1/classify, /v1/rerank, GET /v1/models and "
-                          "GET /health")),
-                      "", "unknown_route");
+    return ErrorReply(
+        absl::NotFoundError(absl::StrCat("no route ", QuoteInput(request.path),
+                                         "; this server answers ", HttpRouteSummary())),
+        "", "unknown_route");
   }
   *method_label = route->label;
   if (request.method != route->method) {
     HttpReply reply =
         ErrorReply(absl::UnimplementedError(absl::StrCat(route->path, " takes ", route->method,
-                                                         ", not ", Quote(request.method, 16))),
+                                                         ", not ", QuoteInput(request.method))),
                    "", "method_not_allowed", 405);
     reply.headers.push_back({"Allow", route->method});
     return reply;
   }
   const bool serving = serving_.load();
   if (std::string_view(route->label) == "Health") {
-    if (serving) return JsonReply("{\"status\":\"SERVING\"}");
+    if (serving) {
+      return JsonReply(
+          absl::StrCat("{\"status\":\"SERVING\",\"grpc_port\":", grpc_port_.load(), "}"));
+    }
     return ErrorReply(absl::UnavailableError("NOT_SERVING: the model is loading or the server is "
                                              "shutting down"),
                       "", "not_serving");
@@ -199,19 +211,6 @@ absl::StatusOr<CoreResponse> HttpRoutes::Wait(
 
 namespace {
 
-// Request JSON -> message by protobuf's JSON mapping (both the lowerCamelCase and the proto
-// field names are accepted; an unknown field is an error, so a typo does not pass silently).
-absl::Status ParseJsonMessage(const std::string& body, google::protobuf::Message* message) {
-  google::protobuf::util::JsonParseOptions options;
-  options.ignore_unknown_fields = false;
-  const auto status = google::protobuf::util::JsonStringToMessage(
-      body.empty() ? std::string("{}") : body, message, options);
-  if (status.ok()) return absl::OkStatus();
-  return absl::InvalidArgumentError(
-      absl::StrCat("the request body is not a valid ", message->GetDescriptor()->full_name(),
-                   " in JSON: ", Quote(status.message().as_string(), 200)));
-}
-
 // A response message as JSON, after the same size check as gRPC's.
 HttpReply MessageReply(const google::protobuf::Message& message, int64_t max_message_bytes) {
   if (absl::Status size = CheckResponseSize(message, max_message_bytes); !size.ok()) {
@@ -220,8 +219,8 @@ HttpReply MessageReply(const google::protobuf::Message& message, int64_t max_mes
   std::string body;
   const auto status = google::protobuf::util::MessageToJsonString(message, &body);
   if (!status.ok()) {
-    return ErrorReply(absl::InternalError(absl::StrCat("cannot write the response as JSON: ",
-                                                       Quote(status.message().as_string(), 200))));
+    return ErrorReply(absl::InternalError(
+        absl::StrCat("cannot write the response as JSON: ", status.message().as_string())));
   }
   return JsonReply(std::move(body));
 }
@@ -234,8 +233,9 @@ HttpReply HttpRoutes::EngineRoute(
     void (core::ServingCore::*call)(const CoreRequest&, const core::CallControl&,
                                     core::ServingCore::Done<CoreResponse>)) {
   Request request;
-  if (absl::Status parsed = ParseJsonMessage(http_request.body, &request); !parsed.ok()) {
-    return ErrorReply(parsed);
+  std::string param;
+  if (absl::Status parsed = JsonToMessage(http_request.body, &request, &param); !parsed.ok()) {
+    return ErrorReply(parsed, param);
   }
   const absl::StatusOr<CoreResponse> result = Wait(call, ToCore(request), control);
   if (!result.ok()) return ErrorReply(result.status());
@@ -249,8 +249,9 @@ HttpReply HttpRoutes::DirectRoute(const HttpRequest& http_request, const core::C
                                   absl::StatusOr<CoreResponse> (core::ServingCore::*call)(
                                       const CoreRequest&, const core::CallControl&)) {
   Request request;
-  if (absl::Status parsed = ParseJsonMessage(http_request.body, &request); !parsed.ok()) {
-    return ErrorReply(parsed);
+  std::string param;
+  if (absl::Status parsed = JsonToMessage(http_request.body, &request, &param); !parsed.ok()) {
+    return ErrorReply(parsed, param);
   }
   const absl::StatusOr<CoreResponse> result = (core_->*call)(ToCore(request), control);
   if (!result.ok()) return ErrorReply(result.status());
@@ -263,7 +264,9 @@ HttpReply HttpRoutes::Embeddings(const HttpRequest& http_request,
                                  const core::CallControl& control) {
   EmbeddingsRequest request;
   std::string param;
-  if (absl::Status parsed = ParseEmbeddingsRequest(http_request.body, &request, &param);
+  LongTextMode long_text = LongTextMode::kRefuse;
+  ParseLongTextMode(options_.openai_long_text, &long_text);  // validated by OptionsFromFlags
+  if (absl::Status parsed = ParseEmbeddingsRequest(http_request.body, &request, &param, long_text);
       !parsed.ok()) {
     return ErrorReply(parsed, param);
   }
@@ -276,11 +279,8 @@ HttpReply HttpRoutes::Embeddings(const HttpRequest& http_request,
   const absl::StatusOr<core::EncodeResponse> result =
       Wait(&core::ServingCore::Encode, request.encode, control);
   if (!result.ok()) {
-    // The core names the field first ("dimensions: ...", "inputs[3] ...").
-    const bool bad_input = result.status().code() == absl::StatusCode::kInvalidArgument;
-    const char* field =
-        absl::StartsWith(result.status().message(), "dimensions") ? "dimensions" : "input";
-    return ErrorReply(result.status(), bad_input ? field : "");
+    const EmbeddingsError error = ToEmbeddingsError(result.status(), request.single_input);
+    return ErrorReply(error.status, error.param, error.code);
   }
   return JsonReply(EmbeddingsResponseJson(*result, (*served)->name, request.base64));
 }

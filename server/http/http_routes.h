@@ -5,20 +5,15 @@
 // deadlines are the core's; statuses map to HTTP in server/status_map.cc; every error is
 // OpenAI-shaped: {"error": {"message", "type", "param", "code"}}.
 //
-//   POST /v1/embeddings   OpenAI-compatible embeddings (openai_embeddings.h)
-//   POST /v1/encode       EncodeRequest -> EncodeResponse
-//   POST /v1/attention    AttentionMapRequest -> AttentionMapResponse
-//   POST /v1/tokenize     TokenizeRequest -> TokenizeResponse
-//   POST /v1/explain      ExplainRequest -> ExplainResponse
-//   GET  /v1/models       OpenAI's model list; each entry carries GetModelInfo's ModelInfo
-//   GET  /v1/models/NAME  one entry of that list
-//   GET  /health          200 while SERVING, 503 otherwise (no authentication)
+// The routes are listed once, in HttpRouteTable(): dispatch, the "no route" message and
+// attnserve --help all read it.
 #pragma once
 
 #include <atomic>
 #include <chrono>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "server/core/serving_core.h"
@@ -27,10 +22,24 @@
 
 namespace attn::server::http {
 
+// One route: `path` is exact, except that "NAME" at its end stands for any name.
+struct HttpRoute {
+  const char* method;  // "GET" or "POST"
+  const char* path;
+  const char* label;  // the metrics' method label
+  const char* what;   // for --help
+};
+// Every route the HTTP front end answers, in the order --help lists them.
+const std::vector<HttpRoute>& HttpRouteTable();
+// "POST /v1/embeddings, /v1/encode, ..., GET /v1/models, ...": the table in one line.
+std::string HttpRouteSummary();
+
 struct HttpRoutesOptions {
   std::string model_name;         // the `model` clients name (--model-name)
   double request_timeout_s = 60;  // deadline of each call (--http-request-timeout-s)
   int64_t max_message_bytes = 0;  // request body and response limit (--max-message-bytes)
+  // /v1/embeddings with an over-long input the request says nothing about (--openai-long-text).
+  std::string openai_long_text = "refuse";
 };
 
 class HttpRoutes {
@@ -41,11 +50,14 @@ class HttpRoutes {
 
   // Health: false until the model is loaded and again once draining starts.
   void SetServing(bool serving) { serving_.store(serving); }
+  // The gRPC port, which /health names: a gRPC client pointed at this port by mistake (attnctl
+  // --server HOST:HTTP_PORT) learns where to go.
+  void SetGrpcPort(int port) { grpc_port_.store(port); }
 
   HttpReply Handle(const HttpRequest& request);
   // 413 for a body of `bytes` bytes over the limit (the listener refuses it unread).
   HttpReply TooLarge(int64_t bytes);
-  // A request the listener refused itself (civetweb's status and reason).
+  // A request the listener refused itself (its status and reason).
   HttpReply Refused(int http_status, const std::string& why);
 
  private:
@@ -76,6 +88,7 @@ class HttpRoutes {
   const std::optional<std::string> api_key_;
   Metrics* const metrics_;
   std::atomic<bool> serving_{false};
+  std::atomic<int> grpc_port_{0};
 };
 
 // An OpenAI-shaped error reply for `status` (server/status_map.cc picks the HTTP status and the

@@ -1,15 +1,29 @@
-"""Requests from Python values and numpy arrays from responses, shared by Client and AsyncClient."""
+"""Requests from Python values and numpy arrays, and results from responses (the Encoder side)."""
 from __future__ import annotations
 
 import dataclasses
-from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, TypeVar, Union
+from typing import (Any, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple,
+                    TypeVar, Union)
 
 import numpy as np
 
+from attnserve.errors import quote
 from attnserve.v1 import encoder_pb2 as pb
 
-# A text, or a (first, second) pair encoded together as [CLS] first [SEP] second [SEP].
-TextInput = Union[str, Tuple[str, str]]
+
+@dataclasses.dataclass(frozen=True)
+class TokenIds:
+    """A pre-tokenized input, used as given (no [CLS]/[SEP] added): this model's vocabulary ids,
+    and optionally one segment id per token (default all 0). A 1-D integer numpy array passed
+    where a text goes means the same."""
+
+    ids: Sequence[int]
+    type_ids: Sequence[int] = ()
+
+
+# A text, a (first, second) pair encoded together as [CLS] first [SEP] second [SEP], or token ids.
+TextInput = Union[str, Tuple[str, str], TokenIds, np.ndarray]
+Texts = Union[TextInput, Iterable[TextInput]]
 
 _POOLING = {
     "default": pb.POOLING_MODEL_DEFAULT,
@@ -24,6 +38,7 @@ _TRUNCATION = {
     "left": pb.TRUNCATION_LEFT,
     "none": pb.TRUNCATION_NONE,
 }
+_DTYPES = {"float32": pb.FLOAT32, "float16": pb.FLOAT16, "bfloat16": pb.BFLOAT16}
 RERANK_METHODS = {
     "auto": pb.RERANK_METHOD_UNSPECIFIED,
     "cosine": pb.RERANK_COSINE,
@@ -46,6 +61,11 @@ class Token:
     type_id: int
     # True for [CLS] / [SEP].
     special: bool
+    # The same span as UTF-8 byte offsets.
+    byte_start: int = 0
+    byte_end: int = 0
+    # Which text of the input it came from: 0 = first/only, 1 = second, -1 = special.
+    source: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,6 +83,74 @@ class TokenStates:
 
 
 @dataclasses.dataclass(frozen=True)
+class SparseVector:
+    """A BM42 sparse vector: `indices` (uint32, ascending) and their `values` (float32)."""
+
+    indices: np.ndarray
+    values: np.ndarray
+
+    def as_dict(self) -> Dict[str, List[Any]]:
+        """{"indices": [...], "values": [...]}: the shape Qdrant's clients take."""
+        return {"indices": self.indices.tolist(), "values": self.values.tolist()}
+
+
+@dataclasses.dataclass(frozen=True)
+class Timing:
+    """Server-side timings of one call, in milliseconds (ResponseMetadata)."""
+
+    token_count: int
+    tokenization_ms: float
+    queue_ms: float
+    inference_ms: float
+    total_ms: float
+    # Inputs in the engine batch that carried the call (more when the server merged calls).
+    batch_inputs: int
+
+
+@dataclasses.dataclass(frozen=True)
+class EncodedInput:
+    """Everything Encode returned for one input (encode_full)."""
+
+    tokens: List[Token]
+    # The pooled embedding, (d,) float32; empty with pooling="none".
+    embedding: np.ndarray
+    # Whether the input was cut to max_length, and its length in tokens before (with specials).
+    truncated: bool
+    untruncated_length: int
+    sparse: Optional[SparseVector] = None
+    token_embeddings: Optional[np.ndarray] = None  # (T, hidden)
+    static_embeddings: Optional[np.ndarray] = None  # (T, hidden)
+    # (L, T, hidden) for hidden_layers=, with the layer of each row in hidden_layers.
+    hidden_states: Optional[np.ndarray] = None
+    hidden_layers: List[int] = dataclasses.field(default_factory=list)
+
+    @property
+    def labels(self) -> List[str]:
+        return [t.text for t in self.tokens]
+
+
+@dataclasses.dataclass(frozen=True)
+class Encoding:
+    """encode_full's result: `embeddings` (n, d) and per input an EncodedInput."""
+
+    embeddings: np.ndarray
+    inputs: List[EncodedInput]
+    # The version that computed the (first) call; pin model_version= to fix it across calls.
+    model_version: str
+    # One per call the client made (long lists are split by the server's per-request limit).
+    timings: List[Timing]
+
+    def __len__(self) -> int:
+        return len(self.inputs)
+
+    def __getitem__(self, index: int) -> EncodedInput:
+        return self.inputs[index]
+
+    def __iter__(self) -> Iterator[EncodedInput]:
+        return iter(self.inputs)
+
+
+@dataclasses.dataclass(frozen=True)
 class Attention:
     """Attention of one text: weights[l, h, i, j] = how much token i attends to token j."""
 
@@ -70,10 +158,24 @@ class Attention:
     # The encoder layers and heads along the first two axes of `weights`.
     layers: List[int]
     heads: List[int]
-    # (L, H, T, T) post-softmax weights; rows sum to 1.
-    weights: np.ndarray
+    # (L, H, T, T) post-softmax weights; rows sum to 1. None with weights=False or top_k > 0.
+    weights: Optional[np.ndarray]
     # (L, H, T, T) pre-softmax scores QK^T/sqrt(d), when asked for (scores=True).
     scores: Optional[np.ndarray] = None
+    # qkv=True: (L, H, T, head_dim) each.
+    query: Optional[np.ndarray] = None
+    key: Optional[np.ndarray] = None
+    value: Optional[np.ndarray] = None
+    # mean=True: (L, T, T) mean of the weights over all heads of each layer.
+    mean_weights: Optional[np.ndarray] = None
+    # rollout=True: (T, T) attention rollout through all layers.
+    rollout: Optional[np.ndarray] = None
+    # top_k > 0: (L, H, T, k) largest weights of each row, and their columns.
+    top_k_weights: Optional[np.ndarray] = None
+    top_k_indices: Optional[np.ndarray] = None
+    truncated: bool = False
+    untruncated_length: int = 0
+    model_version: str = ""
 
     @property
     def labels(self) -> List[str]:
@@ -108,22 +210,50 @@ class Ranking:
     model_version: str
 
 
+def _is_pair(value: Any) -> bool:
+    return (isinstance(value, (tuple, list)) and len(value) == 2 and
+            all(isinstance(v, str) for v in value))
+
+
+def _token_ids(ids: Any, type_ids: Any = ()) -> pb.Input:
+    array = np.asarray(ids)
+    if array.ndim != 1 or not np.issubdtype(array.dtype, np.integer):
+        raise TypeError(f"token ids are a 1-D sequence of integers, not an array of shape "
+                        f"{array.shape} and dtype {array.dtype}")
+    return pb.Input(tokens=pb.TokenIds(ids=array.tolist(),
+                                       type_ids=np.asarray(type_ids, dtype=np.int64).tolist()))
+
+
 def make_input(value: TextInput) -> pb.Input:
     if isinstance(value, str):
         return pb.Input(text=value)
-    if isinstance(value, (tuple, list)) and len(value) == 2 and all(
-            isinstance(v, str) for v in value):
+    if isinstance(value, np.str_):
+        return pb.Input(text=str(value))
+    if _is_pair(value):
         return pb.Input(pair=pb.TextPair(first=value[0], second=value[1]))
-    raise TypeError(
-        f"an input is a str or a (first, second) pair of str, not {type(value).__name__}")
+    if isinstance(value, TokenIds):
+        return _token_ids(value.ids, value.type_ids)
+    if isinstance(value, np.ndarray):
+        return _token_ids(value)
+    raise TypeError(f"an input is a str, a (first, second) pair of str, TokenIds or a 1-D "
+                    f"integer numpy array of token ids, not {type(value).__name__}")
 
 
-def make_inputs(texts: Union[TextInput, Iterable[TextInput]]) -> List[pb.Input]:
-    """One str (or pair) or a sequence of them."""
-    if isinstance(texts, str) or (isinstance(texts, tuple) and len(texts) == 2 and
-                                  all(isinstance(v, str) for v in texts)):
+def make_inputs(texts: Texts) -> List[pb.Input]:
+    """One input (str, pair, TokenIds, 1-D id array) or a sequence of them; a numpy array of
+    strings gives one text per element, a 2-D integer array one token-id input per row."""
+    if isinstance(texts, np.ndarray):
+        if texts.dtype.kind in "UO":
+            return [make_input(t) for t in texts.reshape(-1)]
+        if texts.ndim == 2:
+            return [_token_ids(row) for row in texts]
+        return [make_input(texts)]
+    # A top-level list of two texts is two inputs; only a tuple of two is one pair.
+    if isinstance(texts, (str, TokenIds)) or (isinstance(texts, tuple) and _is_pair(texts)):
         return [make_input(texts)]  # type: ignore[arg-type]
-    return [make_input(t) for t in texts]  # type: ignore[union-attr]
+    if not isinstance(texts, Iterable):
+        return [make_input(texts)]  # raises the TypeError that says what an input is
+    return [make_input(t) for t in texts]
 
 
 def tokenization(max_length: int, truncation: Optional[str]) -> pb.TokenizationOptions:
@@ -137,6 +267,10 @@ def pooling(name: str) -> "pb.Pooling":
     return lookup(_POOLING, name, "pooling")
 
 
+def dtype(name: str) -> "pb.DType":
+    return lookup(_DTYPES, name, "dtype")
+
+
 def rerank_method(name: str) -> "pb.RerankMethod":
     return lookup(RERANK_METHODS, name, "method")
 
@@ -148,8 +282,8 @@ def rerank_method_name(value: int) -> str:
 def lookup(table: Mapping[str, _Value], name: str, what: str) -> _Value:
     try:
         return table[name]
-    except KeyError:
-        raise ValueError(f"{what} {name!r}: expected one of {', '.join(table)}") from None
+    except (KeyError, TypeError):
+        raise ValueError(f"{what} {quote(name)}: expected one of {', '.join(table)}") from None
 
 
 def chunks(items: Sequence, size: int) -> Iterable[Sequence]:
@@ -172,9 +306,20 @@ def tensor(message: pb.Tensor) -> np.ndarray:
     return values.reshape(shape).astype(np.float32, copy=False)
 
 
+def optional_tensor(message: Any, field: str) -> Optional[np.ndarray]:
+    return tensor(getattr(message, field)) if message.HasField(field) else None
+
+
 def tokens(messages: Iterable[pb.Token]) -> List[Token]:
     return [Token(id=t.id, text=t.text, char_start=t.char_start, char_end=t.char_end,
-                  type_id=t.type_id, special=t.special) for t in messages]
+                  type_id=t.type_id, special=t.special, byte_start=t.byte_start,
+                  byte_end=t.byte_end, source=t.source) for t in messages]
+
+
+def timing(metadata: pb.ResponseMetadata) -> Timing:
+    return Timing(token_count=metadata.token_count, tokenization_ms=metadata.tokenization_ms,
+                  queue_ms=metadata.queue_ms, inference_ms=metadata.inference_ms,
+                  total_ms=metadata.total_ms, batch_inputs=metadata.batch_inputs)
 
 
 def embeddings(results: Iterable[pb.EncodeResult]) -> np.ndarray:
@@ -184,13 +329,47 @@ def embeddings(results: Iterable[pb.EncodeResult]) -> np.ndarray:
     return np.stack(rows)
 
 
-def attention(result: pb.AttentionResult, scores: bool) -> Attention:
-    layers = [layer.layer for layer in result.layers]
-    heads = list(result.layers[0].heads) if result.layers else []
-    weights = np.stack([tensor(layer.weights) for layer in result.layers])
-    score_maps = np.stack([tensor(layer.scores) for layer in result.layers]) if scores else None
-    return Attention(tokens=tokens(result.tokens), layers=layers, heads=heads, weights=weights,
-                     scores=score_maps)
+def sparse_vector(message: pb.SparseVector) -> SparseVector:
+    return SparseVector(indices=np.asarray(message.indices, dtype=np.uint32),
+                        values=np.asarray(message.values, dtype=np.float32))
+
+
+def encoded_input(result: pb.EncodeResult, sparse: bool) -> EncodedInput:
+    hidden = [h for h in result.hidden_states]
+    return EncodedInput(
+        tokens=tokens(result.tokens), embedding=np.asarray(result.embedding, dtype=np.float32),
+        truncated=result.truncated, untruncated_length=result.untruncated_length,
+        sparse=sparse_vector(result.sparse) if sparse else None,
+        token_embeddings=optional_tensor(result, "token_embeddings"),
+        static_embeddings=optional_tensor(result, "static_embeddings"),
+        hidden_states=np.stack([tensor(h.tensor) for h in hidden]) if hidden else None,
+        hidden_layers=[h.layer for h in hidden])
+
+
+def _stack(layers: Sequence[pb.LayerAttention], field: str) -> Optional[np.ndarray]:
+    if not layers or not layers[0].HasField(field):
+        return None
+    return np.stack([tensor(getattr(layer, field)) for layer in layers])
+
+
+def attention(response: pb.AttentionMapResponse) -> Attention:
+    result = response.results[0]
+    layers = list(result.layers)
+    top_weights = top_indices = None
+    if layers and layers[0].HasField("weights_top_k"):
+        top_weights = np.stack([tensor(layer.weights_top_k.values) for layer in layers])
+        top_indices = np.stack([
+            np.asarray(layer.weights_top_k.indices, dtype=np.int32).reshape(
+                tensor(layer.weights_top_k.values).shape) for layer in layers])
+    return Attention(
+        tokens=tokens(result.tokens), layers=[layer.layer for layer in layers],
+        heads=list(layers[0].heads) if layers else [], weights=_stack(layers, "weights"),
+        scores=_stack(layers, "scores"), query=_stack(layers, "query"),
+        key=_stack(layers, "key"), value=_stack(layers, "value"),
+        mean_weights=_stack(layers, "mean_weights"),
+        rollout=optional_tensor(result, "rollout"), top_k_weights=top_weights,
+        top_k_indices=top_indices, truncated=result.truncated,
+        untruncated_length=result.untruncated_length, model_version=response.model_version)
 
 
 def label_scores(result: pb.ClassifyResult) -> List[LabelScore]:

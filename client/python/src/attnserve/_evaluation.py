@@ -19,6 +19,7 @@ from typing import Any, Dict, Iterable, List, Union
 
 import numpy as np
 
+from attnserve.errors import quote
 from attnserve.v1 import trainer_pb2 as tpb
 
 EvaluationData = Union[str, "os.PathLike[str]", Iterable[Dict[str, Any]], tpb.EvaluationSet]
@@ -138,7 +139,8 @@ def evaluation_set(data: EvaluationData) -> tpb.EvaluationSet:
             out.task = tpb.EVALUATION_PAIR_CLASSIFICATION
         else:
             raise ValueError(f"evaluation data: cannot tell the task from the fields "
-                             f"{sorted(first)}; see help(attnserve.Client.evaluate)")
+                             f"{quote(', '.join(sorted(first)))}; see "
+                             "help(attnserve.Client.evaluate)")
         for o in objects:
             out.examples.append(tpb.TrainingExample(**o))
     return out

@@ -4,10 +4,15 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple, Union, cast
+import queue
+from typing import (Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union,
+                    cast)
+
+import grpc
 
 from attnserve import _convert
-from attnserve._evaluation import Evaluation
+from attnserve._evaluation import Evaluation, EvaluationData, evaluation_set, from_proto
+from attnserve.errors import error, quote
 from attnserve.v1 import trainer_pb2 as tpb
 
 OBJECTIVES = {
@@ -72,7 +77,7 @@ def example(item: Any, objective_value: int, where: str) -> tpb.TrainingExample:
     if isinstance(item, dict):
         unknown = sorted(set(item) - _EXAMPLE_FIELDS)
         if unknown:
-            raise ValueError(f"{where}: unknown field(s) {', '.join(unknown)}; a training "
+            raise ValueError(f"{where}: unknown field(s) {quote(', '.join(unknown))}; a training "
                              f"example has {', '.join(sorted(_EXAMPLE_FIELDS))}")
         return tpb.TrainingExample(**item)
     if isinstance(item, (tuple, list)):
@@ -170,13 +175,104 @@ def batches(examples: Sequence[tpb.TrainingExample], batch_size: int, epochs: in
 
 def config(objective_value: "tpb.Objective", *, learning_rate: float, num_labels: int,
            label_names: Optional[Sequence[str]], parameters_value: "tpb.ParameterSelection",
-           seed: int,
-           warmup_steps: int, total_steps: int, disable_dropout: bool,
-           base_version: str, max_length: int) -> tpb.FineTuneConfig:
+           seed: int, warmup_steps: int, total_steps: int, disable_dropout: bool,
+           base_version: str, max_length: int, precision: str = "float32",
+           eval_data: Optional[EvaluationData] = None, eval_every: int = 0,
+           promote_if: str = "", model: str = "") -> tpb.FineTuneConfig:
+    """The job's FineTuneConfig, for the FineTune stream and CreateJob alike."""
     from attnserve.v1 import encoder_pb2 as pb
 
-    return tpb.FineTuneConfig(
+    job_config = tpb.FineTuneConfig(
         objective=objective_value, learning_rate=learning_rate, num_labels=num_labels,
         label_names=list(label_names or []), parameters=parameters_value, seed=seed,
         warmup_steps=warmup_steps, total_steps=total_steps, disable_dropout=disable_dropout,
-        base_version=base_version, tokenization=pb.TokenizationOptions(max_length=max_length))
+        base_version=base_version, tokenization=pb.TokenizationOptions(max_length=max_length),
+        precision=precision, model=model)
+    if eval_data is not None:
+        job_config.evaluation.CopyFrom(evaluation_set(eval_data))
+        job_config.eval_every = eval_every
+        job_config.promote_if = promote_if
+    elif promote_if:
+        raise ValueError("promote_if needs eval_data: the gate is checked on its scores")
+    return job_config
+
+
+def stream(method: Callable[..., Any], metadata: List[Tuple[str, str]],
+           job_config: tpb.FineTuneConfig, todo: List[tpb.TrainingBatch],
+           last: tpb.FineTuneRequest, progress: bool,
+           batches_in_flight: int) -> FineTuneResult:
+    """Runs one FineTune stream: the config, the batches (at most batches_in_flight ahead of the
+    server's answers), then `last` (commit or abort). Raises grpc.RpcError as the call fails."""
+    from tqdm.auto import tqdm
+
+    requests: "queue.Queue[Optional[tpb.FineTuneRequest]]" = queue.Queue()
+
+    def request_stream() -> Iterable[tpb.FineTuneRequest]:
+        while True:
+            request = requests.get()
+            if request is None:
+                return
+            yield request
+
+    job_id = base = committed = promotion = ""
+    promoted = False
+    evaluations: List[Evaluation] = []
+    losses: List[float] = []
+    warnings: List[str] = []
+    sent = 0
+    ended = False  # commit/abort sent and the request stream closed
+
+    def finish(request: tpb.FineTuneRequest) -> None:
+        nonlocal ended
+        if not ended:
+            ended = True
+            requests.put(request)
+            requests.put(None)
+
+    def send_more() -> None:
+        nonlocal sent
+        while sent < len(todo) and sent - len(losses) < batches_in_flight:
+            requests.put(tpb.FineTuneRequest(batch=todo[sent]))
+            sent += 1
+        if sent == len(todo) and len(losses) == sent:
+            finish(last)
+
+    requests.put(tpb.FineTuneRequest(config=job_config))
+    bar = tqdm(total=len(todo), disable=not progress, unit="step", desc="finetune")
+    call = method(request_stream(), metadata=metadata)
+    try:
+        send_more()
+        for message in call:
+            job_id = message.job_id or job_id
+            base = message.base_version or base
+            committed = message.committed_version or committed
+            warnings.extend(message.warnings)
+            evaluations.extend(from_proto(e) for e in message.evaluations)
+            promoted = promoted or message.promoted
+            promotion = message.promotion or promotion
+            if message.step > len(losses):
+                losses.append(message.loss)
+                bar.set_postfix(loss=f"{message.loss:.4f}", refresh=False)
+                bar.update(1)
+            send_more()
+    except grpc.RpcError:
+        raise
+    except BaseException:
+        # Ctrl-C or a bug on our side: abort the job so nothing is published, then wait for the
+        # server to confirm.
+        finish(tpb.FineTuneRequest(abort=True))
+        try:
+            for _ in call:
+                pass
+        except grpc.RpcError:
+            pass
+        raise
+    finally:
+        requests.put(None)
+        bar.close()
+    if last.HasField("commit") and not committed:
+        raise error(grpc.StatusCode.UNKNOWN, f"job {job_id} ended after {len(losses)} steps "
+                    "without a committed version")
+    return FineTuneResult(job_id=job_id, base_version=base, committed_version=committed,
+                          steps=len(losses), losses=losses, warnings=warnings,
+                          evaluations=evaluations, promoted=promoted, promotion=promotion)

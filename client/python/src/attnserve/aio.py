@@ -1,25 +1,26 @@
-"""attnserve.aio.AsyncClient: Client's calls as coroutines, for asyncio code.
+"""attnserve.aio.AsyncClient: every Client call as a coroutine, for asyncio code.
 
 Each call runs the blocking Client call on a thread of its own pool (gRPC releases the GIL while
 it waits), so many calls can be in flight at once and the event loop never blocks:
 
     async with attnserve.aio.AsyncClient("localhost:50051") as client:
         a, b = await asyncio.gather(client.encode(["one"]), client.encode(["two"]))
+        async for event in client.job_events(job.job_id):
+            ...
+
+The methods, their arguments and results are Client's (the coroutines are made from Client's
+public methods, so the two cannot drift apart); job_events is an async iterator.
 """
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
 import functools
-from typing import Any, Callable, List, Optional, TypeVar
+import inspect
+from typing import Any, AsyncIterator, Callable, Optional
 
-import numpy as np
-
-from attnserve._convert import Attention, LabelScore, Ranking, Token, TokenStates
-from attnserve.client import Client, VersionInfo
-from attnserve.v1 import encoder_pb2 as pb
-
-_Result = TypeVar("_Result")
+from attnserve._jobs import JobEvent
+from attnserve.client import Client
 
 
 class AsyncClient:
@@ -30,42 +31,22 @@ class AsyncClient:
         self._pool = concurrent.futures.ThreadPoolExecutor(max_concurrent_calls,
                                                            thread_name_prefix="attnserve")
 
-    async def _run(self, call: Callable[..., _Result], *args: Any, **kwargs: Any) -> _Result:
+    async def _run(self, call: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._pool, functools.partial(call, *args, **kwargs))
 
-    async def encode(self, *args: Any, **kwargs: Any) -> np.ndarray:
-        return await self._run(self.client.encode, *args, **kwargs)
-
-    async def token_embeddings(self, *args: Any, **kwargs: Any) -> List[TokenStates]:
-        return await self._run(self.client.token_embeddings, *args, **kwargs)
-
-    async def hidden_states(self, *args: Any, **kwargs: Any) -> List[TokenStates]:
-        return await self._run(self.client.hidden_states, *args, **kwargs)
-
-    async def attention(self, *args: Any, **kwargs: Any) -> Attention:
-        return await self._run(self.client.attention, *args, **kwargs)
-
-    async def tokenize(self, *args: Any, **kwargs: Any) -> List[List[Token]]:
-        return await self._run(self.client.tokenize, *args, **kwargs)
-
-    async def classify(self, *args: Any, **kwargs: Any) -> List[List[LabelScore]]:
-        return await self._run(self.client.classify, *args, **kwargs)
-
-    async def rerank(self, *args: Any, **kwargs: Any) -> Ranking:
-        return await self._run(self.client.rerank, *args, **kwargs)
-
-    async def model_info(self, model_version: str = "") -> pb.ModelInfo:
-        return await self._run(self.client.model_info, model_version)
-
-    async def versions(self) -> List[VersionInfo]:
-        return await self._run(self.client.versions)
-
-    async def rollback(self, version: str = "") -> List[VersionInfo]:
-        return await self._run(self.client.rollback, version)
-
-    async def promote(self, version: str) -> List[VersionInfo]:
-        return await self._run(self.client.promote, version)
+    async def job_events(self, job_id: str, **kwargs: Any) -> AsyncIterator[JobEvent]:
+        """Client.job_events as an async iterator: each event as it happens."""
+        events = self.client.job_events(job_id, **kwargs)
+        done = object()
+        try:
+            while True:
+                event = await self._run(next, events, done)
+                if event is done:
+                    return
+                yield event
+        finally:
+            await self._run(events.close)
 
     def close(self, wait: Optional[bool] = True) -> None:
         self._pool.shutdown(wait=bool(wait))
@@ -76,3 +57,17 @@ class AsyncClient:
 
     async def __aexit__(self, *exc: object) -> None:
         self.close()
+
+
+def _coroutine(name: str, method: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(method)
+    async def call(self: AsyncClient, *args: Any, **kwargs: Any) -> Any:
+        return await self._run(getattr(self.client, name), *args, **kwargs)
+
+    return call
+
+
+for _name, _method in inspect.getmembers(Client, inspect.isfunction):
+    if not _name.startswith("_") and _name not in vars(AsyncClient):
+        setattr(AsyncClient, _name, _coroutine(_name, _method))
+del _name, _method
