@@ -329,6 +329,94 @@ std::optional<PackedAttentionOutputs> CollectAttention(const BertConfig& config,
   return outputs;
 }
 
+// The batch's token ids, type ids and per-sequence positions, packed: (M) each.
+struct PackedTokens {
+  std::vector<int32_t> token_ids, type_ids, positions;
+};
+
+PackedTokens PackTokens(const BertConfig& config, const std::vector<SequenceInput>& batch,
+                        int64_t M) {
+  PackedTokens packed;
+  packed.token_ids.reserve(M);
+  packed.type_ids.reserve(M);
+  packed.positions.reserve(M);
+  for (const SequenceInput& seq : batch) {
+    const int32_t length = static_cast<int32_t>(seq.token_ids.size());
+    packed.token_ids.insert(packed.token_ids.end(), seq.token_ids.begin(), seq.token_ids.end());
+    if (seq.type_ids.empty()) {
+      packed.type_ids.insert(packed.type_ids.end(), length, 0);
+    } else {
+      packed.type_ids.insert(packed.type_ids.end(), seq.type_ids.begin(), seq.type_ids.end());
+    }
+    AppendPositionIds(config, seq.token_ids, &packed.positions);
+  }
+  return packed;
+}
+
+// Embeddings: static (M, H), then hidden (M, H) = LayerNorm(static); the static ones kept in
+// *result when options ask for them, and hidden as hidden state 0.
+void EmbedTokens(const BertConfig& config, const BertWeights& weights,
+                 const std::vector<SequenceInput>& batch, const ForwardOptions& options,
+                 ForwardWorkspace& ws, float* hidden, ForwardResult* result) {
+  const int64_t M = result->total_tokens(), H = config.hidden_size;
+  const PackedTokens tokens = PackTokens(config, batch, M);
+  if (options.static_embeddings) result->static_embeddings = Tensor({M, H});
+  float* embeddings =
+      options.static_embeddings ? result->static_embeddings.data() : Grow(ws.embeddings, M * H);
+  EmbeddingForward(weights.word_embeddings, weights.position_embeddings,
+                   weights.token_type_embeddings, tokens.token_ids, tokens.type_ids,
+                   tokens.positions, embeddings);
+  AddLayerNormRows(embeddings, nullptr, M, H, weights.embedding_norm_gamma.data(),
+                   weights.embedding_norm_beta.data(), config.layer_norm_eps, hidden);
+  KeepHiddenState(options, 0, hidden, M, H, result);
+}
+
+// How a forward runs its attention: the kernel's shape and, for MPNet, the relative position
+// bias it points at (so not copyable: SetUpAttention fills one in place).
+struct ForwardAttention {
+  PackedAttentionShape shape;
+  std::optional<RelativePositionBias> relative_bias;
+  bool bf16 = false;       // Q, K, V and the probabilities rounded to bfloat16 values
+  bool round_qkv = false;  // ... by a pass before the kernel (else the kernel rounds them)
+  ForwardAttention() = default;
+  ForwardAttention(const ForwardAttention&) = delete;
+  ForwardAttention& operator=(const ForwardAttention&) = delete;
+};
+
+void SetUpAttention(const BertConfig& config, const BertWeights& weights, Precision precision,
+                    const std::vector<int64_t>& seq_offsets, ForwardAttention* attention) {
+  const int64_t d = config.head_dim();
+  // Under bf16 the attention products take bfloat16 inputs too: Q, K, V and the probabilities
+  // are rounded (by the kernel, or here before it).
+  attention->bf16 = precision == Precision::kBf16;
+  // The native bf16 kernels (AVX-512 BF16, AMX) round Q, K and V themselves as they pack them;
+  // the others need them rounded first.
+  attention->round_qkv = attention->bf16 && !UseAvx512Bf16Kernels();
+  // Under int8, where the AMX tile kernel runs bfloat16 attention products (head_dim 32 or 64),
+  // the attention takes them (the kernel rounds Q, K, V itself): on the AMX host they were
+  // faster than the VNNI int8 products and are more accurate.
+  const bool int8 = precision == Precision::kInt8;
+  const bool amx_attention = int8 && UseAmxBf16Kernels() && AmxBf16AttentionSupports(d);
+  attention->shape =
+      PackedAttentionShape{config.num_attention_heads, d, attention->bf16 || amx_attention};
+  // Else int8 attention products where accuracy allows: BERT-family models. On MPNet (relative
+  // position bias) they lowered the min pooled cosine to Hugging Face on the golden inputs to
+  // 0.99489, under the 0.995 bound (with per-key instead of per-head K scales: 0.99467), so its
+  // attention stays fp32 under int8.
+  attention->shape.int8_products = int8 && !amx_attention && !config.spec().relative_attention_bias;
+  // MPNet: the relative position bias, built once for the longest sequence and read by every
+  // layer and sequence.
+  if (config.spec().relative_attention_bias) {
+    int64_t longest = 0;
+    for (size_t b = 0; b + 1 < seq_offsets.size(); ++b) {
+      longest = std::max(longest, seq_offsets[b + 1] - seq_offsets[b]);
+    }
+    attention->relative_bias =
+        RelativePositionBiasForward(weights.relative_attention_bias, longest);
+    attention->shape.relative_bias = &*attention->relative_bias;
+  }
+}
+
 absl::StatusOr<ForwardResult> RunForward(const BertConfig& config, const InferenceWeights& prepared,
                                          const std::vector<SequenceInput>& batch,
                                          const ForwardOptions& options) {
@@ -337,7 +425,6 @@ absl::StatusOr<ForwardResult> RunForward(const BertConfig& config, const Inferen
   ExecContext& ctx = *ws.ctx;
   const BertWeights& weights = prepared.weights();
   const int64_t H = config.hidden_size, I = config.intermediate_size;
-  const int64_t heads = config.num_attention_heads, d = config.head_dim();
   const float eps = config.layer_norm_eps;
   const int64_t batch_size = static_cast<int64_t>(batch.size());
 
@@ -348,22 +435,6 @@ absl::StatusOr<ForwardResult> RunForward(const BertConfig& config, const Inferen
   }
   const int64_t M = result.total_tokens();
   const int64_t Mp = MatmulRows(M);  // rows every matmul runs on
-
-  // Packed token ids, type ids and per-sequence positions: (M)
-  std::vector<int32_t> token_ids, type_ids, positions;
-  token_ids.reserve(M);
-  type_ids.reserve(M);
-  positions.reserve(M);
-  for (const SequenceInput& seq : batch) {
-    const int32_t length = static_cast<int32_t>(seq.token_ids.size());
-    token_ids.insert(token_ids.end(), seq.token_ids.begin(), seq.token_ids.end());
-    if (seq.type_ids.empty()) {
-      type_ids.insert(type_ids.end(), length, 0);
-    } else {
-      type_ids.insert(type_ids.end(), seq.type_ids.begin(), seq.type_ids.end());
-    }
-    AppendPositionIds(config, seq.token_ids, &positions);
-  }
 
   // Rows past M up to Ma: what the matmuls of the last row block (LayerRowTails) or of all M
   // rows (MatmulRows) read past the real ones, finite.
@@ -379,48 +450,25 @@ absl::StatusOr<ForwardResult> RunForward(const BertConfig& config, const Inferen
   ZeroPaddingRows(context, M, Ma, H);
   ZeroPaddingRows(attn_out, M, Ma, H);
 
-  // Embeddings: static (M, H), then hidden (M, H) = LayerNorm(static)
-  if (options.static_embeddings) result.static_embeddings = Tensor({M, H});
-  float* embeddings =
-      options.static_embeddings ? result.static_embeddings.data() : Grow(ws.embeddings, M * H);
-  EmbeddingForward(weights.word_embeddings, weights.position_embeddings,
-                   weights.token_type_embeddings, token_ids, type_ids, positions, embeddings);
-  AddLayerNormRows(embeddings, nullptr, M, H, weights.embedding_norm_gamma.data(),
-                   weights.embedding_norm_beta.data(), eps, hidden);
-  KeepHiddenState(options, 0, hidden, M, H, &result);
+  EmbedTokens(config, weights, batch, options, ws, hidden, &result);
 
-  // Under bf16 the attention products take bfloat16 inputs too: Q, K, V and the probabilities
-  // are rounded (by the kernel, or here before it).
-  const bool bf16_attention = prepared.precision() == Precision::kBf16;
-  // The native bf16 kernels (AVX-512 BF16, AMX) round Q, K and V themselves as they pack them;
-  // the others need them rounded first.
-  const bool round_qkv = bf16_attention && !UseAvx512Bf16Kernels();
-  // Under int8, where the AMX tile kernel runs bfloat16 attention products (head_dim 32 or 64),
-  // the attention takes them (the kernel rounds Q, K, V itself): on the AMX host they were
-  // faster than the VNNI int8 products and are more accurate.
-  const bool int8 = prepared.precision() == Precision::kInt8;
-  const bool amx_attention = int8 && UseAmxBf16Kernels() && AmxBf16AttentionSupports(d);
-  PackedAttentionShape attention_shape{heads, d, bf16_attention || amx_attention};
-  // Else int8 attention products where accuracy allows: BERT-family models. On MPNet (relative
-  // position bias) they lowered the min pooled cosine to Hugging Face on the golden inputs to
-  // 0.99489, under the 0.995 bound (with per-key instead of per-head K scales: 0.99467), so its
-  // attention stays fp32 under int8.
-  attention_shape.int8_products = int8 && !amx_attention && !config.spec().relative_attention_bias;
-  // MPNet: the relative position bias, built once for the longest sequence and read by every
-  // layer and sequence.
-  std::optional<RelativePositionBias> relative_bias;
-  if (config.spec().relative_attention_bias) {
-    int64_t longest = 0;
-    for (int64_t b = 0; b < batch_size; ++b) {
-      longest = std::max(longest, result.seq_offsets[b + 1] - result.seq_offsets[b]);
-    }
-    relative_bias = RelativePositionBiasForward(weights.relative_attention_bias, longest);
-    attention_shape.relative_bias = &*relative_bias;
-  }
+  ForwardAttention attention;
+  SetUpAttention(config, weights, prepared.precision(), result.seq_offsets, &attention);
+  const bool round_qkv = attention.round_qkv;
   // qkv (M, 3H) = hidden · W_qkv^T + b_qkv of the first layer; every layer's row-local part
   // computes the next one's.
   prepared.layer(0).qkv.Apply(ctx, hidden, M, LinearOutput::Plain(), qkv);
   if (round_qkv) RoundFloatsToBFloat16(qkv, M * 3 * H, qkv);
+  LayerRows rows;  // what every layer's row-local part reads and writes
+  rows.H = H;
+  rows.I = I;
+  rows.eps = eps;
+  rows.round_qkv = round_qkv;
+  rows.row_block = row_block;
+  rows.context = context;
+  rows.attn_out = attn_out;
+  rows.hidden = hidden;
+  rows.qkv = qkv;
   for (int layer_index = 0; layer_index < config.num_hidden_layers; ++layer_index) {
     if (options.stop_requested && options.stop_requested()) {
       return absl::CancelledError(absl::StrCat("forward stopped before layer ", layer_index, " of ",
@@ -429,22 +477,13 @@ absl::StatusOr<ForwardResult> RunForward(const BertConfig& config, const Inferen
     }
     // context (M, H): per sequence and head, softmax(Q K^T / sqrt(d) (+ bias)) V
     const std::optional<PackedAttentionOutputs> maps =
-        CollectAttention(config, options, layer_index, qkv, bf16_attention, &result);
-    PackedAttentionForward(attention_shape, qkv, result.seq_offsets, context,
+        CollectAttention(config, options, layer_index, qkv, attention.bf16, &result);
+    PackedAttentionForward(attention.shape, qkv, result.seq_offsets, context,
                            maps.has_value() ? &*maps : nullptr);
-    LayerRows rows;
     rows.layer = &prepared.layer(layer_index);
     rows.weights = &weights.layers[layer_index];
-    if (layer_index + 1 < config.num_hidden_layers) rows.next = &prepared.layer(layer_index + 1);
-    rows.H = H;
-    rows.I = I;
-    rows.eps = eps;
-    rows.round_qkv = round_qkv;
-    rows.row_block = row_block;
-    rows.context = context;
-    rows.attn_out = attn_out;
-    rows.hidden = hidden;
-    rows.qkv = qkv;
+    const bool last = layer_index + 1 == config.num_hidden_layers;
+    rows.next = last ? nullptr : &prepared.layer(layer_index + 1);
     LayerRowTails(ctx, ws, rows, M);
     KeepHiddenState(options, layer_index + 1, hidden, M, H, &result);
   }
