@@ -34,6 +34,8 @@
 #include "server/http/http_routes.h"
 #include "server/http/http_server.h"
 #include "server/metrics.h"
+#include "server/oip/oip_rest.h"
+#include "server/oip/oip_service.h"
 #include "server/store_watcher.h"
 #include "server/trainer_service.h"
 
@@ -269,10 +271,17 @@ int RunServer(const ServerOptions& options, std::optional<std::string> trainer_t
       {options.model_name, options.http_request_timeout_s, options.max_message_bytes},
       &serving_core, api_key, &metrics);
   TrainerService trainer(options, std::move(trainer_token), &models, &metrics);
+  // The Open Inference Protocol (server/oip/): gRPC beside the Encoder, REST under /v2.
+  const oip::OipOptions oip_options{options.max_message_bytes, options.max_request_memory_bytes,
+                                    ATTN_VERSION};
+  oip::OipService oip_grpc(&serving_core, &memory_budget, oip_options, &metrics, api_key);
+  oip::OipRest oip_rest(&serving_core, &memory_budget, oip_options,
+                        options.http_request_timeout_s, api_key);
+  http_routes.SetOipRoutes(&oip_rest);
 
   int grpc_port = 0;
   std::unique_ptr<grpc::Server> server =
-      StartGrpcServer(options, *credentials, {&encoder, &trainer}, &grpc_port);
+      StartGrpcServer(options, *credentials, {&encoder, &trainer, &oip_grpc}, &grpc_port);
   if (server == nullptr) {
     return ListenFailure("gRPC", options.host, options.port, "--port",
                          "the port is in use or the address is not available");
@@ -377,6 +386,8 @@ int RunServer(const ServerOptions& options, std::optional<std::string> trainer_t
   health->SetServingStatus(true);
   health->SetServingStatus(kEncoderServiceName, true);
   http_routes.SetServing(true);
+  oip_grpc.SetServing(true);
+  oip_rest.SetServing(true);
   for (const ModelSlot& slot : *slots) {
     absl::StatusOr<ModelVersion> served = slot.registry->Get("");
     const BertConfig& config = slot.config;
@@ -404,6 +415,8 @@ int RunServer(const ServerOptions& options, std::optional<std::string> trainer_t
       signal_number == SIGTERM ? "SIGTERM" : "SIGINT", options.drain_timeout_s);
   health->SetServingStatus(false);
   http_routes.SetServing(false);
+  oip_grpc.SetServing(false);
+  oip_rest.SetServing(false);
   // HTTP drains beside gRPC: its listener closes and each worker finishes the call it serves
   // (bounded by --http-request-timeout-s, the calls' deadline).
   std::thread http_drain([&http_server] {

@@ -11,6 +11,7 @@
 #include "nlohmann/json.hpp"
 #include "server/auth.h"
 #include "server/http/openai_embeddings.h"
+#include "server/oip/oip_rest.h"
 #include "server/proto_convert.h"
 #include "server/raw_method.h"
 #include "server/status_map.h"
@@ -86,6 +87,8 @@ HttpReply HttpRoutes::Handle(const HttpRequest& request) {
 }
 
 HttpReply HttpRoutes::Dispatch(const HttpRequest& request, const char** method_label) {
+  // The Open Inference Protocol (/v2/...) answers in its own shapes (server/oip/oip_rest.h).
+  if (oip_ != nullptr && oip::OipRest::Owns(request.path)) return oip_->Handle(request, method_label);
   // The routes: path, HTTP method, metrics label.
   struct RouteEntry {
     const char* path;

@@ -26,6 +26,10 @@
 #include "server/http/http_server.h"
 #include "server/metrics.h"
 
+namespace attn::server::oip {
+class OipRest;
+}  // namespace attn::server::oip
+
 namespace attn::server::http {
 
 struct HttpRoutesOptions {
@@ -45,6 +49,9 @@ class HttpRoutes {
   // The gRPC port, which /health names: a gRPC client pointed at this port by mistake (attnctl
   // --server HOST:HTTP_PORT) learns where to go.
   void SetGrpcPort(int port) { grpc_port_.store(port); }
+  // The Open Inference Protocol's REST routes (server/oip/oip_rest.h): every path under /v2 goes
+  // to it. Set before the listener starts.
+  void SetOipRoutes(const oip::OipRest* oip) { oip_ = oip; }
 
   HttpReply Handle(const HttpRequest& request);
   // 413 for a body of `bytes` bytes over the limit (the listener refuses it unread).
@@ -81,6 +88,7 @@ class HttpRoutes {
   Metrics* const metrics_;
   std::atomic<bool> serving_{false};
   std::atomic<int> grpc_port_{0};
+  const oip::OipRest* oip_ = nullptr;
 };
 
 // An OpenAI-shaped error reply for `status` (server/status_map.cc picks the HTTP status and the
