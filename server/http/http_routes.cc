@@ -10,6 +10,8 @@
 #include "attnserve/v1/encoder.pb.h"
 #include "nlohmann/json.hpp"
 #include "server/auth.h"
+#include "engine/json_depth.h"
+#include "server/http/cohere_rerank.h"
 #include "server/http/openai_embeddings.h"
 #include "server/oip/oip_rest.h"
 #include "server/proto_convert.h"
@@ -103,6 +105,8 @@ HttpReply HttpRoutes::Dispatch(const HttpRequest& request, const char** method_l
       {"/v1/explain", "POST", "Explain"},
       {"/v1/classify", "POST", "Classify"},
       {"/v1/rerank", "POST", "Rerank"},
+      {"/v2/rerank", "POST", "Rerank"},  // Cohere's v2 shape (cohere_rerank.h)
+      {"/rerank", "POST", "Rerank"},     // Jina's and Infinity's
       {"/v1/models", "GET", "GetModelInfo"},
       {"/health", "GET", "Health"},
   };
@@ -118,7 +122,8 @@ HttpReply HttpRoutes::Dispatch(const HttpRequest& request, const char** method_l
     return ErrorReply(absl::NotFoundError(absl::StrCat(
                           "no route ", Quote(request.path),
                           "; this server answers POST /v1/embeddings, /v1/encode, /v1/attention, "
-                          "/v1/tokenize, /v1/explain, /v1/classify, /v1/rerank, GET /v1/models and "
+                          "/v1/tokenize, /v1/explain, /v1/classify, /v1/rerank, /v2/rerank, /rerank, "
+                          "the Open Inference Protocol's /v2/..., GET /v1/models and "
                           "GET /health")),
                       "", "unknown_route");
   }
@@ -178,6 +183,13 @@ HttpReply HttpRoutes::Dispatch(const HttpRequest& request, const char** method_l
                                                                   &core::ServingCore::Classify);
   }
   if (label == "Rerank") {
+    // Cohere's and Jina's shape beside ours (cohere_rerank.h says how they share /v1/rerank).
+    const json body = JsonNestsDeeperThan(request.body)
+                          ? json(json::value_t::discarded)
+                          : json::parse(request.body, nullptr, /*allow_exceptions=*/false);
+    if (request.path != "/v1/rerank" || IsCohereRerank(body)) {
+      return CohereRerank(body, control);
+    }
     return EngineRoute<v1::RerankRequest, v1::RerankResponse>(request, control,
                                                               &core::ServingCore::Rerank);
   }
@@ -289,6 +301,23 @@ HttpReply HttpRoutes::Embeddings(const HttpRequest& http_request,
     return ErrorReply(result.status(), bad_input ? field : "");
   }
   return JsonReply(EmbeddingsResponseJson(*result, (*served)->name, request.base64));
+}
+
+HttpReply HttpRoutes::CohereRerank(const json& body, const core::CallControl& control) {
+  if (body.is_discarded()) {
+    return ErrorReply(absl::InvalidArgumentError(
+        "the request body is not valid JSON (or nests deeper than 64 levels)"));
+  }
+  std::string param;
+  absl::StatusOr<core::RerankRequest> request = ParseCohereRerank(body, &param);
+  if (!request.ok()) return ErrorReply(request.status(), param);
+  const absl::StatusOr<const ServedModel*> served = core_->models().Find(request->model);
+  if (!served.ok()) return ErrorReply(served.status(), "model", "model_not_found");
+  request->model = (*served)->name;
+  const absl::StatusOr<core::RerankResponse> result =
+      Wait(&core::ServingCore::Rerank, *request, control);
+  if (!result.ok()) return ErrorReply(InCohereTerms(result.status()), "documents");
+  return JsonReply(CohereRerankJson(*result, (*served)->name, *request));
 }
 
 HttpReply HttpRoutes::Models(const HttpRequest& request, const core::CallControl& control) {

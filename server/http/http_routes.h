@@ -9,6 +9,9 @@
 //   POST /v1/encode       EncodeRequest -> EncodeResponse
 //   POST /v1/attention    AttentionMapRequest -> AttentionMapResponse
 //   POST /v1/tokenize     TokenizeRequest -> TokenizeResponse
+//   POST /v1/rerank       RerankRequest -> RerankResponse, or Cohere's shape (cohere_rerank.h);
+//        /v2/rerank, /rerank  Cohere's/Jina's shape
+//   /v2/...               the Open Inference Protocol (server/oip/oip_rest.h)
 //   POST /v1/explain      ExplainRequest -> ExplainResponse
 //   GET  /v1/models       OpenAI's model list; each entry carries GetModelInfo's ModelInfo
 //   GET  /v1/models/NAME  one entry of that list
@@ -22,6 +25,7 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "nlohmann/json.hpp"
 #include "server/core/serving_core.h"
 #include "server/http/http_server.h"
 #include "server/metrics.h"
@@ -65,6 +69,8 @@ class HttpRoutes {
   HttpReply Dispatch(const HttpRequest& request, const char** method_label);
   HttpReply Embeddings(const HttpRequest& request, const core::CallControl& control);
   HttpReply Models(const HttpRequest& request, const core::CallControl& control);
+  // Rerank in Cohere's/Jina's shape (cohere_rerank.h); `body` parsed (discarded = not JSON).
+  HttpReply CohereRerank(const nlohmann::json& body, const core::CallControl& control);
   template <typename Request, typename Response, typename CoreRequest, typename CoreResponse>
   HttpReply EngineRoute(const HttpRequest& request, const core::CallControl& control,
                         void (core::ServingCore::*call)(const CoreRequest&,

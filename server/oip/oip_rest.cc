@@ -151,7 +151,8 @@ OipRest::OipRest(core::ServingCore* core, MemoryBudget* memory_budget, OipOption
                 {options_.max_message_bytes, options_.max_request_memory_bytes}) {}
 
 bool OipRest::Owns(std::string_view path) {
-  return path == "/v2" || path == "/v2/" || path.substr(0, 4) == "/v2/";
+  // /v2/rerank is Cohere's v2 rerank (server/http/cohere_rerank.h), not the protocol's.
+  return (path == "/v2" || path == "/v2/" || path.substr(0, 4) == "/v2/") && path != "/v2/rerank";
 }
 
 HttpReply OipRest::Handle(const HttpRequest& request, const char** label) const {
