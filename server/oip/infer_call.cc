@@ -343,15 +343,15 @@ absl::Status ReadTokenInputs(const InputTensor& ids_tensor, const InputTensor* m
     for (size_t j = 0; j < length; ++j) {
       const int64_t id = (*ids)[r][j];
       if (id < 0 || id > std::numeric_limits<int32_t>::max()) {
-        return Invalid("INPUT_IDS",
-                       absl::StrCat("[", r, "][", j, "] is ", id, ", not a token id of this model"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("INPUT_IDS[", r, "][", j, "] is ", id, ", not a token id of this model"));
       }
       row.push_back(static_cast<int32_t>(id));
       if (!type_rows.empty()) {
         const int64_t type = type_rows[r][j];
         if (type < 0 || type > 255) {
-          return Invalid("TOKEN_TYPE_IDS", absl::StrCat("[", r, "][", j, "] is ", type,
-                                                        ", not a segment id"));
+          return absl::InvalidArgumentError(
+              absl::StrCat("TOKEN_TYPE_IDS[", r, "][", j, "] is ", type, ", not a segment id"));
         }
         type_row.push_back(static_cast<int32_t>(type));
       }
