@@ -9,9 +9,11 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "engine/cli_util.h"
 #include "engine/log.h"
 #include "server/auth.h"
+#include "server/oip/oip_rest.h"
 #include "server/options.h"
 #include "server/server_runner.h"
 
@@ -27,18 +29,21 @@ int main(int argc, char** argv) {
   std::vector<std::string> merged_storage;
   std::vector<char*> merged_argv =
       attn::server::MergeRepeatedModelFlags(argc, argv, &merged_storage);
-  attn::StartProgram(
-      static_cast<int>(merged_argv.size()), merged_argv.data(), "attnserve",
+  const std::string usage = absl::StrCat(
       "serves a BERT-family encoder over gRPC and HTTP/JSON (attnserve.v1.Encoder: Encode, "
       "AttentionMap, Tokenize, GetModelInfo; attnserve.v1.Trainer: FineTune, ListVersions, "
       "Rollback, SetServingVersion, enabled by --trainer-token-file) with grpc.health.v1 "
       "health checks, server reflection and Prometheus metrics; over HTTP the same calls "
-      "as JSON and the OpenAI-compatible POST /v1/embeddings (--http-port).\n"
+      "as JSON, the OpenAI-compatible POST /v1/embeddings and Cohere/Jina-shaped POST "
+      "/v1/rerank, /v2/rerank, /rerank (--http-port).\n",
+      attn::server::oip::OipUsage(),
       "Flags take dashes or underscores (--model-dir or --model_dir).\n"
       "Example: attnserve --port 50051 --metrics-port 9464\n"
       "Several models: attnserve --model minilm=models/all-MiniLM-L6-v2 "
       "--model mpnet=models/all-mpnet-base-v2 (the first is the default; requests pick one "
       "with their `model` field)");
+  attn::StartProgram(static_cast<int>(merged_argv.size()), merged_argv.data(), "attnserve",
+                     usage.c_str());
 
   auto usage_error = [](const absl::Status& status) {
     std::fprintf(stderr, "attnserve: %s (see --help)\n", std::string(status.message()).c_str());

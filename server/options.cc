@@ -36,8 +36,9 @@ ABSL_FLAG(int, metrics_port, kDefaults.metrics_port,
           "Prometheus /metrics port on the same host; 0 picks a free port, -1 disables.");
 ABSL_FLAG(int, http_port, kDefaults.http_port,
           "HTTP/JSON port on the same host: the OpenAI-compatible POST /v1/embeddings, REST "
-          "routes of the Encoder calls (/v1/encode, /v1/attention, /v1/tokenize, /v1/models) "
-          "and GET /health; 0 picks a free port, -1 disables.");
+          "routes of the Encoder calls (/v1/encode, /v1/attention, /v1/tokenize, /v1/models), "
+          "Cohere/Jina-shaped rerank (/v1/rerank, /v2/rerank, /rerank), the Open Inference "
+          "Protocol's REST routes (/v2/...) and GET /health; 0 picks a free port, -1 disables.");
 ABSL_FLAG(int, http_threads, kDefaults.http_threads,
           "HTTP worker threads: requests served at once (each waits for its engine call).");
 ABSL_FLAG(int, http_max_connections, kDefaults.http_max_connections,
@@ -55,8 +56,9 @@ ABSL_FLAG(std::string, model_name, "",
           "`model` (/v1/embeddings, /v1/models; a name ending in /<model-name> is accepted too). "
           "Empty: the basename of --model-dir.");
 ABSL_FLAG(std::string, api_key_file, "",
-          "Requires 'authorization: Bearer <key>' on Encoder calls (gRPC) and every HTTP route "
-          "but /health: a file holding the key (surrounding whitespace ignored). Empty: open.");
+          "Requires 'authorization: Bearer <key>' on Encoder calls (gRPC), the Open Inference "
+          "Protocol's calls but its live/ready probes, and every HTTP route but /health: a file "
+          "holding the key (surrounding whitespace ignored). Empty: open.");
 ABSL_FLAG(std::string, ready_file, "",
           "If set, once the model is loaded and health is SERVING, write "
           "{\"grpc_port\":N,\"metrics_port\":M,\"http_port\":H,\"pid\":P} here "

@@ -11,6 +11,7 @@
 #include "engine/json_depth.h"
 #include "engine/quote.h"
 #include "nlohmann/json.hpp"
+#include "inference/grpc_service.grpc.pb.h"
 #include "server/auth.h"
 #include "server/oip/oip_metadata.h"
 #include "server/status_map.h"
@@ -33,6 +34,22 @@ const std::vector<OipRoute>& OipRouteTable() {
        "OIP: TEXT or INPUT_IDS in, EMBEDDING (and more) out"},
   };
   return *routes;
+}
+
+std::string OipUsage() {
+  const google::protobuf::ServiceDescriptor* service =
+      inference::ModelInferRequest::descriptor()->file()->FindServiceByName(
+          "GRPCInferenceService");
+  std::string methods;
+  for (int i = 0; i < service->method_count(); ++i) {
+    absl::StrAppend(&methods, i == 0 ? "" : ", ", service->method(i)->name());
+  }
+  std::string usage = absl::StrCat("Open Inference Protocol (KServe v2 / Triton clients), gRPC ",
+                                   service->full_name(), ": ", methods, "; REST on --http-port:\n");
+  for (const OipRoute& route : OipRouteTable()) {
+    absl::StrAppend(&usage, "    ", route.method, " ", route.path, "  ", route.what, "\n");
+  }
+  return usage;
 }
 
 HttpReply OipErrorReply(const absl::Status& status, int http_status) {

@@ -31,6 +31,9 @@ struct OipRoute {
 };
 // Every route, in the order --help lists them.
 const std::vector<OipRoute>& OipRouteTable();
+// attnserve --help's lines for the protocol: the gRPC service's methods (from its descriptor,
+// whose generated service registers every one) and the REST routes (from OipRouteTable()).
+std::string OipUsage();
 
 class OipRest {
  public:

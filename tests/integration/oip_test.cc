@@ -12,6 +12,7 @@
 
 #include "inference/grpc_service.grpc.pb.h"
 #include "nlohmann/json.hpp"
+#include "server/oip/oip_rest.h"
 #include "tests/integration/harness.h"
 
 namespace attn::integration {
@@ -210,6 +211,29 @@ TEST(OipTest, ApiKeyCoversCallsNotProbes) {
   context.AddMetadata("authorization", "Bearer oip-test-key");
   EXPECT_TRUE(oip->ModelMetadata(&context, request, &metadata).ok());
   EXPECT_EQ(metadata.outputs(0).name(), "EMBEDDING");
+}
+
+// attnserve --help lists the gRPC service's every method and every REST route of the table the
+// server dispatches from.
+TEST(OipTest, HelpListsTheServiceAndTheRoutes) {
+  int exit_code = -1;
+  const std::string help = RunCommand("'" + AttnserveBinary() + "' --help 2>&1", &exit_code);
+  const google::protobuf::ServiceDescriptor* service =
+      inference::ModelInferRequest::descriptor()->file()->FindServiceByName(
+          "GRPCInferenceService");
+  ASSERT_NE(service, nullptr);
+  EXPECT_NE(help.find("inference.GRPCInferenceService"), std::string::npos) << help;
+  for (int i = 0; i < service->method_count(); ++i) {
+    EXPECT_NE(help.find(service->method(i)->name()), std::string::npos)
+        << service->method(i)->name() << " missing from --help";
+  }
+  for (const server::oip::OipRoute& route : server::oip::OipRouteTable()) {
+    EXPECT_NE(help.find(std::string(route.method) + " " + route.path), std::string::npos)
+        << route.path << " missing from --help";
+  }
+  for (const char* rerank : {"/v1/rerank", "/v2/rerank", "/rerank"}) {
+    EXPECT_NE(help.find(rerank), std::string::npos) << rerank;
+  }
 }
 
 }  // namespace
