@@ -172,43 +172,64 @@ bool OipRest::Owns(std::string_view path) {
   return (path == "/v2" || path == "/v2/" || path.substr(0, 4) == "/v2/") && path != "/v2/rerank";
 }
 
+namespace {
+
+// The table's route for `path` (nullptr: none), and for model routes the parsed path.
+const OipRoute* FindRoute(absl::string_view path, absl::StatusOr<ModelPath>* model) {
+  if (path == "/v2/") path = "/v2";
+  const bool models = absl::StartsWith(path, "/v2/models/");
+  if (models) *model = ParseModelPath(path);
+  for (const OipRoute& route : OipRouteTable()) {
+    const absl::string_view pattern = route.path;
+    const size_t name = pattern.find("NAME[/versions/V]");
+    if (name == absl::string_view::npos) {
+      if (path == pattern) return &route;
+      continue;
+    }
+    // "/v2/models/NAME[/versions/V]/ready": the action is what follows the version.
+    absl::string_view action = pattern.substr(name + std::strlen("NAME[/versions/V]"));
+    absl::ConsumePrefix(&action, "/");
+    if (models && (!model->ok() || (*model)->action == action)) return &route;
+  }
+  return nullptr;
+}
+
+std::string RouteList() {
+  std::string list;
+  for (const OipRoute& route : OipRouteTable()) {
+    absl::StrAppend(&list, list.empty() ? "" : ", ", route.method, " ", route.path);
+  }
+  return list;
+}
+
+}  // namespace
+
 HttpReply OipRest::Handle(const HttpRequest& request, const char** label) const {
-  const absl::string_view path = request.path;
-  const bool serving = serving_.load();
-  auto method_is = [&](const char* method) { return request.method == method; };
-  auto wrong_method = [&](const char* method) {
+  absl::StatusOr<ModelPath> model = ModelPath{};
+  const OipRoute* route = FindRoute(request.path, &model);
+  if (route == nullptr) {
+    *label = "unknown";
+    return OipErrorReply(absl::NotFoundError(absl::StrCat(
+        "no route ", QuoteInput(request.path), " under /v2; the Open Inference Protocol's are ",
+        RouteList())));
+  }
+  *label = route->label;
+  if (request.method != route->method) {
     HttpReply reply = OipErrorReply(
-        absl::UnimplementedError(absl::StrCat(QuoteInput(request.path), " takes ", method, ", not ",
+        absl::UnimplementedError(absl::StrCat(QuoteInput(request.path), " takes ",
+                                              route->method, ", not ",
                                               QuoteInput(request.method))),
         405);
-    reply.headers.push_back({"Allow", method});
+    reply.headers.push_back({"Allow", route->method});
     return reply;
-  };
-  if (path == "/v2/health/live" || path == "/v2/health/ready") {
-    const bool live = path == "/v2/health/live";
-    *label = live ? "ServerLive" : "ServerReady";
-    if (!method_is("GET")) return wrong_method("GET");
+  }
+  const absl::string_view name = route->label;
+  const bool serving = serving_.load();
+  if (name == "ServerLive" || name == "ServerReady") {  // probes: no key
+    const bool live = name == "ServerLive";
     if (live || serving) return JsonReply({{live ? "live" : "ready", true}});
     return OipErrorReply(absl::UnavailableError(
         "not ready: the model is loading or the server is shutting down"));
-  }
-  const bool models = absl::StartsWith(path, "/v2/models/");
-  if (path != "/v2" && path != "/v2/" && !models) {
-    *label = "unknown";
-    return OipErrorReply(absl::NotFoundError(
-        absl::StrCat("no route ", QuoteInput(request.path), " under /v2; the Open Inference Protocol's "
-                     "are GET /v2, /v2/health/live, /v2/health/ready, "
-                     "/v2/models/NAME[/versions/V][/ready|/config] and POST .../infer")));
-  }
-  absl::StatusOr<ModelPath> model = models ? ParseModelPath(path) : ModelPath{};
-  const std::string action = model.ok() ? model->action : "";
-  *label = !models              ? "ServerMetadata"
-           : action == "ready"  ? "ModelReady"
-           : action == "config" ? "ModelConfig"
-           : action == "infer"  ? "ModelInfer"
-                                : "ModelMetadata";
-  if (!method_is(action == "infer" ? "POST" : "GET")) {
-    return wrong_method(action == "infer" ? "POST" : "GET");
   }
   if (api_key_.has_value()) {
     std::string_view header;
@@ -220,12 +241,12 @@ HttpReply OipRest::Handle(const HttpRequest& request, const char** label) const 
   }
   if (!model.ok()) return OipErrorReply(model.status());
   const core::CallControl control = ControlOf(request, request_timeout_s_);
-  if (!models) {
+  if (name == "ServerMetadata") {
     const ServerDescription server = DescribeServer(options_.server_version);
     return JsonReply(
         {{"name", server.name}, {"version", server.version}, {"extensions", server.extensions}});
   }
-  if (action == "infer") {
+  if (name == "ModelInfer") {
     if (!serving) {
       return OipErrorReply(absl::UnavailableError(
           "the server is not serving: the model is loading or the server is shutting down; "
@@ -236,11 +257,11 @@ HttpReply OipRest::Handle(const HttpRequest& request, const char** label) const 
   absl::StatusOr<ModelDescription> described =
       DescribeModel(core_, model->model, model->version, control);
   if (!described.ok()) return OipErrorReply(described.status());
-  if (action == "ready") {
+  if (name == "ModelReady") {
     if (serving) return JsonReply({{"name", described->name}, {"ready", true}});
     return OipErrorReply(absl::UnavailableError("not ready: the server is not serving"));
   }
-  return JsonReply(action == "config" ? ConfigJson(*described) : SignatureJson(*described));
+  return JsonReply(name == "ModelConfig" ? ConfigJson(*described) : SignatureJson(*described));
 }
 
 }  // namespace attn::server::oip
