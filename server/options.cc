@@ -99,6 +99,12 @@ ABSL_FLAG(std::string, precision, attn::PrecisionName(kDefaults.precision),
 ABSL_FLAG(bool, allow_slow_precision, kDefaults.allow_slow_precision,
           "Serve --precision bf16 on a CPU without bfloat16 instructions (emulated: correct, "
           "but no faster than float32).");
+ABSL_FLAG(double, shutdown_delay_s, kDefaults.shutdown_delay_s,
+          "On SIGTERM/SIGINT: seconds to keep answering calls while health says NOT_SERVING "
+          "(gRPC health, GET /health and /v2/health/ready: 503) before the drain starts, so a load "
+          "balancer's health checks take this replica out while it still answers (HAProxy in "
+          "deploy/replicas/haproxy.cfg checks every 0.5 s, down after 2: give 1.5; Kubernetes' "
+          "preStop sleep does the same). 0: drain at once.");
 ABSL_FLAG(double, drain_timeout_s, kDefaults.drain_timeout_s,
           "On SIGTERM/SIGINT: seconds to let in-flight requests finish before exiting.");
 ABSL_FLAG(std::string, log_level, kDefaults.log_level, "debug, info, warning or error.");
@@ -270,6 +276,7 @@ absl::StatusOr<ServerOptions> OptionsFromFlags() {
   options.memory_budget_bytes = absl::GetFlag(FLAGS_memory_budget_bytes);
   options.threads = absl::GetFlag(FLAGS_threads);
   options.drain_timeout_s = absl::GetFlag(FLAGS_drain_timeout_s);
+  options.shutdown_delay_s = absl::GetFlag(FLAGS_shutdown_delay_s);
   options.log_level = absl::GetFlag(FLAGS_log_level);
   options.trainer_token_file = absl::GetFlag(FLAGS_trainer_token_file);
   options.model_store = absl::GetFlag(FLAGS_model_store);
@@ -325,6 +332,9 @@ absl::StatusOr<ServerOptions> OptionsFromFlags() {
                                 "--allow-slow-precision to serve it anyway"));
   }
   if (options.drain_timeout_s < 0) return invalid("--drain-timeout-s must be >= 0");
+  if (!(options.shutdown_delay_s >= 0 && options.shutdown_delay_s <= 300)) {
+    return invalid("--shutdown-delay-s must be 0 .. 300");
+  }
   if (options.trainer_threads < 0) return invalid("--trainer-threads must be >= 0");
   if (options.max_queued_jobs < 1 || options.max_queued_jobs > 10000) {
     return invalid("--max-queued-jobs must be in [1, 10000]");

@@ -275,8 +275,8 @@ int RunServer(const ServerOptions& options, std::optional<std::string> trainer_t
   const oip::OipOptions oip_options{options.max_message_bytes, options.max_request_memory_bytes,
                                     ATTN_VERSION};
   oip::OipService oip_grpc(&serving_core, &memory_budget, oip_options, &metrics, api_key);
-  oip::OipRest oip_rest(&serving_core, &memory_budget, oip_options,
-                        options.http_request_timeout_s, api_key);
+  oip::OipRest oip_rest(&serving_core, &memory_budget, oip_options, options.http_request_timeout_s,
+                        api_key);
   http_routes.SetOipRoutes(&oip_rest);
 
   int grpc_port = 0;
@@ -414,6 +414,17 @@ int RunServer(const ServerOptions& options, std::optional<std::string> trainer_t
   Log(LogLevel::kInfo, "received %s: draining in-flight requests (up to %.0f s)",
       signal_number == SIGTERM ? "SIGTERM" : "SIGINT", options.drain_timeout_s);
   health->SetServingStatus(false);
+  if (options.shutdown_delay_s > 0) {
+    // Lame duck: health says NOT_SERVING while calls are still answered, until the balancers'
+    // health checks have taken this replica out (deploy/replicas/haproxy.cfg).
+    http_routes.SetDraining(true);
+    oip_grpc.SetDraining(true);
+    oip_rest.SetDraining(true);
+    Log(LogLevel::kInfo, "not serving for new clients; draining in %.1f s (--shutdown-delay-s)",
+        options.shutdown_delay_s);
+    std::this_thread::sleep_for(
+        std::chrono::milliseconds(static_cast<int64_t>(options.shutdown_delay_s * 1e3)));
+  }
   http_routes.SetServing(false);
   oip_grpc.SetServing(false);
   oip_rest.SetServing(false);

@@ -21,5 +21,8 @@ struct HttpStatus {
   std::string_view type;  // "invalid_request_error", "authentication_error", ...
 };
 HttpStatus ToHttpStatus(const absl::Status& status);
+// The Open Inference Protocol (server/oip/) uses the same two: gRPC codes from ToGrpcStatus, and
+// REST statuses from ToHttpStatus with the protocol's {"error": "<message>"} body instead of
+// OpenAI's (oip::OipErrorReply).
 
 }  // namespace attn::server

@@ -16,11 +16,16 @@ using nlohmann::json;
 namespace {
 
 // Fields only attnserve's RerankRequest has, or that only protobuf's JSON mapping writes.
-constexpr std::string_view kOwnFields[] = {"method", "tokenization", "modelVersion",
-                                           "model_version", "topN", "returnDocuments"};
-constexpr std::string_view kCohereFields[] = {"model",      "query",          "documents",
-                                              "top_n",      "return_documents", "rank_fields",
-                                              "max_chunks_per_doc", "max_tokens_per_doc"};
+constexpr std::string_view kOwnFields[] = {"method",        "tokenization", "modelVersion",
+                                           "model_version", "topN",         "returnDocuments"};
+constexpr std::string_view kCohereFields[] = {"model",
+                                              "query",
+                                              "documents",
+                                              "top_n",
+                                              "return_documents",
+                                              "rank_fields",
+                                              "max_chunks_per_doc",
+                                              "max_tokens_per_doc"};
 
 absl::Status Bad(std::string* param, std::string_view field, const std::string& message) {
   *param = std::string(field);
@@ -45,7 +50,8 @@ absl::StatusOr<core::RerankRequest> ParseCohereRerank(const json& body, std::str
     if (std::find(std::begin(kCohereFields), std::end(kCohereFields), it.key()) ==
         std::end(kCohereFields)) {
       return Bad(param, it.key(),
-                 absl::StrCat("unknown field ", QuoteInput(it.key()), "; a rerank request has "
+                 absl::StrCat("unknown field ", QuoteInput(it.key()),
+                              "; a rerank request has "
                               "model, query, documents, top_n, return_documents, "
                               "max_tokens_per_doc (or attnserve's own fields: see /v1/rerank)"));
     }
@@ -62,15 +68,18 @@ absl::StatusOr<core::RerankRequest> ParseCohereRerank(const json& body, std::str
   }
   request.query = body["query"].get_ref<const std::string&>();
   if (!body.contains("documents") || !body["documents"].is_array()) {
-    return Bad(param, "documents", "documents must be a list of strings or {\"text\": ...} objects");
+    return Bad(param, "documents",
+               "documents must be a list of strings or {\"text\": ...} objects");
   }
   const json& documents = body["documents"];
   for (size_t i = 0; i < documents.size(); ++i) {
     const json& d = documents[i];
-    const json* text = d.is_string() ? &d : (d.is_object() && d.contains("text") ? &d["text"] : nullptr);
+    const json* text =
+        d.is_string() ? &d : (d.is_object() && d.contains("text") ? &d["text"] : nullptr);
     if (text == nullptr || !text->is_string() || (d.is_object() && d.size() != 1)) {
       return Bad(param, "documents",
-                 absl::StrCat("documents[", i, "] must be a string or {\"text\": \"...\"} (this "
+                 absl::StrCat("documents[", i,
+                              "] must be a string or {\"text\": \"...\"} (this "
                               "server ranks by the text alone)"));
     }
     request.documents.push_back(text->get_ref<const std::string&>());
@@ -139,12 +148,12 @@ std::string CohereRerankJson(const core::RerankResponse& response, std::string_v
     results.push_back(std::move(result));
   }
   const std::string id = absl::StrCat("rerank-", response.model_version, "-", ++counter);
-  return json{{"id", id},
-              {"model", std::string(model)},
-              {"results", std::move(results)},
-              {"meta", {{"api_version", {{"version", "1"}}},
-                        {"billed_units", {{"search_units", 1}}}}},
-              {"usage", {{"total_tokens", response.metadata.token_count}}}}
+  return json{
+      {"id", id},
+      {"model", std::string(model)},
+      {"results", std::move(results)},
+      {"meta", {{"api_version", {{"version", "1"}}}, {"billed_units", {{"search_units", 1}}}}},
+      {"usage", {{"total_tokens", response.metadata.token_count}}}}
       .dump(-1, ' ', false, json::error_handler_t::replace);
 }
 

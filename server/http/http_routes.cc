@@ -8,9 +8,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "attnserve/v1/encoder.pb.h"
+#include "engine/json_depth.h"
 #include "nlohmann/json.hpp"
 #include "server/auth.h"
-#include "engine/json_depth.h"
 #include "server/http/cohere_rerank.h"
 #include "server/http/openai_embeddings.h"
 #include "server/oip/oip_rest.h"
@@ -90,7 +90,8 @@ HttpReply HttpRoutes::Handle(const HttpRequest& request) {
 
 HttpReply HttpRoutes::Dispatch(const HttpRequest& request, const char** method_label) {
   // The Open Inference Protocol (/v2/...) answers in its own shapes (server/oip/oip_rest.h).
-  if (oip_ != nullptr && oip::OipRest::Owns(request.path)) return oip_->Handle(request, method_label);
+  if (oip_ != nullptr && oip::OipRest::Owns(request.path))
+    return oip_->Handle(request, method_label);
   // The routes: path, HTTP method, metrics label.
   struct RouteEntry {
     const char* path;
@@ -119,13 +120,14 @@ HttpReply HttpRoutes::Dispatch(const HttpRequest& request, const char** method_l
     }
   }
   if (route == nullptr) {
-    return ErrorReply(absl::NotFoundError(absl::StrCat(
-                          "no route ", Quote(request.path),
-                          "; this server answers POST /v1/embeddings, /v1/encode, /v1/attention, "
-                          "/v1/tokenize, /v1/explain, /v1/classify, /v1/rerank, /v2/rerank, /rerank, "
-                          "the Open Inference Protocol's /v2/..., GET /v1/models and "
-                          "GET /health")),
-                      "", "unknown_route");
+    return ErrorReply(
+        absl::NotFoundError(absl::StrCat(
+            "no route ", Quote(request.path),
+            "; this server answers POST /v1/embeddings, /v1/encode, /v1/attention, "
+            "/v1/tokenize, /v1/explain, /v1/classify, /v1/rerank, /v2/rerank, /rerank, "
+            "the Open Inference Protocol's /v2/..., GET /v1/models and "
+            "GET /health")),
+        "", "unknown_route");
   }
   *method_label = route->label;
   if (request.method != route->method) {
@@ -138,7 +140,7 @@ HttpReply HttpRoutes::Dispatch(const HttpRequest& request, const char** method_l
   }
   const bool serving = serving_.load();
   if (std::string_view(route->label) == "Health") {
-    if (serving) {
+    if (serving && !draining_.load()) {
       return JsonReply(
           absl::StrCat("{\"status\":\"SERVING\",\"grpc_port\":", grpc_port_.load(), "}"));
     }

@@ -50,6 +50,8 @@ class HttpRoutes {
 
   // Health: false until the model is loaded and again once draining starts.
   void SetServing(bool serving) { serving_.store(serving); }
+  // Lame duck (--shutdown-delay-s): /health answers 503 while the routes still serve.
+  void SetDraining(bool draining) { draining_.store(draining); }
   // The gRPC port, which /health names: a gRPC client pointed at this port by mistake (attnctl
   // --server HOST:HTTP_PORT) learns where to go.
   void SetGrpcPort(int port) { grpc_port_.store(port); }
@@ -93,6 +95,7 @@ class HttpRoutes {
   const std::optional<std::string> api_key_;
   Metrics* const metrics_;
   std::atomic<bool> serving_{false};
+  std::atomic<bool> draining_{false};
   std::atomic<int> grpc_port_{0};
   const oip::OipRest* oip_ = nullptr;
 };

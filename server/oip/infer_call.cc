@@ -47,7 +47,8 @@ std::string_view TypeName(const ParameterValue& value) {
 
 absl::Status WrongType(const Parameter& p, std::string_view wanted) {
   return absl::InvalidArgumentError(absl::StrCat("parameter '", AbslView(p.name), "' must be ",
-                                                 AbslView(wanted), ", not ", AbslView(TypeName(p.value))));
+                                                 AbslView(wanted), ", not ",
+                                                 AbslView(TypeName(p.value))));
 }
 
 // An integer parameter (int64 or uint64) within [lo, hi].
@@ -56,8 +57,10 @@ absl::StatusOr<int64_t> IntegerOf(const Parameter& p, int64_t lo, int64_t hi) {
   if (const auto* i = std::get_if<int64_t>(&p.value)) {
     value = *i;
   } else if (const auto* u = std::get_if<uint64_t>(&p.value)) {
-    if (*u > static_cast<uint64_t>(hi)) value = hi + 1;
-    else value = static_cast<int64_t>(*u);
+    if (*u > static_cast<uint64_t>(hi))
+      value = hi + 1;
+    else
+      value = static_cast<int64_t>(*u);
   } else {
     return WrongType(p, "an integer");
   }
@@ -77,8 +80,10 @@ absl::StatusOr<core::Pooling> PoolingOf(const Parameter& p) {
   absl::StatusOr<std::string_view> name = StringOf(p);
   if (!name.ok()) return name.status();
   static constexpr std::pair<std::string_view, core::Pooling> kNames[] = {
-      {"cls", core::Pooling::kCls},   {"mean", core::Pooling::kMean},
-      {"max", core::Pooling::kMax},   {"none", core::Pooling::kNone},
+      {"cls", core::Pooling::kCls},
+      {"mean", core::Pooling::kMean},
+      {"max", core::Pooling::kMax},
+      {"none", core::Pooling::kNone},
       {"cls_attention", core::Pooling::kClsAttention}};
   for (const auto& [known, pooling] : kNames) {
     if (*name == known) return pooling;
@@ -126,15 +131,14 @@ bool Contains(absl::Span<const std::string_view> names, std::string_view name) {
 absl::Status UnknownParameter(std::string_view where, std::string_view name,
                               absl::Span<const std::string_view> known) {
   std::vector<std::string> names(known.begin(), known.end());
-  return absl::InvalidArgumentError(absl::StrCat("unknown ", AbslView(where), " parameter ",
-                                                 QuoteInput(name), "; this server knows ",
-                                                 names.empty() ? "none" : absl::StrJoin(names, ", ")));
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown ", AbslView(where), " parameter ", QuoteInput(name),
+                   "; this server knows ", names.empty() ? "none" : absl::StrJoin(names, ", ")));
 }
 
 absl::StatusOr<InferOptions> ReadOptions(const InferRequest& request) {
   InferOptions options;
-  std::vector<std::string_view> known(std::begin(kRequestParameters),
-                                      std::end(kRequestParameters));
+  std::vector<std::string_view> known(std::begin(kRequestParameters), std::end(kRequestParameters));
   known.insert(known.end(), request.transport_request_parameters.begin(),
                request.transport_request_parameters.end());
   for (const Parameter& p : request.parameters) {
@@ -144,8 +148,10 @@ absl::StatusOr<InferOptions> ReadOptions(const InferRequest& request) {
       if (pooling.ok()) options.pooling = *pooling;
       status = pooling.status();
     } else if (p.name == "normalize") {
-      if (const auto* b = std::get_if<bool>(&p.value)) options.normalize = *b;
-      else status = WrongType(p, "a bool");
+      if (const auto* b = std::get_if<bool>(&p.value))
+        options.normalize = *b;
+      else
+        status = WrongType(p, "a bool");
     } else if (p.name == "layers") {
       absl::StatusOr<std::vector<int32_t>> layers = LayersOf(p);
       if (layers.ok()) options.layers = *std::move(layers);
@@ -189,26 +195,27 @@ absl::StatusOr<std::vector<std::string_view>> SplitBytesElements(std::string_vie
   size_t at = 0;
   for (int64_t i = 0; i < count; ++i) {
     if (raw.size() - at < 4) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          AbslView(tensor), ": its shape says ", count, " elements, but the raw contents (", raw.size(),
-          " bytes) end after ", i, "; each BYTES element is a 4-byte little-endian length and "
-          "that many bytes"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(AbslView(tensor), ": its shape says ", count,
+                       " elements, but the raw contents (", raw.size(), " bytes) end after ", i,
+                       "; each BYTES element is a 4-byte little-endian length and "
+                       "that many bytes"));
     }
     uint32_t length = 0;
     for (int b = 3; b >= 0; --b) length = (length << 8) | static_cast<uint8_t>(raw[at + b]);
     at += 4;
     if (length > raw.size() - at) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          AbslView(tensor), "[", i, "]: its length prefix says ", length, " bytes, but only ",
-          raw.size() - at, " bytes of the raw contents remain"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(AbslView(tensor), "[", i, "]: its length prefix says ", length,
+                       " bytes, but only ", raw.size() - at, " bytes of the raw contents remain"));
     }
     elements.push_back(raw.substr(at, length));
     at += length;
   }
   if (at != raw.size()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(AbslView(tensor), ": the raw contents hold ", raw.size() - at,
-                     " bytes more than the shape's ", count, " elements"));
+    return absl::InvalidArgumentError(absl::StrCat(AbslView(tensor), ": the raw contents hold ",
+                                                   raw.size() - at, " bytes more than the shape's ",
+                                                   count, " elements"));
   }
   return elements;
 }
@@ -234,8 +241,10 @@ std::string ShapeText(const std::vector<int64_t>& shape) {
 absl::StatusOr<int64_t> ElementCount(const InputTensor& t) {
   int64_t count = 1;
   for (int64_t d : t.shape) {
-    if (d < 0) return Invalid(t.name, absl::StrCat("shape ", ShapeText(t.shape), " has a negative "
-                                                   "dimension; give the actual sizes"));
+    if (d < 0)
+      return Invalid(t.name, absl::StrCat("shape ", ShapeText(t.shape),
+                                          " has a negative "
+                                          "dimension; give the actual sizes"));
     if (d != 0 && count > (int64_t{1} << 40) / d) {
       return Invalid(t.name, absl::StrCat("shape ", ShapeText(t.shape), " is far too large"));
     }
@@ -259,15 +268,16 @@ absl::StatusOr<std::vector<std::string_view>> ReadTexts(const InputTensor& t) {
   }
   absl::StatusOr<int64_t> count = ElementCount(t);
   if (!count.ok()) return count.status();
-  if (t.raw.has_value()) return SplitBytesElements(*t.raw, *count, absl::StrCat("input ", AbslView(t.name)));
+  if (t.raw.has_value())
+    return SplitBytesElements(*t.raw, *count, absl::StrCat("input ", AbslView(t.name)));
   if (static_cast<int64_t>(t.bytes_contents.size()) != *count ||
       (t.has_typed_contents && t.typed_field != "bytes_contents")) {
-    return Invalid(t.name, absl::StrCat("its shape ", ShapeText(t.shape), " says ", *count,
-                                        " elements, but ",
-                                        t.typed_field.empty() || t.typed_field == "bytes_contents"
-                                            ? absl::StrCat(t.bytes_contents.size(), " came")
-                                            : absl::StrCat("they came in ", AbslView(t.typed_field),
-                                                           ", not bytes_contents")));
+    return Invalid(
+        t.name, absl::StrCat("its shape ", ShapeText(t.shape), " says ", *count, " elements, but ",
+                             t.typed_field.empty() || t.typed_field == "bytes_contents"
+                                 ? absl::StrCat(t.bytes_contents.size(), " came")
+                                 : absl::StrCat("they came in ", AbslView(t.typed_field),
+                                                ", not bytes_contents")));
   }
   return t.bytes_contents;
 }
@@ -285,22 +295,23 @@ absl::StatusOr<std::vector<std::vector<int64_t>>> ReadIntRows(const InputTensor&
   std::vector<int64_t> values;
   if (t.raw.has_value()) {
     if (static_cast<int64_t>(t.raw->size()) != *count * 8) {
-      return Invalid(t.name, absl::StrCat("its shape ", ShapeText(t.shape), " says ", *count,
-                                          " INT64 elements (", *count * 8,
-                                          " bytes), but the raw contents are ", t.raw->size(),
-                                          " bytes"));
+      return Invalid(
+          t.name,
+          absl::StrCat("its shape ", ShapeText(t.shape), " says ", *count, " INT64 elements (",
+                       *count * 8, " bytes), but the raw contents are ", t.raw->size(), " bytes"));
     }
     values.resize(static_cast<size_t>(*count));
     std::memcpy(values.data(), t.raw->data(), t.raw->size());  // little-endian host (x86-64)
   } else {
     if (static_cast<int64_t>(t.int64_contents.size()) != *count ||
         (t.has_typed_contents && t.typed_field != "int64_contents")) {
-      return Invalid(t.name, absl::StrCat("its shape ", ShapeText(t.shape), " says ", *count,
-                                          " elements, but ",
-                                          t.typed_field.empty() || t.typed_field == "int64_contents"
-                                              ? absl::StrCat(t.int64_contents.size(), " came")
-                                              : absl::StrCat("they came in ", AbslView(t.typed_field),
-                                                             ", not int64_contents")));
+      return Invalid(
+          t.name,
+          absl::StrCat("its shape ", ShapeText(t.shape), " says ", *count, " elements, but ",
+                       t.typed_field.empty() || t.typed_field == "int64_contents"
+                           ? absl::StrCat(t.int64_contents.size(), " came")
+                           : absl::StrCat("they came in ", AbslView(t.typed_field),
+                                          ", not int64_contents")));
     }
     values = t.int64_contents;
   }
@@ -321,9 +332,9 @@ absl::Status ReadTokenInputs(const InputTensor& ids_tensor, const InputTensor* m
     absl::StatusOr<std::vector<std::vector<int64_t>>> read = ReadIntRows(*tensor);
     if (!read.ok()) return read.status();
     if (tensor->shape != ids_tensor.shape) {
-      return Invalid(tensor->name, absl::StrCat("shape ", ShapeText(tensor->shape),
-                                                " differs from INPUT_IDS' ",
-                                                ShapeText(ids_tensor.shape)));
+      return Invalid(tensor->name,
+                     absl::StrCat("shape ", ShapeText(tensor->shape), " differs from INPUT_IDS' ",
+                                  ShapeText(ids_tensor.shape)));
     }
     *rows = *std::move(read);
   }
@@ -369,8 +380,9 @@ absl::Status CheckInputParameters(const InputTensor& t, const InferRequest& requ
     if (p.name == "content_type") {  // KServe's codec hint: a text tensor says "str"
       absl::StatusOr<std::string_view> type = StringOf(p);
       if (type.ok() && (*type == "str" || *type == "bytes") && t.name == "TEXT") continue;
-      return Invalid(t.name, "parameter 'content_type' must be \"str\" (a TEXT tensor of UTF-8 "
-                             "texts)");
+      return Invalid(t.name,
+                     "parameter 'content_type' must be \"str\" (a TEXT tensor of UTF-8 "
+                     "texts)");
     }
     std::vector<std::string_view> known = {"content_type"};
     known.insert(known.end(), request.transport_input_parameters.begin(),
@@ -388,7 +400,8 @@ absl::StatusOr<InputData> ReadInputs(const InferRequest& request) {
     const auto* known = std::find(std::begin(kInputs), std::end(kInputs), t.name);
     if (known == std::end(kInputs)) {
       return absl::InvalidArgumentError(
-          absl::StrCat("unknown input ", QuoteInput(t.name), "; this model takes TEXT (BYTES "
+          absl::StrCat("unknown input ", QuoteInput(t.name),
+                       "; this model takes TEXT (BYTES "
                        "[-1]) or INPUT_IDS (INT64 [-1, -1]) with ATTENTION_MASK and "
                        "TOKEN_TYPE_IDS"));
     }
@@ -428,7 +441,8 @@ absl::StatusOr<std::vector<std::string_view>> ReadOutputs(const InferRequest& re
                                                      "; this model gives ", OutputNames()));
     }
     if (Contains(names, output.name)) {
-      return absl::InvalidArgumentError(absl::StrCat("output ", AbslView(output.name), " asked twice"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("output ", AbslView(output.name), " asked twice"));
     }
     for (const Parameter& p : output.parameters) {
       if (!Contains(request.transport_output_parameters, p.name)) {
@@ -456,9 +470,8 @@ absl::Status InRequestTerms(const absl::Status& status, std::string_view tensor)
     return status;
   }
   absl::Status out(status.code(), rewritten);
-  status.ForEachPayload([&out](absl::string_view url, const absl::Cord& payload) {
-    out.SetPayload(url, payload);
-  });
+  status.ForEachPayload(
+      [&out](absl::string_view url, const absl::Cord& payload) { out.SetPayload(url, payload); });
   return out;
 }
 
@@ -496,8 +509,7 @@ void Inferrer::Infer(const InferRequest& request, core::CallControl control,
   }
   const bool attention = wants("ATTENTION");
   const bool encode = !attention || wants("EMBEDDING") || wants("TOKEN_EMBEDDINGS") ||
-                      wants("SPARSE_INDICES") || wants("SPARSE_VALUES") ||
-                      wants("SPARSE_OFFSETS");
+                      wants("SPARSE_INDICES") || wants("SPARSE_VALUES") || wants("SPARSE_OFFSETS");
 
   std::vector<core::Input> inputs;
   const size_t count = data->tensor == "TEXT" ? data->texts.size() : data->ids.size();

@@ -10,9 +10,9 @@
 namespace attn::server::oip {
 namespace {
 
-constexpr std::string_view kOutputs[] = {
-    "EMBEDDING",      "TOKEN_EMBEDDINGS", "TOKEN_COUNT",    "ATTENTION",
-    "SPARSE_INDICES", "SPARSE_VALUES",    "SPARSE_OFFSETS", "TRUNCATED"};
+constexpr std::string_view kOutputs[] = {"EMBEDDING",      "TOKEN_EMBEDDINGS", "TOKEN_COUNT",
+                                         "ATTENTION",      "SPARSE_INDICES",   "SPARSE_VALUES",
+                                         "SPARSE_OFFSETS", "TRUNCATED"};
 
 template <typename T>
 void Append(std::string* raw, T value) {
@@ -35,7 +35,8 @@ bool IsOutputName(std::string_view name) {
 
 std::string OutputNames() {
   std::string names;
-  for (std::string_view name : kOutputs) absl::StrAppend(&names, names.empty() ? "" : ", ", AbslView(name));
+  for (std::string_view name : kOutputs)
+    absl::StrAppend(&names, names.empty() ? "" : ", ", AbslView(name));
   return names;
 }
 
@@ -140,7 +141,8 @@ OutputSizes SizeOf(std::string_view name, const std::optional<core::EncodeRespon
     }
   } else if (name == "SPARSE_INDICES" || name == "SPARSE_VALUES") {
     for (const core::EncodeResult& r : encode->results) {
-      size.padded += static_cast<int64_t>(r.sparse->indices.size()) * (name == "SPARSE_VALUES" ? 4 : 8);
+      size.padded +=
+          static_cast<int64_t>(r.sparse->indices.size()) * (name == "SPARSE_VALUES" ? 4 : 8);
     }
   } else if (name == "SPARSE_OFFSETS") {
     size.padded = (n + 1) * 8;
@@ -156,8 +158,7 @@ OutputSizes SizeOf(std::string_view name, const std::optional<core::EncodeRespon
 void FillTokenEmbeddings(const core::EncodeResponse& encode, int64_t longest, OutputTensor* out) {
   const int64_t n = static_cast<int64_t>(encode.results.size());
   const int64_t layers = n > 0 ? static_cast<int64_t>(encode.results[0].hidden_states.size()) : 0;
-  const int64_t hidden =
-      layers > 0 ? encode.results[0].hidden_states[0].second.cols : 0;
+  const int64_t hidden = layers > 0 ? encode.results[0].hidden_states[0].second.cols : 0;
   out->shape = {n, layers, longest, hidden};
   out->raw.assign(static_cast<size_t>(n * layers * longest * hidden * 4), '\0');
   char* at = out->raw.data();
@@ -215,8 +216,10 @@ OutputTensor Fill(std::string_view name, const std::optional<core::EncodeRespons
       total += static_cast<int64_t>(r.sparse->indices.size());
       if (name == "SPARSE_OFFSETS") Append<int64_t>(&out.raw, total);
       for (size_t k = 0; name != "SPARSE_OFFSETS" && k < r.sparse->indices.size(); ++k) {
-        if (name == "SPARSE_VALUES") Append<float>(&out.raw, r.sparse->values[k]);
-        else Append<int64_t>(&out.raw, r.sparse->indices[k]);
+        if (name == "SPARSE_VALUES")
+          Append<float>(&out.raw, r.sparse->values[k]);
+        else
+          Append<int64_t>(&out.raw, r.sparse->indices[k]);
       }
     }
     out.shape = {name == "SPARSE_OFFSETS" ? n + 1 : total};
@@ -250,8 +253,10 @@ absl::StatusOr<InferResponse> BuildResponse(const OutputPlan& plan,
   }
   if (total.padded > limits.max_message_bytes) {
     return TooLargeError(absl::StrCat(
-        "the outputs would be ", total.padded, " bytes (TOKEN_EMBEDDINGS and ATTENTION are padded "
-        "to the longest input, ", longest, " tokens), more than the ", limits.max_message_bytes,
+        "the outputs would be ", total.padded,
+        " bytes (TOKEN_EMBEDDINGS and ATTENTION are padded "
+        "to the longest input, ",
+        longest, " tokens), more than the ", limits.max_message_bytes,
         "-byte limit (--max-message-bytes); send inputs of similar length together, fewer inputs "
         "or layers, or raise --max-message-bytes on the server"));
   }

@@ -59,7 +59,6 @@ class InferJoin {
 absl::StatusOr<InferResponse> BuildResponse(const OutputPlan& plan,
                                             const std::optional<core::EncodeResponse>& encode,
                                             const std::optional<core::AttentionResponse>& attention,
-                                            const InferLimits& limits,
-                                            MemoryBudget* memory_budget);
+                                            const InferLimits& limits, MemoryBudget* memory_budget);
 
 }  // namespace attn::server::oip

@@ -10,8 +10,8 @@
 #include "absl/synchronization/notification.h"
 #include "engine/json_depth.h"
 #include "engine/quote.h"
-#include "nlohmann/json.hpp"
 #include "inference/grpc_service.grpc.pb.h"
+#include "nlohmann/json.hpp"
 #include "server/auth.h"
 #include "server/oip/oip_metadata.h"
 #include "server/status_map.h"
@@ -38,8 +38,7 @@ const std::vector<OipRoute>& OipRouteTable() {
 
 std::string OipUsage() {
   const google::protobuf::ServiceDescriptor* service =
-      inference::ModelInferRequest::descriptor()->file()->FindServiceByName(
-          "GRPCInferenceService");
+      inference::ModelInferRequest::descriptor()->file()->FindServiceByName("GRPCInferenceService");
   std::string methods;
   for (int i = 0; i < service->method_count(); ++i) {
     absl::StrAppend(&methods, i == 0 ? "" : ", ", service->method(i)->name());
@@ -108,9 +107,9 @@ absl::StatusOr<ModelPath> ParseModelPath(absl::string_view path) {
   }
   if (path.empty() || !PercentDecode(path, &parsed.model) ||
       !PercentDecode(version, &parsed.version)) {
-    return absl::NotFoundError(absl::StrCat(
-        "no model in the path ", QuoteInput(std::string(path)), "; the routes are /v2/models/NAME"
-        "[/versions/V][/ready|/config|/infer]"));
+    return absl::NotFoundError(absl::StrCat("no model in the path ", QuoteInput(std::string(path)),
+                                            "; the routes are /v2/models/NAME"
+                                            "[/versions/V][/ready|/config|/infer]"));
   }
   return parsed;
 }
@@ -125,14 +124,17 @@ core::CallControl ControlOf(const HttpRequest& request, double timeout_s) {
 
 json SignatureJson(const ModelDescription& model) {
   json inputs = json::array(), outputs = json::array();
-  for (const auto& [specs, out] :
-       {std::pair{&model.signature.inputs, &inputs}, std::pair{&model.signature.outputs, &outputs}}) {
+  for (const auto& [specs, out] : {std::pair{&model.signature.inputs, &inputs},
+                                   std::pair{&model.signature.outputs, &outputs}}) {
     for (const TensorSpec& spec : *specs) {
       out->push_back({{"name", spec.name}, {"datatype", spec.datatype}, {"shape", spec.shape}});
     }
   }
-  return {{"name", model.name},    {"versions", model.versions}, {"platform", kPlatform},
-          {"inputs", inputs},      {"outputs", outputs}};
+  return {{"name", model.name},
+          {"versions", model.versions},
+          {"platform", kPlatform},
+          {"inputs", inputs},
+          {"outputs", outputs}};
 }
 
 json ConfigJson(const ModelDescription& model) {
@@ -144,15 +146,14 @@ json ConfigJson(const ModelDescription& model) {
                       {"optional", spec.optional}});
   }
   for (const TensorSpec& spec : model.signature.outputs) {
-    outputs.push_back({{"name", spec.name},
-                       {"data_type", ConfigDataType(spec.datatype)},
-                       {"dims", spec.shape}});
+    outputs.push_back(
+        {{"name", spec.name}, {"data_type", ConfigDataType(spec.datatype)}, {"dims", spec.shape}});
   }
   for (const auto& [key, value] : ConfigParameters(model)) {
     parameters[key] = {{"string_value", value}};
   }
-  return {{"name", model.name},     {"platform", kPlatform}, {"backend", kPlatform},
-          {"max_batch_size", 0},    {"input", inputs},       {"output", outputs},
+  return {{"name", model.name},      {"platform", kPlatform}, {"backend", kPlatform},
+          {"max_batch_size", 0},     {"input", inputs},       {"output", outputs},
           {"parameters", parameters}};
 }
 
@@ -209,16 +210,15 @@ HttpReply OipRest::Handle(const HttpRequest& request, const char** label) const 
   const OipRoute* route = FindRoute(request.path, &model);
   if (route == nullptr) {
     *label = "unknown";
-    return OipErrorReply(absl::NotFoundError(absl::StrCat(
-        "no route ", QuoteInput(request.path), " under /v2; the Open Inference Protocol's are ",
-        RouteList())));
+    return OipErrorReply(absl::NotFoundError(
+        absl::StrCat("no route ", QuoteInput(request.path),
+                     " under /v2; the Open Inference Protocol's are ", RouteList())));
   }
   *label = route->label;
   if (request.method != route->method) {
     HttpReply reply = OipErrorReply(
-        absl::UnimplementedError(absl::StrCat(QuoteInput(request.path), " takes ",
-                                              route->method, ", not ",
-                                              QuoteInput(request.method))),
+        absl::UnimplementedError(absl::StrCat(QuoteInput(request.path), " takes ", route->method,
+                                              ", not ", QuoteInput(request.method))),
         405);
     reply.headers.push_back({"Allow", route->method});
     return reply;
@@ -227,9 +227,9 @@ HttpReply OipRest::Handle(const HttpRequest& request, const char** label) const 
   const bool serving = serving_.load();
   if (name == "ServerLive" || name == "ServerReady") {  // probes: no key
     const bool live = name == "ServerLive";
-    if (live || serving) return JsonReply({{live ? "live" : "ready", true}});
-    return OipErrorReply(absl::UnavailableError(
-        "not ready: the model is loading or the server is shutting down"));
+    if (live || (serving && !draining_.load())) return JsonReply({{live ? "live" : "ready", true}});
+    return OipErrorReply(
+        absl::UnavailableError("not ready: the model is loading or the server is shutting down"));
   }
   if (api_key_.has_value()) {
     std::string_view header;
@@ -258,7 +258,8 @@ HttpReply OipRest::Handle(const HttpRequest& request, const char** label) const 
       DescribeModel(core_, model->model, model->version, control);
   if (!described.ok()) return OipErrorReply(described.status());
   if (name == "ModelReady") {
-    if (serving) return JsonReply({{"name", described->name}, {"ready", true}});
+    if (serving && !draining_.load())
+      return JsonReply({{"name", described->name}, {"ready", true}});
     return OipErrorReply(absl::UnavailableError("not ready: the server is not serving"));
   }
   return JsonReply(name == "ModelConfig" ? ConfigJson(*described) : SignatureJson(*described));

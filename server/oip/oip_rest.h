@@ -42,6 +42,8 @@ class OipRest {
           double request_timeout_s, std::optional<std::string> api_key);
 
   void SetServing(bool serving) { serving_.store(serving); }
+  // Lame duck (--shutdown-delay-s): not ready for new clients while calls are still answered.
+  void SetDraining(bool draining) { draining_.store(draining); }
 
   // Whether `path` is this front end's (/v2 and everything below it).
   static bool Owns(std::string_view path);
@@ -58,6 +60,7 @@ class OipRest {
   const std::optional<std::string> api_key_;
   const Inferrer inferrer_;
   std::atomic<bool> serving_{false};
+  std::atomic<bool> draining_{false};
 };
 
 // The protocol's error reply: {"error": message}, the status from status_map.h.

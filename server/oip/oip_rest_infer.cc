@@ -31,18 +31,21 @@ absl::StatusOr<RestBody> SplitBody(const HttpRequest& request) {
   if (request.inference_header_length.has_value()) {
     size_t length = 0;
     if (!absl::SimpleAtoi(*request.inference_header_length, &length) || length > text.size()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "the Inference-Header-Content-Length header is ",
-          QuoteInput(*request.inference_header_length), "; give the JSON part's length in bytes "
-          "(the body has ", text.size(), ")"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("the Inference-Header-Content-Length header is ",
+                       QuoteInput(*request.inference_header_length),
+                       "; give the JSON part's length in bytes "
+                       "(the body has ",
+                       text.size(), ")"));
     }
     body.binary = text.substr(length);
     text = text.substr(0, length);
   }
   if (JsonNestsDeeperThan(text)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "the request's JSON nests deeper than ", kMaxJsonDepth, " levels; an inference request "
-        "needs a few"));
+    return absl::InvalidArgumentError(absl::StrCat("the request's JSON nests deeper than ",
+                                                   kMaxJsonDepth,
+                                                   " levels; an inference request "
+                                                   "needs a few"));
   }
   try {
     body.header = json::parse(text);
@@ -64,7 +67,8 @@ absl::Status OnlyKeys(const json& object, std::initializer_list<std::string_view
   for (const auto& [key, value] : object.items()) {
     if (std::find(keys.begin(), keys.end(), key) == keys.end()) {
       std::string known;
-      for (std::string_view k : keys) absl::StrAppend(&known, known.empty() ? "" : ", ", AbslView(k));
+      for (std::string_view k : keys)
+        absl::StrAppend(&known, known.empty() ? "" : ", ", AbslView(k));
       return absl::InvalidArgumentError(absl::StrCat("unknown field ", QuoteInput(key), " in ",
                                                      AbslView(where), "; it has ", known));
     }
@@ -75,7 +79,8 @@ absl::Status OnlyKeys(const json& object, std::initializer_list<std::string_view
 absl::Status ReadParameters(const json& object, std::string_view where,
                             std::vector<Parameter>* out) {
   if (!object.is_object()) {
-    return absl::InvalidArgumentError(absl::StrCat(AbslView(where), "'s \"parameters\" must be an object"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(AbslView(where), "'s \"parameters\" must be an object"));
   }
   for (auto it = object.begin(); it != object.end(); ++it) {
     // The key lives in the parsed body, which outlives the call.
@@ -93,7 +98,8 @@ absl::Status ReadParameters(const json& object, std::string_view where,
     } else if (value.is_string()) {
       read = value.get<std::string>();
     } else {
-      return absl::InvalidArgumentError(absl::StrCat("parameter ", QuoteInput(key), " of ", AbslView(where),
+      return absl::InvalidArgumentError(absl::StrCat("parameter ", QuoteInput(key), " of ",
+                                                     AbslView(where),
                                                      " must be a bool, a number or a string"));
     }
     out->push_back({key, std::move(read)});
@@ -122,10 +128,10 @@ absl::Status ReadData(const json& data, InputTensor* t, int64_t* index) {
   return absl::OkStatus();
 }
 
-absl::Status ReadInput(const json& in, std::string_view binary, size_t* binary_at,
-                       InputTensor* t) {
+absl::Status ReadInput(const json& in, std::string_view binary, size_t* binary_at, InputTensor* t) {
   if (!in.is_object()) return absl::InvalidArgumentError("each of \"inputs\" must be an object");
-  if (absl::Status ok = OnlyKeys(in, {"name", "shape", "datatype", "parameters", "data"}, "an input");
+  if (absl::Status ok =
+          OnlyKeys(in, {"name", "shape", "datatype", "parameters", "data"}, "an input");
       !ok.ok())
     return ok;
   for (const char* key : {"name", "shape", "datatype"}) {
@@ -141,8 +147,8 @@ absl::Status ReadInput(const json& in, std::string_view binary, size_t* binary_a
   t->datatype = in["datatype"].get_ref<const std::string&>();
   for (const json& d : in["shape"]) {
     if (!d.is_number_integer()) {
-      return absl::InvalidArgumentError(absl::StrCat("input ", QuoteInput(t->name),
-                                                     ": \"shape\" must be a list of integers"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("input ", QuoteInput(t->name), ": \"shape\" must be a list of integers"));
     }
     t->shape.push_back(d.get<int64_t>());
   }
@@ -155,9 +161,11 @@ absl::Status ReadInput(const json& in, std::string_view binary, size_t* binary_a
                          ? &in["parameters"]["binary_data_size"]
                          : nullptr;
   if ((size != nullptr) == in.contains("data")) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "input ", QuoteInput(t->name), size != nullptr ? " has both \"data\" and" : " has neither "
-        "\"data\" nor", " a \"binary_data_size\" parameter; give one"));
+    return absl::InvalidArgumentError(absl::StrCat("input ", QuoteInput(t->name),
+                                                   size != nullptr ? " has both \"data\" and"
+                                                                   : " has neither "
+                                                                     "\"data\" nor",
+                                                   " a \"binary_data_size\" parameter; give one"));
   }
   if (size != nullptr) {
     if (!size->is_number_unsigned() || size->get<uint64_t>() > binary.size() - *binary_at) {
@@ -202,9 +210,10 @@ absl::Status ReadRequest(const RestBody& body, InferRequest* request) {
     request->inputs.push_back(std::move(t));
   }
   if (binary_at != body.binary.size()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "the body has ", body.binary.size(), " bytes after the JSON header, but the inputs' "
-        "binary_data_size add up to ", binary_at));
+    return absl::InvalidArgumentError(absl::StrCat("the body has ", body.binary.size(),
+                                                   " bytes after the JSON header, but the inputs' "
+                                                   "binary_data_size add up to ",
+                                                   binary_at));
   }
   if (h.contains("outputs")) {
     if (!h["outputs"].is_array()) return absl::InvalidArgumentError("\"outputs\" must be a list");
@@ -270,10 +279,11 @@ HttpReply WriteResponse(const RestBody& body, std::string_view id, const InferRe
     if (!Binary(body.header, t.name)) json_estimate += static_cast<int64_t>(t.raw.size()) * 6;
   }
   if (json_estimate > max_message_bytes) {
-    return OipErrorReply(TooLargeError(absl::StrCat(
-        "the outputs as JSON numbers would take up to ", json_estimate, " bytes, more than the ",
-        max_message_bytes, "-byte limit (--max-message-bytes); ask for them raw (\"binary_data\": "
-        "true), or for fewer inputs")));
+    return OipErrorReply(TooLargeError(
+        absl::StrCat("the outputs as JSON numbers would take up to ", json_estimate,
+                     " bytes, more than the ", max_message_bytes,
+                     "-byte limit (--max-message-bytes); ask for them raw (\"binary_data\": "
+                     "true), or for fewer inputs")));
   }
   for (const OutputTensor& t : result.outputs) {
     json out = {{"name", t.name}, {"datatype", t.datatype}, {"shape", t.shape}};

@@ -27,7 +27,8 @@ absl::StatusOr<ParameterValue> ValueOf(const inference::InferParameter& p, std::
       return ParameterValue(p.string_param());
     default:
       return absl::InvalidArgumentError(
-          absl::StrCat("parameter '", AbslView(name), "' has no value (set one of bool_param, int64_param, "
+          absl::StrCat("parameter '", AbslView(name),
+                       "' has no value (set one of bool_param, int64_param, "
                        "uint64_param, double_param, string_param)"));
   }
 }
@@ -177,27 +178,26 @@ OipService::OipService(core::ServingCore* core, MemoryBudget* memory_budget, Oip
 }
 
 void OipService::ServeServerLive(int index) {
-  MarkMethodRawCallback(
-      index, RawMethods::Unary<inference::ServerLiveRequest>(
-                 "ServerLive", metrics_, options_.max_message_bytes, nullptr,
-                 [](std::shared_ptr<UnaryCall> call, grpc::CallbackServerContext*,
-                    inference::ServerLiveRequest) {
-                   inference::ServerLiveResponse response;
-                   response.set_live(true);
-                   call->Finish(absl::OkStatus(), response);
-                 }));
+  MarkMethodRawCallback(index, RawMethods::Unary<inference::ServerLiveRequest>(
+                                   "ServerLive", metrics_, options_.max_message_bytes, nullptr,
+                                   [](std::shared_ptr<UnaryCall> call, grpc::CallbackServerContext*,
+                                      inference::ServerLiveRequest) {
+                                     inference::ServerLiveResponse response;
+                                     response.set_live(true);
+                                     call->Finish(absl::OkStatus(), response);
+                                   }));
 }
 
 void OipService::ServeServerReady(int index) {
-  MarkMethodRawCallback(
-      index, RawMethods::Unary<inference::ServerReadyRequest>(
-                 "ServerReady", metrics_, options_.max_message_bytes, nullptr,
-                 [this](std::shared_ptr<UnaryCall> call, grpc::CallbackServerContext*,
-                        inference::ServerReadyRequest) {
-                   inference::ServerReadyResponse response;
-                   response.set_ready(serving_.load());
-                   call->Finish(absl::OkStatus(), response);
-                 }));
+  MarkMethodRawCallback(index,
+                        RawMethods::Unary<inference::ServerReadyRequest>(
+                            "ServerReady", metrics_, options_.max_message_bytes, nullptr,
+                            [this](std::shared_ptr<UnaryCall> call, grpc::CallbackServerContext*,
+                                   inference::ServerReadyRequest) {
+                              inference::ServerReadyResponse response;
+                              response.set_ready(serving_.load() && !draining_.load());
+                              call->Finish(absl::OkStatus(), response);
+                            }));
 }
 
 void OipService::ServeModelReady(int index) {
@@ -208,13 +208,14 @@ void OipService::ServeModelReady(int index) {
                         inference::ModelReadyRequest request) {
                    absl::StatusOr<const ServedModel*> served = core_->models().Find(request.name());
                    absl::Status known = served.status();
-                   if (known.ok()) known = core_->Resolve((*served)->name, request.version()).status();
+                   if (known.ok())
+                     known = core_->Resolve((*served)->name, request.version()).status();
                    if (!known.ok()) {
-  call->Finish(known);
-  return;
-}
+                     call->Finish(known);
+                     return;
+                   }
                    inference::ModelReadyResponse response;
-                   response.set_ready(serving_.load());
+                   response.set_ready(serving_.load() && !draining_.load());
                    call->Finish(absl::OkStatus(), response);
                  }));
 }
@@ -243,9 +244,9 @@ void OipService::ServeModelMetadata(int index) {
                    absl::StatusOr<ModelDescription> model =
                        DescribeModel(core_, request.name(), request.version(), call->Control());
                    if (!model.ok()) {
-  call->Finish(model.status());
-  return;
-}
+                     call->Finish(model.status());
+                     return;
+                   }
                    inference::ModelMetadataResponse response;
                    FillSignature(*model, &response);
                    call->Finish(absl::OkStatus(), response);
@@ -261,9 +262,9 @@ void OipService::ServeModelConfig(int index) {
                    absl::StatusOr<ModelDescription> model =
                        DescribeModel(core_, request.name(), request.version(), call->Control());
                    if (!model.ok()) {
-  call->Finish(model.status());
-  return;
-}
+                     call->Finish(model.status());
+                     return;
+                   }
                    inference::ModelConfigResponse response;
                    FillConfig(*model, response.mutable_config());
                    call->Finish(absl::OkStatus(), response);
@@ -310,15 +311,15 @@ void OipService::ServeModelInfer(int index) {
                    }
                    absl::StatusOr<InferRequest> infer = FromProto(request);
                    if (!infer.ok()) {
-  call->Finish(infer.status());
-  return;
-}
+                     call->Finish(infer.status());
+                     return;
+                   }
                    const int64_t max_bytes = options_.max_message_bytes;
-                   inferrer_.Infer(*infer, call->Control(),
-                                   [call, id = request.id(), max_bytes](
-                                       absl::StatusOr<InferResponse> result) {
-                                     ReplyInfer(*call, id, std::move(result), max_bytes);
-                                   });
+                   inferrer_.Infer(
+                       *infer, call->Control(),
+                       [call, id = request.id(), max_bytes](absl::StatusOr<InferResponse> result) {
+                         ReplyInfer(*call, id, std::move(result), max_bytes);
+                       });
                  },
                  /*answer_dropped=*/true));
 }

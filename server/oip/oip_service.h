@@ -35,6 +35,8 @@ class OipService final : public inference::GRPCInferenceService::CallbackService
 
   // ServerReady/ModelReady: false until the models are loaded and again once draining starts.
   void SetServing(bool serving) { serving_.store(serving); }
+  // Lame duck (--shutdown-delay-s): not ready for new clients while calls are still answered.
+  void SetDraining(bool draining) { draining_.store(draining); }
 
  private:
   void ServeServerLive(int index);
@@ -51,6 +53,7 @@ class OipService final : public inference::GRPCInferenceService::CallbackService
   const Inferrer inferrer_;
   RawMethods::Precheck authorize_;  // empty without an API key
   std::atomic<bool> serving_{false};
+  std::atomic<bool> draining_{false};
 };
 
 // The gRPC request as the transport-free InferRequest (views into `request`, which must outlive

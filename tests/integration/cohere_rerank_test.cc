@@ -82,11 +82,11 @@ TEST(CohereRerankTest, CohereClient) {
   ASSERT_EQ(access(python.c_str(), X_OK), 0)
       << python << " is missing: scripts/setup.sh creates the test venv with cohere";
   int exit_code = -1;
-  const std::string output = RunCommand(
-      "NO_PROXY='*' no_proxy='*' '" + python + "' '" + ATTN_COHERE_CHECK_SCRIPT +
-          "' --base-url http://127.0.0.1:" + std::to_string(SharedServer().http_port()) +
-          " --expected '" + path + "' 2>&1",
-      &exit_code);
+  const std::string output =
+      RunCommand("NO_PROXY='*' no_proxy='*' '" + python + "' '" + ATTN_COHERE_CHECK_SCRIPT +
+                     "' --base-url http://127.0.0.1:" + std::to_string(SharedServer().http_port()) +
+                     " --expected '" + path + "' 2>&1",
+                 &exit_code);
   std::cout << output;
   EXPECT_EQ(exit_code, 0);
   EXPECT_NE(output.find("cohere client: all checks passed"), std::string::npos);
@@ -116,13 +116,13 @@ TEST(CohereRerankTest, PathsAndShapes) {
   EXPECT_TRUE(ours["results"][0].contains("score"));
   EXPECT_FALSE(ours["results"][0].contains("relevance_score"));
 
-  const json objects = PostJson(
-      "/v1/rerank", {{"query", kQuery}, {"documents", {{{"text", "a"}}, {{"text", "b"}}}}},
-      &status);
+  const json objects =
+      PostJson("/v1/rerank", {{"query", kQuery}, {"documents", {{{"text", "a"}}, {{"text", "b"}}}}},
+               &status);
   EXPECT_EQ(status, 200) << objects.dump();
-  const json wrong = PostJson(
-      "/rerank", {{"query", kQuery}, {"documents", Documents()}, {"max_chunks_per_doc", 2}},
-      &status);
+  const json wrong =
+      PostJson("/rerank",
+               {{"query", kQuery}, {"documents", Documents()}, {"max_chunks_per_doc", 2}}, &status);
   EXPECT_EQ(status, 400);
   EXPECT_EQ(wrong["error"]["param"], "max_chunks_per_doc") << wrong.dump();
 }

@@ -4,6 +4,7 @@
 // a pinned version answers as that version; the call counts in the request metrics under the
 // protocol's method names; a server with an API key wants it on OIP calls but not on its probes.
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -61,7 +62,8 @@ json ExpectedAnswers(pb::Encoder::Stub* stub) {
   json expected = {{"texts", Texts()}, {"hidden", 384}, {"dimensions", 128}, {"layer", kLayer}};
   pb::EncodeRequest request = TextRequest();
   request.add_hidden_layers(kLayer);
-  const pb::EncodeResponse full = CallOrFail<pb::EncodeRequest, pb::EncodeResponse>(encode, request);
+  const pb::EncodeResponse full =
+      CallOrFail<pb::EncodeRequest, pb::EncodeResponse>(encode, request);
   expected["version"] = full.model_version();
   json embeddings = json::array(), counts = json::array(), ids = json::array(),
        tokens = json::array();
@@ -79,8 +81,8 @@ json ExpectedAnswers(pb::Encoder::Stub* stub) {
     const std::vector<int64_t> shape = Shape(r.hidden_states(0).tensor());  // (T, hidden)
     json matrix = json::array();
     for (int64_t t = 0; t < shape[0]; ++t) {
-      matrix.push_back(std::vector<float>(values.begin() + t * shape[1],
-                                          values.begin() + (t + 1) * shape[1]));
+      matrix.push_back(
+          std::vector<float>(values.begin() + t * shape[1], values.begin() + (t + 1) * shape[1]));
     }
     tokens.push_back(matrix);
   }
@@ -134,8 +136,7 @@ std::string RunPython(const std::string& arguments, int* exit_code) {
   const std::string python = ATTN_TEST_VENV_PYTHON;
   EXPECT_EQ(access(python.c_str(), X_OK), 0)
       << python << " is missing: scripts/setup.sh creates the test venv with tritonclient";
-  return RunCommand("NO_PROXY='*' no_proxy='*' '" + python + "' " + arguments + " 2>&1",
-                    exit_code);
+  return RunCommand("NO_PROXY='*' no_proxy='*' '" + python + "' " + arguments + " 2>&1", exit_code);
 }
 
 TEST(OipTest, TritonClient) {
@@ -144,9 +145,10 @@ TEST(OipTest, TritonClient) {
   std::ofstream(path) << ExpectedAnswers(stub.get()).dump();
   int exit_code = -1;
   const std::string output =
-      RunPython(std::string("'") + ATTN_OIP_CHECK_SCRIPT + "' --grpc 127.0.0.1:" +
-                    std::to_string(SharedServer().grpc_port()) + " --http 127.0.0.1:" +
-                    std::to_string(SharedServer().http_port()) + " --expected '" + path + "'",
+      RunPython(std::string("'") + ATTN_OIP_CHECK_SCRIPT +
+                    "' --grpc 127.0.0.1:" + std::to_string(SharedServer().grpc_port()) +
+                    " --http 127.0.0.1:" + std::to_string(SharedServer().http_port()) +
+                    " --expected '" + path + "'",
                 &exit_code);
   std::cout << output;  // each check's figures, in the test log
   EXPECT_EQ(exit_code, 0);
@@ -213,14 +215,53 @@ TEST(OipTest, ApiKeyCoversCallsNotProbes) {
   EXPECT_EQ(metadata.outputs(0).name(), "EMBEDDING");
 }
 
+// --shutdown-delay-s: after SIGTERM the server says NOT_SERVING (gRPC health, /health,
+// /v2/health/ready) while it still answers calls (gRPC Encode, OIP REST infer), so a load
+// balancer takes it out before it stops accepting; then it drains and exits 0.
+TEST(OipTest, ShutdownDelayKeepsAnsweringWhileNotReady) {
+  ServerProcess server({"--shutdown_delay_s=4"});
+  std::string error;
+  ASSERT_TRUE(server.StartAndWait(ScaledSeconds(90), &error)) << error;
+  server.process().Signal(SIGTERM);
+  const auto signalled = std::chrono::steady_clock::now();
+  HttpResponse health;
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        return HttpGet(server.http_port(), "/health", &health, &error) && health.status == 503;
+      },
+      ScaledSeconds(3)))
+      << "/health still " << health.status;
+  HttpResponse ready;
+  ASSERT_TRUE(HttpGet(server.http_port(), "/v2/health/ready", &ready, &error)) << error;
+  EXPECT_EQ(ready.status, 503) << ready.body;
+  HttpResponse infer;
+  ASSERT_TRUE(HttpRequest(server.http_port(), "POST", "/v2/models/all-MiniLM-L6-v2/infer",
+                          {"Content-Type: application/json"},
+                          R"({"inputs": [{"name": "TEXT", "shape": [1], "datatype": "BYTES",)"
+                          R"( "data": ["still answered"]}]})",
+                          &infer, &error))
+      << error;
+  EXPECT_EQ(infer.status, 200) << infer.body;
+  auto stub = server.NewStub();
+  pb::EncodeRequest request;
+  request.add_inputs()->set_text("still answered over gRPC");
+  pb::EncodeResponse response;
+  grpc::ClientContext context;
+  EXPECT_TRUE(stub->Encode(&context, request, &response).ok());
+  EXPECT_LT(std::chrono::steady_clock::now() - signalled, std::chrono::seconds(4))
+      << "the checks above ran after the delay: the machine is too slow for this test";
+  int status = 0;
+  ASSERT_TRUE(server.process().WaitExit(ScaledSeconds(60), &status));
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << server.process().ExitDescription();
+}
+
 // attnserve --help lists the gRPC service's every method and every REST route of the table the
 // server dispatches from.
 TEST(OipTest, HelpListsTheServiceAndTheRoutes) {
   int exit_code = -1;
   const std::string help = RunCommand("'" + AttnserveBinary() + "' --help 2>&1", &exit_code);
   const google::protobuf::ServiceDescriptor* service =
-      inference::ModelInferRequest::descriptor()->file()->FindServiceByName(
-          "GRPCInferenceService");
+      inference::ModelInferRequest::descriptor()->file()->FindServiceByName("GRPCInferenceService");
   ASSERT_NE(service, nullptr);
   EXPECT_NE(help.find("inference.GRPCInferenceService"), std::string::npos) << help;
   for (int i = 0; i < service->method_count(); ++i) {
