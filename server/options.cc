@@ -48,6 +48,12 @@ ABSL_FLAG(double, http_header_timeout_s, kDefaults.http_header_timeout_s,
           "Seconds a client has to send a whole HTTP request head, and to send the next one on a "
           "kept-alive connection (slow-loris protection: a client trickling its headers gets "
           "408 and the connection closes).");
+ABSL_FLAG(std::string, openai_long_text, kDefaults.openai_long_text,
+          "What POST /v1/embeddings does with an input over the model's limit (256 tokens for "
+          "all-MiniLM-L6-v2) when the request says nothing: refuse (400 naming the input, its "
+          "length and the ways out, as OpenAI's API does), truncate (embed its first tokens) or "
+          "chunk (embed all of it in overlapping windows). A request chooses with \"truncate\": "
+          "true/false or \"long_text\": \"chunk\"; every answer says per input what happened.");
 ABSL_FLAG(double, http_request_timeout_s, kDefaults.http_request_timeout_s,
           "Deadline of one HTTP call, from receipt to answer (HTTP has no client deadline); "
           "beyond it the call is dropped and answered 504.");
@@ -233,6 +239,7 @@ absl::StatusOr<ServerOptions> OptionsFromFlags() {
   options.http_max_connections = absl::GetFlag(FLAGS_http_max_connections);
   options.http_header_timeout_s = absl::GetFlag(FLAGS_http_header_timeout_s);
   options.http_request_timeout_s = absl::GetFlag(FLAGS_http_request_timeout_s);
+  options.openai_long_text = absl::GetFlag(FLAGS_openai_long_text);
   options.model_name = absl::GetFlag(FLAGS_model_name);
   options.api_key_file = absl::GetFlag(FLAGS_api_key_file);
   const std::vector<std::string> model_entries = absl::GetFlag(FLAGS_model);
@@ -307,6 +314,11 @@ absl::StatusOr<ServerOptions> OptionsFromFlags() {
   if (!(options.http_header_timeout_s > 0)) return invalid("--http-header-timeout-s must be > 0");
   if (!(options.http_request_timeout_s > 0)) {
     return invalid("--http-request-timeout-s must be > 0");
+  }
+  if (options.openai_long_text != "refuse" && options.openai_long_text != "truncate" &&
+      options.openai_long_text != "chunk") {
+    return invalid(absl::StrCat("--openai-long-text ", QuoteInput(options.openai_long_text),
+                                ": must be refuse, truncate or chunk"));
   }
   if (options.max_batch_tokens < 512) return invalid("--max-batch-tokens must be >= 512");
   if (options.max_concurrent_requests < 1) {

@@ -72,7 +72,11 @@ struct ServerOptions {
   int http_max_connections = 1024;     // open HTTP connections; more are closed at once
   double http_header_timeout_s = 10;   // a whole request head (line + headers) must arrive in it
   double http_request_timeout_s = 60;  // deadline of one HTTP call (gRPC clients set their own)
-  std::string model_name;              // the default model's name (models[0].name)
+  // What POST /v1/embeddings does with an input over the model's limit when the request does
+  // not say ("truncate" / "long_text"): refuse it (400, as OpenAI's API does), truncate it or
+  // chunk it (server/http/openai_embeddings.h).
+  std::string openai_long_text = "refuse";
+  std::string model_name;  // the default model's name (models[0].name)
 
   // Inference authentication: a bearer token for the Encoder service and every HTTP route but
   // /health ("" = open).

@@ -109,6 +109,7 @@ void SetTokens(const Model& model, const Encoding& encoding, Result* result) {
   SetTokenList(model, encoding, result->mutable_tokens());
   result->set_truncated(encoding.truncated);
   result->set_untruncated_length(encoding.untruncated_length);
+  result->set_untruncated_length_is_lower_bound(encoding.untruncated_length_is_lower_bound);
 }
 
 void SetMetadata(const core::Metadata& metadata, bool engine_call, v1::ResponseMetadata* out) {
@@ -142,6 +143,8 @@ core::EncodeRequest ToCore(const v1::EncodeRequest& request) {
   out.output_dtype = static_cast<core::OutputDType>(request.output_dtype());
   out.sparse = request.sparse();
   if (request.has_dimensions()) out.dimensions = request.dimensions();
+  out.long_text = static_cast<core::LongText>(request.long_text());
+  if (request.has_chunk_overlap()) out.chunk_overlap = request.chunk_overlap();
   return out;
 }
 
@@ -222,6 +225,7 @@ void ToProto(const core::EncodeResponse& response, v1::EncodeResponse* out) {
   for (const core::EncodeResult& result : response.results) {
     v1::EncodeResult* proto = out->add_results();
     SetTokens(*response.model, result.encoding, proto);
+    proto->set_chunks(result.chunks);
     if (!result.embedding.empty()) {
       proto->mutable_embedding()->Add(result.embedding.begin(), result.embedding.end());
     }

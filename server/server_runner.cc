@@ -267,9 +267,9 @@ int RunServer(const ServerOptions& options, std::optional<std::string> trainer_t
                                  &models, &memory_budget, models.models().front().metrics);
   EncoderService encoder(&serving_core, options.max_message_bytes, &metrics, api_key);
   // The HTTP/JSON front end: the same core calls, its own worker pool (server/http/).
-  http::HttpRoutes http_routes(
-      {options.model_name, options.http_request_timeout_s, options.max_message_bytes},
-      &serving_core, api_key, &metrics);
+  http::HttpRoutes http_routes({options.model_name, options.http_request_timeout_s,
+                                options.max_message_bytes, options.openai_long_text},
+                               &serving_core, api_key, &metrics);
   TrainerService trainer(options, std::move(trainer_token), &models, &metrics);
   // The Open Inference Protocol (server/oip/): gRPC beside the Encoder, REST under /v2.
   const oip::OipOptions oip_options{options.max_message_bytes, options.max_request_memory_bytes,

@@ -1,8 +1,13 @@
 #include "server/status_map.h"
 
+#include <optional>
 #include <string>
 
+#include "absl/strings/cord.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "server/core/cost_model.h"
+#include "server/core/input_errors.h"
 
 namespace attn::server {
 
@@ -46,6 +51,67 @@ HttpStatus ToHttpStatus(const absl::Status& status) {
     default:  // kInternal, kUnknown, kDataLoss
       return {500, "server_error"};
   }
+}
+
+namespace {
+// `status` with another message, its payloads (what kind of error it is) kept.
+absl::Status Reworded(const absl::Status& status, const std::string& message) {
+  absl::Status out(status.code(), message);
+  status.ForEachPayload(
+      [&out](absl::string_view url, const absl::Cord& payload) { out.SetPayload(url, payload); });
+  return out;
+}
+}  // namespace
+
+EmbeddingsError ToEmbeddingsError(const absl::Status& status, bool single_input) {
+  EmbeddingsError out{status, "", ""};
+  const std::optional<core::InputError> input = core::GetInputError(status);
+  const auto name = [single_input](int index) {
+    return single_input ? std::string("input") : absl::StrCat("input[", index, "]");
+  };
+  if (input.has_value() && input->kind == core::InputError::Kind::kTooLong) {
+    out.status = Reworded(
+        status,
+        absl::StrCat(name(input->index), " has ", input->tokens_at_least ? "at least " : "",
+                     input->tokens, " tokens, more than this model's limit of ", input->limit,
+                     " tokens; send \"truncate\": true to embed its first ", input->limit,
+                     " tokens (with \"truncation_direction\": \"left\", its last), "
+                     "\"long_text\": \"chunk\" to embed all of it in overlapping windows, or "
+                     "shorten it"));
+    out.param = "input";
+    out.code = "context_length_exceeded";
+    return out;
+  }
+  if (input.has_value() && input->kind == core::InputError::Kind::kForeignTokenIds) {
+    out.status = Reworded(
+        status,
+        absl::StrCat(name(input->index),
+                     " holds token ids that are not this model's tokenizer output: an array of "
+                     "token ids must start with ",
+                     input->cls_token, " (id ", input->cls_id, ") and end with ", input->sep_token,
+                     " (id ", input->sep_id,
+                     "), as POST /v1/tokenize returns it; ids of another tokenizer (tiktoken's "
+                     "cl100k_base, say) would embed as unrelated words. LangChain's "
+                     "OpenAIEmbeddings sends tiktoken ids unless it is created with "
+                     "check_embedding_ctx_length=False, which sends the texts"));
+    out.param = "input";
+    out.code = "invalid_token_ids";
+    return out;
+  }
+  // The core names the field first ("dimensions: ...", "inputs[3]: ...").
+  absl::string_view message = status.message();
+  if (absl::StartsWith(message, "inputs")) {
+    message.remove_prefix(6);
+    out.status = Reworded(status, single_input && absl::StartsWith(message, "[0]")
+                                      ? "input" + std::string(message.substr(3))
+                                      : "input" + std::string(message));
+  }
+  if (status.code() == absl::StatusCode::kInvalidArgument) {
+    out.param = absl::StartsWith(status.message(), "dimensions")      ? "dimensions"
+                : absl::StartsWith(status.message(), "chunk_overlap") ? "chunk_overlap"
+                                                                      : "input";
+  }
+  return out;
 }
 
 std::string_view GrpcCodeName(grpc::StatusCode code) {

@@ -35,6 +35,13 @@ ABSL_FLAG(std::vector<std::string>, layers, {},
 ABSL_FLAG(bool, jsonl, false,
           "print one JSON line per input: {\"index\": i, \"line\": its line of stdin, \"text\": "
           "..., then its EncodeResult}, for files of any size");
+ABSL_FLAG(std::string, long_text, "truncate",
+          "an input over --max-length tokens: truncate (keep --max-length tokens, as --truncation "
+          "says), refuse (an error naming it), or chunk (embed all of it: windows of --max-length "
+          "tokens overlapping by --chunk-overlap, pooled into one embedding)");
+ABSL_FLAG(int, chunk_overlap, -1,
+          "with --long-text chunk: tokens consecutive windows share; -1 = the server's default "
+          "(--max-length / 8)");
 
 namespace attn::client::attnctl {
 namespace {
@@ -78,8 +85,12 @@ bool PrintJsonLine(int index, const InputText& input, const v1::EncodeResult& re
 // from the server cannot be decoded.
 bool PrintEncodeResult(int index, const std::string& what, const v1::EncodeResult& r) {
   bool ok = true;
-  std::printf("[%d] %s (%d tokens%s)\n", index, what.c_str(), r.tokens_size(),
-              TruncationNote(r.truncated(), r.untruncated_length()).c_str());
+  std::string note = TruncationNote(r.truncated(), r.untruncated_length());
+  if (r.truncated() && r.untruncated_length_is_lower_bound()) {
+    note = absl::StrFormat(", truncated from at least %d", r.untruncated_length());
+  }
+  if (r.chunks() > 1) note = absl::StrFormat(", embedded in %d overlapping windows", r.chunks());
+  std::printf("[%d] %s (%d tokens%s)\n", index, what.c_str(), r.tokens_size(), note.c_str());
   if (r.embedding_size() > 0) {
     double sq = 0;
     for (float v : r.embedding()) sq += static_cast<double>(v) * v;
@@ -114,7 +125,32 @@ bool PrintEncodeResult(int index, const std::string& what, const v1::EncodeResul
   return ok;
 }
 
-// --pooling, --normalize, --layers and --sparse into `request`; a usage error's message.
+// --long-text and --chunk-overlap into `request`; a usage error's message.
+absl::Status SetLongTextOptions(v1::EncodeRequest* request) {
+  const std::string long_text = absl::AsciiStrToLower(absl::GetFlag(FLAGS_long_text));
+  const int chunk_overlap = absl::GetFlag(FLAGS_chunk_overlap);
+  if (long_text == "chunk") {
+    request->set_long_text(v1::LONG_TEXT_CHUNK);
+    if (chunk_overlap >= 0) request->set_chunk_overlap(chunk_overlap);
+  } else if (long_text == "refuse") {
+    if (!absl::GetFlag(FLAGS_truncation).empty()) {
+      return absl::InvalidArgumentError(
+          "--long-text refuse and --truncation both say what to do with a long input: give one "
+          "of them");
+    }
+    request->mutable_tokenization()->set_truncation(v1::TRUNCATION_NONE);
+  } else if (long_text != "truncate") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--long-text must be truncate, refuse or chunk, not '", long_text, "'"));
+  }
+  if (chunk_overlap != -1 && long_text != "chunk") {
+    return absl::InvalidArgumentError("--chunk-overlap goes with --long-text chunk");
+  }
+  return absl::OkStatus();
+}
+
+// --pooling, --normalize, --layers, --sparse and the long-text flags into `request`; a usage
+// error's message.
 absl::Status SetEncodeOptions(v1::EncodeRequest* request) {
   const std::string pooling = absl::AsciiStrToLower(absl::GetFlag(FLAGS_pooling));
   const std::vector<std::pair<const char*, v1::Pooling>> poolings = {
@@ -132,6 +168,7 @@ absl::Status SetEncodeOptions(v1::EncodeRequest* request) {
   }
   request->set_pooling(found->second);
   request->set_sparse(absl::GetFlag(FLAGS_sparse));
+  if (absl::Status long_text = SetLongTextOptions(request); !long_text.ok()) return long_text;
   const std::string normalize = absl::AsciiStrToLower(absl::GetFlag(FLAGS_normalize));
   if (normalize == "true" || normalize == "false") {
     request->set_normalize(normalize == "true");
@@ -241,18 +278,21 @@ back to its input.
       {{"Flags",
         {{"pooling", "P"},
          {"normalize", "B"},
+         {"long_text", "MODE"},
+         {"chunk_overlap", "N"},
          {"layers", "L,L,..."},
          {"dtype", "D"},
          {"sparse", ""},
          {"jsonl", ""}}},
        InputFlags(),
        EncoderCommonFlags()},
-      R"(  attnctl encode --text "The cat sat on the mat."
+      R"EX(  attnctl encode --text "The cat sat on the mat."
   attnctl encode --text "A man is eating." --pair "Someone eats." --pooling cls
   attnctl encode --text "hello" --layers 0,-1 --dtype bfloat16
   attnctl encode --text "red kettle, 1.7 litres" --sparse
+  attnctl encode --long-text chunk --text "$(cat chapter.txt)"
   attnctl encode --jsonl < sentences.txt > embeddings.jsonl
-)",
+)EX",
       RunEncode};
 }
 

@@ -35,6 +35,9 @@ struct Input {
 };
 
 enum class Truncation : int { kUnspecified = 0, kRight = 1, kLeft = 2, kNone = 3 };
+// What Encode does with a text over max_length: as `Truncation` says, or split it into
+// overlapping windows and pool them into one embedding (the proto's LongText).
+enum class LongText : int { kUnspecified = 0, kChunk = 1 };
 
 struct TokenizationOptions {
   Truncation truncation = Truncation::kUnspecified;  // unspecified = right
@@ -110,10 +113,17 @@ struct EncodeRequest {
   // Matryoshka: the pooled embedding's first `dimensions` values, normalised again when
   // `normalize` is on; 1 .. hidden size, unset = all.
   std::optional<int32_t> dimensions;
+  LongText long_text = LongText::kUnspecified;
+  std::optional<int32_t> chunk_overlap;  // kChunk: tokens shared by consecutive windows
+  // Token-id inputs must be this model's tokenizer output ([CLS] ... [SEP], as Tokenize gives
+  // them) and follow the text rules (truncation, refusal, chunking), instead of being used as
+  // given: what the OpenAI route asks, where ids from another tokenizer (tiktoken) arrive.
+  bool token_ids_from_tokenizer = false;
 };
 
 struct EncodeResult {
-  Encoding encoding;
+  Encoding encoding;             // a chunked input's: the whole text's
+  int chunks = 1;                // the windows it was encoded in (LongText::kChunk)
   std::vector<float> embedding;  // pooled (and normalised if asked); empty without pooling
   MatrixView token_embeddings;   // (T, H) last layer; empty unless asked
   std::vector<std::pair<int, MatrixView>> hidden_states;  // (layer, (T, H)), request order

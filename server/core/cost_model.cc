@@ -50,8 +50,10 @@ int64_t TensorField(const std::vector<int64_t>& shape, WireDType dtype) {
   return Delimited(TensorPayload(shape, dtype));
 }
 
-// The repeated Token messages of one input, and its truncated/untruncated_length fields.
-int64_t TokensAndInputFields(const WordPieceTokenizer& tokenizer, const Encoding& e) {
+// The repeated Token messages of one input, its truncated/untruncated_length fields (and its
+// lower-bound flag) and, for Encode, its `chunks`.
+int64_t TokensAndInputFields(const WordPieceTokenizer& tokenizer, const Encoding& e,
+                             int32_t chunks = 0) {
   int64_t bytes = 0;
   for (int t = 0; t < e.size(); ++t) {
     const int64_t text = static_cast<int64_t>(tokenizer.IdToToken(e.ids[t]).size());
@@ -62,7 +64,8 @@ int64_t TokensAndInputFields(const WordPieceTokenizer& tokenizer, const Encoding
                           Int32Field(e.sequence_index[t]);
     bytes += Delimited(token);
   }
-  return bytes + (e.truncated ? 2 : 0) + Int32Field(e.untruncated_length);
+  return bytes + (e.truncated ? 2 : 0) + Int32Field(e.untruncated_length) +
+         (e.untruncated_length_is_lower_bound ? 2 : 0) + Int32Field(chunks);
 }
 
 // Response envelope: model_version and metadata (token count, five doubles, batch inputs).
@@ -106,11 +109,15 @@ RequestCost EstimateEncodeCost(const BertConfig& config, const WordPieceTokenize
   Totals t;
   const int64_t per_token_tensors =
       (query.token_embeddings ? 1 : 0) + query.hidden_layers + (query.static_embeddings ? 1 : 0);
-  for (const Encoding& e : inputs) {
+  int64_t windows = 0;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const Encoding& e = inputs[i];
     const int64_t T = e.size();
+    const int chunks = query.windows != nullptr ? (*query.windows)[i] : 1;
+    windows += chunks;
     t.tokens += T;
     t.max_length = std::max(t.max_length, T);
-    int64_t result = TokensAndInputFields(tokenizer, e);
+    int64_t result = TokensAndInputFields(tokenizer, e, chunks);
     if (query.pooled) result += Delimited(4 * H);
     if (query.token_embeddings) result += TensorField({T, H}, query.dtype);
     // LayerTensor {layer, tensor}; layer 0 is omitted on the wire, others take 2 bytes.
@@ -122,9 +129,14 @@ RequestCost EstimateEncodeCost(const BertConfig& config, const WordPieceTokenize
   t.response += EnvelopeBytes(model_version_bytes, t.tokens, inputs.size());
   // The engine keeps the requested hidden layers plus the last one (pooling reads it).
   const int64_t kept_layers = query.hidden_layers + (query.keeps_last_layer ? 0 : 1);
-  t.forward = (kept_layers + (query.static_embeddings ? 1 : 0)) * t.tokens * H * 4;
-  if (query.pooled) t.held = static_cast<int64_t>(inputs.size()) * 4 * H;
-  return Finish(t, inputs.size());
+  const int64_t forward_tokens = query.forward_tokens >= 0 ? query.forward_tokens : t.tokens;
+  t.forward = (kept_layers + (query.static_embeddings ? 1 : 0)) * forward_tokens * H * 4;
+  // A pooled embedding per window (a chunked input's are averaged into one afterwards).
+  if (query.pooled) t.held = windows * 4 * H;
+  RequestCost cost = Finish(t, inputs.size());
+  // The engine's copies of the windows' ids (the inputs' own are counted in Finish).
+  cost.working_bytes += std::max<int64_t>(0, forward_tokens - t.tokens) * kTokenCopyBytes;
+  return cost;
 }
 
 RequestCost EstimateAttentionCost(const BertConfig& config, const WordPieceTokenizer& tokenizer,

@@ -47,6 +47,10 @@ struct EncodeCostQuery {
   bool keeps_last_layer = false;   // the requested layers include the last one
   bool static_embeddings = false;  // (T, H)
   WireDType dtype = WireDType::kFloat32;
+  // Chunked inputs (LONG_TEXT_CHUNK): the windows each input is encoded in (null = one each)
+  // and the tokens of all windows (-1 = the inputs' tokens), which the forward keeps.
+  const std::vector<int>* windows = nullptr;
+  int64_t forward_tokens = -1;
 };
 
 // What an AttentionMap call returns besides the tokens.

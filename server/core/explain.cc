@@ -5,6 +5,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "server/core/long_text.h"
 
 namespace attn::server::core {
 
@@ -95,11 +96,14 @@ absl::StatusOr<ExplainPlan> PrepareExplain(const Model& model, const ExplainRequ
   const bool pairwise = options.method == AttributionMethod::kPairwise;
   const int token_limit = std::min(
       {pairwise ? options.max_pairwise_tokens : options.max_tokens, model.max_positions()});
-  TruncationOptions no_truncation;
-  no_truncation.enabled = false;
+  // Tokenized up to the limit and the look-ahead only (long_text.h); a longer text is refused
+  // below, with its length or, past the look-ahead, a lower bound of it.
+  TruncationOptions bounded;
+  bounded.max_length = token_limit;
+  bounded.look_ahead = kTokenizerLookAhead;
   auto tokenize = [&](std::string_view text, const std::string& where) -> absl::Status {
     if (text.empty()) return absl::InvalidArgumentError(where + " is empty");
-    absl::StatusOr<Encoding> encoding = model.tokenizer().Encode(text, no_truncation);
+    absl::StatusOr<Encoding> encoding = model.tokenizer().Encode(text, bounded);
     if (!encoding.ok()) {
       return absl::Status(encoding.status().code(),
                           absl::StrCat(where, ": ", encoding.status().message()));
@@ -111,10 +115,11 @@ absl::StatusOr<ExplainPlan> PrepareExplain(const Model& model, const ExplainRequ
           " has no tokens besides [CLS]/[SEP] (only spaces or control characters): "
           "nothing to attribute");
     }
-    if (encoding->size() > token_limit) {
+    if (encoding->truncated) {
       return absl::InvalidArgumentError(absl::StrCat(
-          where, " has ", encoding->size(), " tokens, more than the limit of ", token_limit,
-          " for ", MethodName(options.method),
+          where, " has ", encoding->untruncated_length_is_lower_bound ? "at least " : "",
+          encoding->untruncated_length, " tokens, more than the limit of ", token_limit, " for ",
+          MethodName(options.method),
           pairwise ? " (its cost grows as steps x tokens^2; ATTRIBUTION_INTEGRATED_GRADIENTS "
                      "takes up to " +
                          std::to_string(std::min(options.max_tokens, model.max_positions())) + ")"

@@ -7,8 +7,10 @@
 #include <set>
 #include <string>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "server/core/input_errors.h"
 
 namespace attn::server::core {
 
@@ -84,6 +86,13 @@ absl::StatusOr<TruncationOptions> CheckInputList(const Model& model, size_t coun
   return ResolveTruncation(model, tokenization);
 }
 
+// How a plan treats long inputs: Encode's as it says; other calls truncate or refuse.
+const LongTextPlan& LongTextOf(const EncodePlan& plan) { return plan.long_text; }
+const LongTextPlan& LongTextOf(const AttentionPlan&) {
+  static const LongTextPlan kNone;
+  return kNone;
+}
+
 // Runs `check` on `plan` with lower-bound encodings (then clears them) when there is a check
 // and the input list as a whole is valid (else tokenizing reports what is wrong).
 template <typename Request, typename Plan>
@@ -103,7 +112,8 @@ absl::Status CheckLowerBound(const Model& model, const Request& request,
       }
     }
   }
-  plan->inputs.encodings = LowerBoundEncodings(model, request.inputs, request.tokenization);
+  plan->inputs.encodings =
+      LowerBoundEncodings(model, request.inputs, request.tokenization, LongTextOf(*plan).chunk);
   absl::Status status = check(*plan);
   plan->inputs.encodings.clear();
   return status;
@@ -119,10 +129,101 @@ absl::Status CheckThenTokenize(const Model& model, const Request& request,
     return affordable;
   }
   absl::StatusOr<TokenizedInputs> inputs =
-      TokenizeInputs(model, request.inputs, request.tokenization, limits);
+      TokenizeInputs(model, request.inputs, request.tokenization, limits, LongTextOf(*plan));
   if (!inputs.ok()) return inputs.status();
   plan->inputs = std::move(*inputs);
   return absl::OkStatus();
+}
+
+const char* KindName(const Input& input) {
+  switch (input.kind) {
+    case Input::Kind::kPair:
+      return "pair";
+    case Input::Kind::kTokens:
+      return "token ids";
+    default:
+      return "text";
+  }
+}
+
+// One input's encoding: texts and pairs bounded (kept tokens plus the look-ahead, or a whole
+// chunked text within the call's chunk budget), token ids as given or, when they must be this
+// tokenizer's output, checked and truncated like a text. *text_like: long-text rules apply.
+absl::StatusOr<Encoding> EncodeInput(const Model& model, const Input& input, int index,
+                                     const TruncationOptions& truncation,
+                                     const LongTextPlan& long_text, int64_t chunk_budget,
+                                     bool* text_like) {
+  const WordPieceTokenizer& tokenizer = model.tokenizer();
+  const std::string where = absl::StrCat("inputs[", index, "]");
+  // Tokenized as if truncated, then refused if it was (TRUNCATION_NONE): counting past the
+  // look-ahead would only say "too long" later and at the cost of the whole text.
+  TruncationOptions bounded = truncation;
+  bounded.enabled = true;
+  bounded.look_ahead = kTokenizerLookAhead;
+  *text_like = input.kind == Input::Kind::kText;
+  switch (input.kind) {
+    case Input::Kind::kText: {
+      if (input.text.empty()) return absl::InvalidArgumentError(where + ": text is empty");
+      if (!long_text.chunk) return tokenizer.Encode(input.text, bounded);
+      if (chunk_budget < 1) return TooLongToChunkError(index, long_text.max_chunked_tokens);
+      TruncationOptions whole;
+      whole.max_length = static_cast<int>(std::min<int64_t>(chunk_budget + 2, INT32_MAX));
+      whole.look_ahead = 0;
+      absl::StatusOr<Encoding> encoding = tokenizer.Encode(input.text, whole);
+      if (encoding.ok() && encoding->truncated) {
+        return TooLongToChunkError(index, long_text.max_chunked_tokens);
+      }
+      return encoding;
+    }
+    case Input::Kind::kPair:
+      if (input.text.empty()) return absl::InvalidArgumentError(where + ": pair.first is empty");
+      if (input.second.empty()) {
+        return absl::InvalidArgumentError(where + ": pair.second is empty");
+      }
+      if (long_text.chunk) {
+        return absl::InvalidArgumentError(
+            where +
+            ": a pair cannot be chunked (long_text LONG_TEXT_CHUNK splits single texts); "
+            "send pairs without long_text, or the two texts as inputs of their own");
+      }
+      return tokenizer.EncodePair(input.text, input.second, bounded);
+    case Input::Kind::kTokens: {
+      if (input.ids.empty()) return absl::InvalidArgumentError(where + ": tokens.ids is empty");
+      if (!long_text.token_ids_from_tokenizer &&
+          static_cast<int64_t>(input.ids.size()) > model.max_positions()) {
+        return absl::InvalidArgumentError(absl::StrCat(where, ": ", input.ids.size(),
+                                                       " token ids, more than the model's ",
+                                                       model.max_positions(), " positions"));
+      }
+      if (!input.type_ids.empty() && input.type_ids.size() != input.ids.size()) {
+        return absl::InvalidArgumentError(absl::StrCat(where, ": ", input.type_ids.size(),
+                                                       " type_ids for ", input.ids.size(),
+                                                       " ids; send none or one per id"));
+      }
+      // Ids that must be this tokenizer's output are checked for that first: ids of another
+      // tokenizer fail it whatever their range, and the cause is what the caller needs to know.
+      if (long_text.token_ids_from_tokenizer) {
+        if (absl::Status own = CheckTokenizerOutput(tokenizer, input.ids, index); !own.ok()) {
+          return own;
+        }
+      }
+      absl::StatusOr<Encoding> encoding =
+          tokenizer.FromIds(std::vector<int32_t>(input.ids.begin(), input.ids.end()),
+                            std::vector<int32_t>(input.type_ids.begin(), input.type_ids.end()));
+      if (!encoding.ok() || !long_text.token_ids_from_tokenizer) return encoding;
+      *text_like = true;
+      if (long_text.chunk && encoding->size() > chunk_budget + 2) {
+        return TooLongToChunkError(index, long_text.max_chunked_tokens);
+      }
+      if (!long_text.chunk && truncation.enabled && encoding->size() > truncation.max_length) {
+        return TruncateTokenizerOutput(*encoding, truncation);
+      }
+      return encoding;
+    }
+    case Input::Kind::kNotSet:
+      break;
+  }
+  return absl::InvalidArgumentError(where + ": empty input; set text, pair or tokens");
 }
 
 }  // namespace
@@ -156,64 +257,50 @@ absl::StatusOr<TruncationOptions> ResolveTruncation(const Model& model,
 
 absl::StatusOr<TokenizedInputs> TokenizeInputs(const Model& model, absl::Span<const Input> inputs,
                                                const TokenizationOptions& tokenization,
-                                               const RequestLimits& limits) {
+                                               const RequestLimits& limits,
+                                               const LongTextPlan& long_text) {
   absl::StatusOr<TruncationOptions> truncation =
       CheckInputList(model, inputs.size(), tokenization, limits);
   if (!truncation.ok()) return truncation.status();
   const int limit = truncation->max_length;
+  int64_t chunk_budget = long_text.max_chunked_tokens;
 
   TokenizedInputs out;
   out.sequences.reserve(inputs.size());
   out.encodings.reserve(inputs.size());
+  out.windows.reserve(inputs.size());
   for (int i = 0; i < static_cast<int>(inputs.size()); ++i) {
     const Input& input = inputs[i];
-    const std::string where = absl::StrCat("inputs[", i, "]");
-    absl::StatusOr<Encoding> encoding;
-    switch (input.kind) {
-      case Input::Kind::kText:
-        if (input.text.empty()) return absl::InvalidArgumentError(where + ": text is empty");
-        encoding = model.tokenizer().Encode(input.text, *truncation);
-        break;
-      case Input::Kind::kPair:
-        if (input.text.empty()) return absl::InvalidArgumentError(where + ": pair.first is empty");
-        if (input.second.empty())
-          return absl::InvalidArgumentError(where + ": pair.second is empty");
-        encoding = model.tokenizer().EncodePair(input.text, input.second, *truncation);
-        break;
-      case Input::Kind::kTokens: {
-        if (input.ids.empty()) return absl::InvalidArgumentError(where + ": tokens.ids is empty");
-        if (static_cast<int64_t>(input.ids.size()) > model.max_positions()) {
-          return absl::InvalidArgumentError(absl::StrCat(where, ": ", input.ids.size(),
-                                                         " token ids, more than the model's ",
-                                                         model.max_positions(), " positions"));
-        }
-        if (!input.type_ids.empty() && input.type_ids.size() != input.ids.size()) {
-          return absl::InvalidArgumentError(absl::StrCat(where, ": ", input.type_ids.size(),
-                                                         " type_ids for ", input.ids.size(),
-                                                         " ids; send none or one per id"));
-        }
-        encoding = model.tokenizer().FromIds(
-            std::vector<int32_t>(input.ids.begin(), input.ids.end()),
-            std::vector<int32_t>(input.type_ids.begin(), input.type_ids.end()));
-        break;
-      }
-      case Input::Kind::kNotSet:
-        return absl::InvalidArgumentError(where + ": empty input; set text, pair or tokens");
-    }
+    bool text_like = false;
+    absl::StatusOr<Encoding> encoding =
+        EncodeInput(model, input, i, *truncation, long_text, chunk_budget, &text_like);
     if (!encoding.ok()) {
+      if (GetInputError(encoding.status()).has_value() || IsTooLarge(encoding.status()) ||
+          absl::StartsWith(encoding.status().message(), "inputs[")) {
+        return encoding.status();
+      }
       return absl::Status(encoding.status().code(),
-                          absl::StrCat(where, ": ", encoding.status().message()));
+                          absl::StrCat("inputs[", i, "]: ", encoding.status().message()));
     }
-    if (input.kind != Input::Kind::kTokens && !truncation->enabled && encoding->size() > limit) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(where, ": ", input.kind == Input::Kind::kPair ? "pair" : "text", " has ",
-                       encoding->size(), " tokens, more than max_length ", limit,
-                       " and truncation is TRUNCATION_NONE; shorten it, raise "
-                       "tokenization.max_length (up to ",
-                       model.max_positions(), ") or allow truncation"));
+    const bool over = encoding->truncated || encoding->size() > limit;
+    if (!truncation->enabled && over && (input.kind != Input::Kind::kTokens || text_like)) {
+      return TooLongError(model, i, *encoding, KindName(input), limit);
     }
-    out.total_tokens += encoding->size();
-    out.sequences.push_back({encoding->ids, encoding->type_ids});
+    if (long_text.chunk && text_like) {
+      chunk_budget -= encoding->size();
+      std::vector<SequenceInput> windows =
+          SplitIntoWindows(*encoding, limit, long_text.overlap, model.tokenizer().cls_id(),
+                           model.tokenizer().sep_id());
+      out.windows.push_back(static_cast<int>(windows.size()));
+      for (SequenceInput& window : windows) {
+        out.total_tokens += static_cast<int64_t>(window.token_ids.size());
+        out.sequences.push_back(std::move(window));
+      }
+    } else {
+      out.windows.push_back(1);
+      out.total_tokens += encoding->size();
+      out.sequences.push_back({encoding->ids, encoding->type_ids});
+    }
     out.encodings.push_back(std::move(*encoding));
   }
   return out;
@@ -238,7 +325,7 @@ int64_t MinTokensOf(std::string_view text) {
 }
 
 std::vector<Encoding> LowerBoundEncodings(const Model& model, absl::Span<const Input> inputs,
-                                          const TokenizationOptions& tokenization) {
+                                          const TokenizationOptions& tokenization, bool chunk) {
   absl::StatusOr<TruncationOptions> truncation = ResolveTruncation(model, tokenization);
   std::vector<Encoding> encodings(inputs.size());
   for (size_t i = 0; i < inputs.size(); ++i) {
@@ -259,7 +346,8 @@ std::vector<Encoding> LowerBoundEncodings(const Model& model, absl::Span<const I
     }
     // Capped also without truncation: a longer text is refused by tokenizing, with the
     // INVALID_ARGUMENT that names it, not here.
-    if (input.kind != Input::Kind::kTokens && truncation.ok()) {
+    if (input.kind != Input::Kind::kTokens && truncation.ok() &&
+        !(chunk && input.kind == Input::Kind::kText)) {
       tokens = std::min<int64_t>(tokens, truncation->max_length);
     }
     Encoding& e = encodings[i];
@@ -354,6 +442,14 @@ absl::StatusOr<EncodePlan> PrepareEncode(const Model& model, const EncodeRequest
     plan.forward.attention_layers = {num_layers - 1};
     plan.forward.attention_probs = true;
   }
+  // Long texts (a truncation setting that is invalid is reported by tokenizing).
+  if (absl::StatusOr<TruncationOptions> truncation = ResolveTruncation(model, request.tokenization);
+      truncation.ok()) {
+    absl::StatusOr<LongTextPlan> long_text =
+        ResolveLongText(model, request, truncation->max_length, limits.max_request_memory_bytes);
+    if (!long_text.ok()) return long_text.status();
+    plan.long_text = *long_text;
+  }
 
   if (absl::Status tokenized = CheckThenTokenize(model, request, limits, check, &plan);
       !tokenized.ok()) {
@@ -435,16 +531,24 @@ RequestCost EstimateCost(const Model& model, const EncodePlan& p, int64_t versio
   query.keeps_last_layer = p.forward.hidden_layers.size() == p.hidden_layers.size();
   query.static_embeddings = p.static_embeddings;
   query.dtype = p.dtype;
+  if (!p.inputs.windows.empty()) {  // tokenized (not the lower bound): windows may be chunks
+    query.windows = &p.inputs.windows;
+    query.forward_tokens = p.inputs.total_tokens;
+  }
   RequestCost cost = EstimateEncodeCost(model.config(), model.tokenizer(), p.inputs.encodings,
                                         query, version_bytes);
   if (p.cls_attention_pooling || p.sparse) {
     // The last layer's (heads, T, T) probabilities per input; a sparse vector holds at most one
     // (index, value) per token: <= 5 + 4 wire bytes, 8 bytes in memory, both held twice.
+    // Per sequence the engine runs: a chunked input's windows each have their own.
     const int64_t heads = model.config().num_attention_heads;
-    for (const Encoding& e : p.inputs.encodings) {
-      const int64_t T = e.size();
+    const bool tokenized = !p.inputs.sequences.empty();
+    const size_t count = tokenized ? p.inputs.sequences.size() : p.inputs.encodings.size();
+    for (size_t i = 0; i < count; ++i) {
+      const int64_t T = tokenized ? static_cast<int64_t>(p.inputs.sequences[i].token_ids.size())
+                                  : p.inputs.encodings[i].size();
       cost.working_bytes += heads * T * T * 4 + 4 * T;
-      if (p.sparse) {
+      if (p.sparse) {  // never chunked
         cost.response_bytes += 8 + 9 * T;
         cost.working_bytes += 2 * (8 + 9 * T) + 8 * T;
       }

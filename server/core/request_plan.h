@@ -16,19 +16,22 @@
 #include "engine/model.h"
 #include "server/core/calls.h"
 #include "server/core/cost_model.h"
+#include "server/core/long_text.h"
 
 namespace attn::server::core {
 
 struct RequestLimits {
   int max_inputs_per_request = 0;  // set from ServerOptions (server/options.h)
   int max_explain_documents = 0;
+  int64_t max_request_memory_bytes = 0;  // bounds what chunking tokenizes (long_text.h)
 };
 
 // Inputs tokenized and ready for the engine.
 struct TokenizedInputs {
-  std::vector<SequenceInput> sequences;
-  std::vector<Encoding> encodings;
-  int64_t total_tokens = 0;
+  std::vector<SequenceInput> sequences;  // what the engine runs: one per input, or its windows
+  std::vector<Encoding> encodings;       // one per input (a chunked input's whole text)
+  std::vector<int> windows;              // sequences per input, in order
+  int64_t total_tokens = 0;              // of the sequences
 };
 
 // Tokenization options -> the tokenizer's truncation settings for `model` (0 = the model's
@@ -36,9 +39,14 @@ struct TokenizedInputs {
 absl::StatusOr<TruncationOptions> ResolveTruncation(const Model& model,
                                                     const TokenizationOptions& options);
 
+// Texts are tokenized only up to what is kept plus kTokenizerLookAhead tokens (all of it when
+// chunking), so memory does not grow with the text; an input over max_length is truncated,
+// refused (TRUNCATION_NONE: INVALID_ARGUMENT carrying InputError::kTooLong) or split into
+// windows (long_text.chunk).
 absl::StatusOr<TokenizedInputs> TokenizeInputs(const Model& model, absl::Span<const Input> inputs,
                                                const TokenizationOptions& tokenization,
-                                               const RequestLimits& limits);
+                                               const RequestLimits& limits,
+                                               const LongTextPlan& long_text = {});
 
 // A lower bound of the tokens `text` takes, cheap enough to compute before tokenizing: each
 // whitespace-separated word holding an ASCII letter or digit yields at least one token (a word
@@ -49,8 +57,10 @@ int64_t MinTokensOf(std::string_view text);
 // (cost_model.h): MinTokensOf tokens each (capped at max_length; token ids
 // given directly count as they are), all of them token 0 with zero offsets. Invalid inputs
 // count 0 tokens (tokenizing reports them). For refusing unaffordable calls before the work.
+// With `chunk`, texts are not capped at max_length (a chunked text is encoded whole).
 std::vector<Encoding> LowerBoundEncodings(const Model& model, absl::Span<const Input> inputs,
-                                          const TokenizationOptions& tokenization);
+                                          const TokenizationOptions& tokenization,
+                                          bool chunk = false);
 
 // Called by PrepareEncode/PrepareAttention before tokenizing, with the plan's encodings set to
 // LowerBoundEncodings: a status other than OK refuses the call without tokenizing it (a
@@ -71,6 +81,7 @@ struct EncodePlan {
   bool static_embeddings = false;
   WireDType dtype = WireDType::kFloat32;
   ForwardOptions forward;  // what the engine must keep (pooling is done per request)
+  LongTextPlan long_text;
 };
 
 absl::StatusOr<EncodePlan> PrepareEncode(const Model& model, const EncodeRequest& request,

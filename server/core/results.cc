@@ -7,6 +7,7 @@
 #include "engine/explain/sparse_bm42.h"
 #include "engine/log.h"
 #include "engine/ops/pooling.h"
+#include "server/core/long_text.h"
 
 namespace attn::server::core {
 
@@ -25,27 +26,58 @@ Tensor SelectHeads(const Tensor& full, const std::vector<int>& heads) {
 
 }  // namespace
 
+namespace {
+
+// The pooled embedding of one sequence, before Matryoshka truncation and normalisation.
+void PoolSequence(const EncodePlan& plan, const SequenceView& view, int64_t H, int last_layer,
+                  const std::vector<float>& cls_attention, float* out) {
+  const float* last_hidden = view.hidden(last_layer, H);
+  if (plan.cls_attention_pooling) {
+    AttentionWeightedPool(last_hidden, view.length(), H, cls_attention, out);
+  } else {
+    PoolForward(last_hidden, H, {0, view.length()}, *plan.pooling, out);
+  }
+}
+
+}  // namespace
+
 void BuildEncodeResults(const Model& model, EncodePlan& plan, const JobOutput& output,
                         std::vector<EncodeResult>* results) {
   const int64_t H = model.config().hidden_size;
   const int last_layer = model.config().num_hidden_layers;
-  results->resize(output.sequences.size());
-  for (size_t i = 0; i < output.sequences.size(); ++i) {
-    const SequenceView& view = output.sequences[i];
+  const size_t inputs = plan.inputs.encodings.size();
+  results->resize(inputs);
+  size_t first_sequence = 0;  // of input i
+  for (size_t i = 0; i < inputs; ++i) {
+    const int windows = plan.inputs.windows.empty() ? 1 : plan.inputs.windows[i];
+    const SequenceView& view = output.sequences[first_sequence];
     const int64_t T = view.length();
     EncodeResult& result = (*results)[i];
     result.encoding = std::move(plan.inputs.encodings[i]);
+    result.chunks = windows;
     const float* last_hidden = view.hidden(last_layer, H);
     std::vector<float> cls_attention;  // (T) the BM42 weights
-    if (plan.cls_attention_pooling || plan.sparse) {
-      cls_attention = ClsAttentionOverHeads(view.attention(last_layer - 1).probs);
-    }
+    auto cls_attention_of = [&](const SequenceView& v) {
+      return plan.cls_attention_pooling || plan.sparse
+                 ? ClsAttentionOverHeads(v.attention(last_layer - 1).probs)
+                 : std::vector<float>();
+    };
+    cls_attention = cls_attention_of(view);
     if (plan.pooling || plan.cls_attention_pooling) {
       result.embedding.resize(H);
-      if (plan.cls_attention_pooling) {
-        AttentionWeightedPool(last_hidden, T, H, cls_attention, result.embedding.data());
+      if (windows == 1) {
+        PoolSequence(plan, view, H, last_layer, cls_attention, result.embedding.data());
       } else {
-        PoolForward(last_hidden, H, {0, T}, *plan.pooling, result.embedding.data());
+        // LONG_TEXT_CHUNK: each window pooled, then their mean weighted by window length.
+        std::vector<float> pooled(static_cast<size_t>(windows * H));
+        std::vector<int64_t> lengths(windows);
+        for (int k = 0; k < windows; ++k) {
+          const SequenceView& window = output.sequences[first_sequence + k];
+          PoolSequence(plan, window, H, last_layer, cls_attention_of(window),
+                       pooled.data() + k * H);
+          lengths[k] = window.length();
+        }
+        WeightedMeanOfWindows(pooled, lengths, H, result.embedding.data());
       }
       // Matryoshka: truncate first, then normalise what is kept (a unit vector's prefix is not
       // unit length).
@@ -54,6 +86,8 @@ void BuildEncodeResults(const Model& model, EncodePlan& plan, const JobOutput& o
         L2NormalizeRows(result.embedding.data(), 1, static_cast<int64_t>(result.embedding.size()));
       }
     }
+    first_sequence += windows;
+    if (windows > 1) continue;  // chunked: a pooled embedding only (long_text.h)
     if (plan.sparse) {
       absl::StatusOr<SparseVector> sparse = plan.bm42->Encode(result.encoding, cls_attention);
       if (sparse.ok()) {

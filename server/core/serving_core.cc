@@ -88,6 +88,12 @@ absl::Status UnlessDropped(
 }
 
 namespace {
+// The per-request limits the planning functions see, the memory limit among them.
+CoreOptions WithRequestLimits(CoreOptions options) {
+  options.limits.max_request_memory_bytes = options.max_request_memory_bytes;
+  return options;
+}
+
 ModelSet OneModel(ModelRegistry* registry, Batcher* batcher, ServingMetrics* metrics,
                   const std::string& store) {
   ModelSet models;
@@ -98,7 +104,7 @@ ModelSet OneModel(ModelRegistry* registry, Batcher* batcher, ServingMetrics* met
 
 ServingCore::ServingCore(CoreOptions options, ModelRegistry* registry, Batcher* batcher,
                          MemoryBudget* memory_budget, ServingMetrics* metrics)
-    : options_(options),
+    : options_(WithRequestLimits(options)),
       own_models_(OneModel(registry, batcher, metrics, options.model_store)),
       models_(&own_models_),
       registry_(registry),
@@ -108,7 +114,7 @@ ServingCore::ServingCore(CoreOptions options, ModelRegistry* registry, Batcher* 
 
 ServingCore::ServingCore(CoreOptions options, const ModelSet* models, MemoryBudget* memory_budget,
                          ServingMetrics* metrics)
-    : options_(options),
+    : options_(WithRequestLimits(options)),
       models_(models),
       registry_(models->models().front().registry),
       batcher_(models->models().front().batcher),

@@ -283,7 +283,9 @@ HttpReply HttpRoutes::Embeddings(const HttpRequest& http_request,
                                  const core::CallControl& control) {
   EmbeddingsRequest request;
   std::string param;
-  if (absl::Status parsed = ParseEmbeddingsRequest(http_request.body, &request, &param);
+  LongTextMode long_text = LongTextMode::kRefuse;
+  ParseLongTextMode(options_.openai_long_text, &long_text);  // validated by OptionsFromFlags
+  if (absl::Status parsed = ParseEmbeddingsRequest(http_request.body, &request, &param, long_text);
       !parsed.ok()) {
     return ErrorReply(parsed, param);
   }
@@ -296,11 +298,8 @@ HttpReply HttpRoutes::Embeddings(const HttpRequest& http_request,
   const absl::StatusOr<core::EncodeResponse> result =
       Wait(&core::ServingCore::Encode, request.encode, control);
   if (!result.ok()) {
-    // The core names the field first ("dimensions: ...", "inputs[3] ...").
-    const bool bad_input = result.status().code() == absl::StatusCode::kInvalidArgument;
-    const char* field =
-        absl::StartsWith(result.status().message(), "dimensions") ? "dimensions" : "input";
-    return ErrorReply(result.status(), bad_input ? field : "");
+    const EmbeddingsError error = ToEmbeddingsError(result.status(), request.single_input);
+    return ErrorReply(error.status, error.param, error.code);
   }
   return JsonReply(EmbeddingsResponseJson(*result, (*served)->name, request.base64));
 }

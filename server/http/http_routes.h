@@ -40,6 +40,8 @@ struct HttpRoutesOptions {
   std::string model_name;         // the `model` clients name (--model-name)
   double request_timeout_s = 60;  // deadline of each call (--http-request-timeout-s)
   int64_t max_message_bytes = 0;  // request body and response limit (--max-message-bytes)
+  // /v1/embeddings with an over-long input the request says nothing about (--openai-long-text).
+  std::string openai_long_text = "refuse";
 };
 
 class HttpRoutes {

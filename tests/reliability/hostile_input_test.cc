@@ -480,7 +480,9 @@ std::vector<HostileCase> Catalogue() {
          if (status.ok()) {
            EXPECT_EQ(response.results(0).tokens_size(), kDefaultMaxLength);
            EXPECT_TRUE(response.results(0).truncated());
-           EXPECT_GT(response.results(0).untruncated_length(), 100000);
+           // Tokenized up to the 256 kept and the 8,192-token look-ahead, not to its end.
+           EXPECT_TRUE(response.results(0).untruncated_length_is_lower_bound());
+           EXPECT_GE(response.results(0).untruncated_length(), 256 + 8192);
          }
          return status;
        },
@@ -2637,6 +2639,135 @@ std::vector<HostileCase> Catalogue() {
        {"the job queue of model", "is full", "the limit is 8 (--max-queued-jobs)",
         "attnctl job cancel"},
        /*counted_as=*/""});
+  // --- Long texts (issue 31): chunking's options, and texts chunking cannot afford ----------
+  // A chunked request: one text with `configure` applied.
+  const auto chunked = [](const std::string& text,
+                          const std::function<void(pb::EncodeRequest*)>& configure = {}) {
+    pb::EncodeRequest request = Texts({text});
+    request.set_long_text(pb::LONG_TEXT_CHUNK);
+    if (configure) configure(&request);
+    return request;
+  };
+  struct ChunkCase {
+    std::string name, what;
+    std::function<void(pb::EncodeRequest*)> configure;
+    std::vector<std::string> words;
+  };
+  for (const ChunkCase& k : std::vector<ChunkCase>{
+           {"chunk_pooling_none",
+            "LONG_TEXT_CHUNK with POOLING_NONE",
+            [](pb::EncodeRequest* r) { r->set_pooling(pb::POOLING_NONE); },
+            {"LONG_TEXT_CHUNK", "POOLING_NONE"}},
+           {"chunk_token_embeddings",
+            "LONG_TEXT_CHUNK with return_token_embeddings",
+            [](pb::EncodeRequest* r) { r->set_return_token_embeddings(true); },
+            {"one pooled embedding per input", "return_token_embeddings"}},
+           {"chunk_hidden_layers",
+            "LONG_TEXT_CHUNK with hidden_layers [-1]",
+            [](pb::EncodeRequest* r) { r->add_hidden_layers(-1); },
+            {"hidden_layers"}},
+           {"chunk_sparse",
+            "LONG_TEXT_CHUNK with sparse",
+            [](pb::EncodeRequest* r) { r->set_sparse(true); },
+            {"sparse"}},
+           {"chunk_truncation_left",
+            "LONG_TEXT_CHUNK with TRUNCATION_LEFT",
+            [](pb::EncodeRequest* r) {
+              r->mutable_tokenization()->set_truncation(pb::TRUNCATION_LEFT);
+            },
+            {"embeds whole texts", "TRUNCATION_LEFT"}},
+           {"chunk_overlap_minus_one",
+            "chunk_overlap -1",
+            [](pb::EncodeRequest* r) { r->set_chunk_overlap(-1); },
+            {"chunk_overlap -1", "0 .. 253"}},
+           {"chunk_overlap_whole_window",
+            "chunk_overlap 254 with windows of 256 (254 text tokens)",
+            [](pb::EncodeRequest* r) { r->set_chunk_overlap(254); },
+            {"chunk_overlap 254", "0 .. 253"}},
+           {"chunk_overlap_int_max",
+            "chunk_overlap 2^31-1",
+            [](pb::EncodeRequest* r) { r->set_chunk_overlap(2147483647); },
+            {"chunk_overlap 2147483647"}},
+           {"chunk_max_length_2",
+            "LONG_TEXT_CHUNK with max_length 2 (no room for text)",
+            [](pb::EncodeRequest* r) { r->mutable_tokenization()->set_max_length(2); },
+            {"max_length 2", "3 or more"}},
+           {"chunk_overlap_without_chunk",
+            "chunk_overlap 8 without LONG_TEXT_CHUNK",
+            [](pb::EncodeRequest* r) {
+              r->set_long_text(pb::LONG_TEXT_UNSPECIFIED);
+              r->set_chunk_overlap(8);
+            },
+            {"chunk_overlap is set", "LONG_TEXT_CHUNK"}},
+           {"long_text_unknown",
+            "long_text 7",
+            [](pb::EncodeRequest* r) { r->set_long_text(static_cast<pb::LongText>(7)); },
+            {"long_text: unknown value 7"}}}) {
+    add({k.name, k.what,
+         [=](Clients& c) { return Encode(c, chunked("a text to chunk", k.configure)); },
+         StatusCode::INVALID_ARGUMENT, k.words, "Encode"});
+  }
+  add({"chunk_a_pair",
+       "LONG_TEXT_CHUNK with a text pair",
+       [](Clients& c) {
+         pb::EncodeRequest request;
+         request.add_inputs()->mutable_pair()->set_first("a question");
+         request.mutable_inputs(0)->mutable_pair()->set_second("an answer");
+         request.set_long_text(pb::LONG_TEXT_CHUNK);
+         return Encode(c, request);
+       },
+       StatusCode::INVALID_ARGUMENT,
+       {"inputs[0]", "a pair cannot be chunked"},
+       "Encode"});
+  add({"chunk_two_thousand_tokens",
+       "a 2,000-token text chunked: served, 9 windows of 256 overlapping by 32",
+       [=](Clients& c) {
+         pb::EncodeResponse response;
+         const grpc::Status status = Encode(c, chunked(TextOfTokens(2000, 4)), &response);
+         if (status.ok()) {
+           EXPECT_EQ(response.results(0).chunks(), 9);
+           EXPECT_EQ(response.results(0).untruncated_length(), 2000);
+           EXPECT_FALSE(response.results(0).truncated());
+           EXPECT_EQ(response.results(0).embedding_size(), 384);
+         }
+         return status;
+       },
+       StatusCode::OK,
+       {},
+       "Encode"});
+  add({"chunk_megabyte_of_words",
+       "1 MiB of words chunked (limit 128 MiB a request): refused on its word count",
+       [=](Clients& c) { return Encode(c, chunked(Megabyte())); },
+       StatusCode::RESOURCE_EXHAUSTED,
+       {"at least", "--max-request-memory-bytes"},
+       "Encode"});
+  for (const auto& [name, unit] : std::vector<std::pair<std::string, std::string>>{
+           {"chunk_megabyte_of_punctuation", "!"}, {"chunk_megabyte_of_cjk", "\xe4\xb8\xad"}}) {
+    add({name,
+         "1 MiB of " + std::string(name == "chunk_megabyte_of_cjk" ? "CJK" : "'!'") +
+             " chunked: no words to count first, one token a character; tokenizing stops at "
+             "what the limit affords",
+         [=, unit = unit](Clients& c) { return Encode(c, chunked(Megabyte(unit))); },
+         StatusCode::RESOURCE_EXHAUSTED,
+         {"inputs[0]: chunked", "--max-request-memory-bytes"},
+         "Encode"});
+  }
+  add({"tokenize_three_megabytes_one_word",
+       "Tokenize a 3 MiB word: one [UNK] (a word over 64 KiB is tokenized without being held)",
+       [](Clients& c) {
+         pb::TokenizeRequest request;
+         request.add_inputs()->set_text(std::string(3 << 20, 'q'));
+         pb::TokenizeResponse response;
+         const grpc::Status status = Tokenize(c, request, &response);
+         if (status.ok()) {
+           EXPECT_EQ(response.results(0).tokens_size(), 3);
+           EXPECT_FALSE(response.results(0).truncated());
+         }
+         return status;
+       },
+       StatusCode::OK,
+       {},
+       "Tokenize"});
   return cases;
 }
 

@@ -13,6 +13,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cctype>
 #include <functional>
@@ -291,7 +292,7 @@ std::vector<HttpCase> AllCases() {
        [=](int p) { return Post(p, embeddings, R"({"input": ""})"); },
        400,
        kBad,
-       {"inputs[0]", "empty"},
+       {"input: text is empty"},
        "Embeddings",
        "INVALID_ARGUMENT"});
   add({"ten_thousand_inputs",
@@ -302,6 +303,89 @@ std::vector<HttpCase> AllCases() {
        {"10000", "--max-inputs-per-request"},
        "Embeddings",
        "INVALID_ARGUMENT"});
+  // -- token ids that are not this model's, over-long inputs, long-text options (issue 31)
+  for (const auto& [name, what, body] : std::vector<std::array<std::string, 3>>{
+           {"token_ids_cl100k", "tiktoken cl100k ids (LangChain's default), all below 30522",
+            R"({"input": [[32, 893, 374, 5737, 264, 17418, 13]]})"},
+           {"token_ids_cl100k_beyond_vocabulary", "tiktoken cl100k ids, some beyond 30522",
+            R"({"input": [[791, 4062, 14198, 39935, 35308, 927, 279, 16053, 5679, 13]]})"},
+           {"token_ids_without_cls", "ids of \"hello\" and [SEP] without [CLS]",
+            R"({"input": [7592, 102]})"},
+           {"token_ids_cls_alone", "[101]: [CLS] and nothing else", R"({"input": [101]})"}}) {
+    add({name,
+         what,
+         [=, body = body](int p) { return Post(p, embeddings, body); },
+         400,
+         kBad,
+         {"not this model's tokenizer output", "[CLS] (id 101)", "[SEP] (id 102)",
+          "check_embedding_ctx_length=False"},
+         "Embeddings",
+         "INVALID_ARGUMENT"});
+  }
+  add({"input_over_the_limit",
+       "a 600-token text, no truncate (limit 256)",
+       [=](int p) {
+         return Post(p, embeddings, json{{"input", {"short", TextOfTokens(600, 1)}}}.dump());
+       },
+       400,
+       kBad,
+       {"input[1] has 600 tokens", "limit of 256", "\"truncate\": true",
+        "\"long_text\": \"chunk\""},
+       "Embeddings",
+       "INVALID_ARGUMENT"});
+  add({"own_token_ids_over_the_limit",
+       "this model's ids of a 300-token text, no truncate",
+       [=](int p) {
+         std::vector<int> ids(300, 2154);  // "cat"
+         ids.front() = 101;
+         ids.back() = 102;
+         return Post(p, embeddings, json{{"input", ids}}.dump());
+       },
+       400,
+       kBad,
+       {"input has 300 tokens", "limit of 256"},
+       "Embeddings",
+       "INVALID_ARGUMENT"});
+  for (const auto& [name, body, words] : std::vector<std::array<std::string, 3>>{
+           {"truncate_a_string", R"({"input": "a", "truncate": "yes"})", "truncate is a string"},
+           {"truncation_direction_up",
+            R"({"input": "a", "truncate": true, "truncation_direction": "up"})",
+            "truncation_direction must be"},
+           {"long_text_unknown", R"({"input": "a", "long_text": "split"})",
+            "long_text must be \"refuse\", \"truncate\" or \"chunk\""},
+           {"long_text_and_truncate_disagree",
+            R"({"input": "a", "long_text": "chunk", "truncate": true})",
+            "truncate and long_text ask for different things"},
+           {"chunk_overlap_without_chunk", R"({"input": "a", "chunk_overlap": 5})",
+            "chunk_overlap is set, but the input is not chunked"},
+           {"chunk_overlap_string", R"({"input": "a", "long_text": "chunk", "chunk_overlap": "5"})",
+            "chunk_overlap is a string"},
+           {"chunk_overlap_minus_one",
+            R"({"input": "a", "long_text": "chunk", "chunk_overlap": -1})", "0 .. 253"},
+           {"chunk_overlap_whole_window",
+            R"({"input": "a", "long_text": "chunk", "chunk_overlap": 254})", "0 .. 253"}}) {
+    add({name,
+         body,
+         [=, body = body](int p) { return Post(p, embeddings, body); },
+         400,
+         kBad,
+         {words},
+         "Embeddings",
+         "INVALID_ARGUMENT"});
+  }
+  add({"chunk_three_megabytes",
+       "a 3 MiB text (~580,000 words) to chunk: refused on its word count, before tokenizing "
+       "(its tokens alone would be over the 4 MiB response limit)",
+       [=](int p) {
+         std::string text;
+         while (text.size() < (3 << 20)) text += "lorem ipsum dolor sit amet ";
+         return Post(p, embeddings, json{{"input", text}, {"long_text", "chunk"}}.dump());
+       },
+       413,
+       kBad,
+       {"at least", "-byte limit"},
+       "Embeddings",
+       "RESOURCE_EXHAUSTED"});
   // -- sizes
   add({"body_100_mb",
        "Content-Length 100 MB (limit 4 MiB), 1 MB of it sent",
