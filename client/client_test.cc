@@ -1169,6 +1169,23 @@ TEST_F(ClientTest, CliExplain) {
   EXPECT_TRUE(absl::StrContains(content.str(), "<svg")) << "no SVG written to " << svg;
   EXPECT_TRUE(absl::StrContains(content.str(), "token-pair attributions"));
 
+  // The HTML page says how to read an explanation, not an attention map (issue 31: it carried
+  // the attention page's caption, "darker is more attention").
+  const std::string html = ::testing::TempDir() + "/attnctl_explain_test.html";
+  r = RunCli({"explain", "--server", Target(), "--text", "king spoke", "--pair", "queen spoke",
+              "--html", html});
+  EXPECT_EXIT_CODE(r, 0);
+  std::ifstream page_file(html);
+  std::stringstream page;
+  page << page_file.rdbuf();
+  EXPECT_TRUE(absl::StrContains(page.str(), "<h1>attnserve: why are these texts similar?</h1>"))
+      << page.str().substr(0, 2000);
+  EXPECT_FALSE(absl::StrContains(page.str(), "more attention")) << page.str().substr(0, 2000);
+  EXPECT_FALSE(absl::StrContains(page.str(), "attending from")) << page.str().substr(0, 2000);
+  EXPECT_TRUE(absl::StrContains(page.str(), "contribution to the similarity"))
+      << page.str().substr(0, 2000);
+  std::remove(html.c_str());
+
   // Per-token only: no matrix, gradient x input, words asked for.
   r = RunCli({"explain", "--server", Target(), "--text", "a", "--pair", "b", "--method", "gxi",
               "--words"});

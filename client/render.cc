@@ -552,7 +552,7 @@ absl::StatusOr<std::string> RenderHeadGridSvg(const std::vector<std::string>& to
   return out;
 }
 
-std::string RenderHtml(absl::string_view title, absl::string_view subtitle,
+std::string RenderHtml(absl::string_view title, absl::string_view subtitle, absl::string_view note,
                        const std::vector<HtmlSection>& sections) {
   std::string out;
   absl::StrAppend(&out,
@@ -572,10 +572,7 @@ std::string RenderHtml(absl::string_view title, absl::string_view subtitle,
   if (!subtitle.empty()) {
     absl::StrAppend(&out, "<p class=\"subtitle\">", XmlEscape(subtitle), "</p>\n");
   }
-  absl::StrAppend(&out,
-                  "<p class=\"note\">Rows are the query token (attending from), columns the key "
-                  "token (attended to); darker is more attention. Hover a cell for its value."
-                  "</p>\n");
+  if (!note.empty()) absl::StrAppend(&out, "<p class=\"note\">", XmlEscape(note), "</p>\n");
   for (const HtmlSection& section : sections) {
     absl::StrAppend(&out, "<section>\n<h2>", XmlEscape(section.heading), "</h2>\n");
     if (!section.text.empty()) absl::StrAppend(&out, "<p>", XmlEscape(section.text), "</p>\n");

@@ -91,8 +91,18 @@ struct HtmlSection {
   std::string svg;      // an SVG document from the functions above, embedded as is
 };
 
-// A self-contained HTML page (inline SVG and CSS, no scripts, no external resources).
-std::string RenderHtml(absl::string_view title, absl::string_view subtitle,
+// A self-contained HTML page (inline SVG and CSS, no scripts, no external resources). `note`: how
+// to read the pictures, shown under the subtitle (each kind of page says its own).
+std::string RenderHtml(absl::string_view title, absl::string_view subtitle, absl::string_view note,
                        const std::vector<HtmlSection>& sections);
+
+// The notes of the two pages attnctl draws.
+inline constexpr char kAttentionPageNote[] =
+    "Rows are the query token (attending from), columns the key token (attended to); darker is "
+    "more attention. Hover a cell for its value.";
+inline constexpr char kExplainPageNote[] =
+    "Each token's contribution to the similarity of the two texts: blue raises the score, red "
+    "lowers it. In the token-pair matrix, rows are the query's tokens and columns the pair's. "
+    "Hover a token or cell for its value.";
 
 }  // namespace attn::client

@@ -10,6 +10,7 @@
 #include "absl/strings/str_join.h"
 #include "engine/json_depth.h"
 #include "engine/json_file.h"
+#include "engine/quote.h"
 #include "nlohmann/json.hpp"
 
 // File-local; undefined at the end so it cannot clash with a shared macro.
@@ -34,9 +35,7 @@ absl::Status Invalid(std::string_view source, std::string_view message) {
 
 // Short rendering of an offending value for error messages.
 std::string Describe(const Json& value) {
-  std::string text = value.dump();
-  if (text.size() > 40) text = text.substr(0, 37) + "...";
-  return absl::StrCat(value.type_name(), " ", text);
+  return absl::StrCat(value.type_name(), " ", QuoteInput(value.dump()));
 }
 
 // Field readers: absent (or null, as some exported configs write) leaves *out untouched;

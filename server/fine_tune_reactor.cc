@@ -200,7 +200,7 @@ class FineTuneReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, g
 
   // Records the call and ends the job with `outcome` (ignored when no job was started).
   void Release(grpc::StatusCode code, const char* outcome, const absl::Status& status) {
-    service_->metrics_->RecordRequest(
+    service_->metrics_->RecordStream(
         "FineTune", code, std::chrono::duration<double>(Clock::now() - received_).count());
     if (job_ != nullptr) job_->End(outcome, status);
   }

@@ -171,7 +171,7 @@ class CreateJobReactor final : public RawMethods::BidiReactor {
   }
 
   void Record(grpc::StatusCode code) {
-    service_->metrics_->RecordRequest(
+    service_->metrics_->RecordStream(
         "CreateJob", code, std::chrono::duration<double>(Clock::now() - received_).count());
   }
 
@@ -302,7 +302,7 @@ class WatchJobReactor final : public RawMethods::WriteReactor {
     if (finished_) return;
     finished_ = true;
     const grpc::Status status = ToGrpcStatus(absl_status);
-    service_->metrics_->RecordRequest(
+    service_->metrics_->RecordStream(
         "WatchJob", status.error_code(),
         std::chrono::duration<double>(Clock::now() - received_).count());
     Finish(status);

@@ -1,7 +1,8 @@
 // attnserve: serves a BERT-family encoder over gRPC (attnserve.v1.Encoder) and HTTP/JSON (with
 // the OpenAI-compatible /v1/embeddings) and, when a token is configured, fine-tunes it
 // (attnserve.v1.Trainer), with the standard health service, server
-// reflection and Prometheus metrics. Run with --help for the flags (server/options.cc).
+// reflection and Prometheus metrics. Run with --help for what it serves (server/usage.cc) and the
+// flags (server/options.cc).
 #include <malloc.h>
 
 #include <cstdio>
@@ -9,13 +10,12 @@
 #include <string>
 #include <vector>
 
-#include "absl/strings/str_cat.h"
 #include "engine/cli_util.h"
 #include "engine/log.h"
 #include "server/auth.h"
-#include "server/oip/oip_rest.h"
 #include "server/options.h"
 #include "server/server_runner.h"
+#include "server/usage.h"
 
 int main(int argc, char** argv) {
   // Every engine batch allocates and frees large buffers (hidden states, attention maps,
@@ -29,19 +29,7 @@ int main(int argc, char** argv) {
   std::vector<std::string> merged_storage;
   std::vector<char*> merged_argv =
       attn::server::MergeRepeatedModelFlags(argc, argv, &merged_storage);
-  const std::string usage = absl::StrCat(
-      "serves a BERT-family encoder over gRPC and HTTP/JSON (attnserve.v1.Encoder: Encode, "
-      "AttentionMap, Tokenize, GetModelInfo; attnserve.v1.Trainer: FineTune, ListVersions, "
-      "Rollback, SetServingVersion, enabled by --trainer-token-file) with grpc.health.v1 "
-      "health checks, server reflection and Prometheus metrics; over HTTP the same calls "
-      "as JSON, the OpenAI-compatible POST /v1/embeddings and Cohere/Jina-shaped POST "
-      "/v1/rerank, /v2/rerank, /rerank (--http-port).\n",
-      attn::server::oip::OipUsage(),
-      "Flags take dashes or underscores (--model-dir or --model_dir).\n"
-      "Example: attnserve --port 50051 --metrics-port 9464\n"
-      "Several models: attnserve --model minilm=models/all-MiniLM-L6-v2 "
-      "--model mpnet=models/all-mpnet-base-v2 (the first is the default; requests pick one "
-      "with their `model` field)");
+  const std::string usage = attn::server::ServerUsage();
   attn::StartProgram(static_cast<int>(merged_argv.size()), merged_argv.data(), "attnserve",
                      usage.c_str());
 

@@ -1,5 +1,17 @@
 #include "server/metrics.h"
 
+#include <prometheus/text_serializer.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
 #include "server/status_map.h"
 
 namespace attn::server {
@@ -13,20 +25,101 @@ const prometheus::Histogram::BucketBoundaries& LatencyBuckets() {
   return *buckets;
 }
 
+// Stream durations: a WatchJob of a finished job takes a second, a FineTune stream hours.
+const prometheus::Histogram::BucketBoundaries& StreamBuckets() {
+  static const auto* buckets = new prometheus::Histogram::BucketBoundaries{
+      1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600, 7200, 14400, 28800, 86400};
+  return *buckets;
+}
+
+// Sets a gauge only to a number: a NaN loss (a job that diverged) would otherwise be exported
+// as NaN, which no alert rule can compare.
+void SetFinite(prometheus::Gauge& gauge, double value) {
+  if (std::isfinite(value)) gauge.Set(value);
+}
+
+prometheus::MetricFamily ProcessFamily(const char* name, const char* help,
+                                       prometheus::MetricType type, double value) {
+  prometheus::ClientMetric metric;
+  (type == prometheus::MetricType::Counter ? metric.counter.value : metric.gauge.value) = value;
+  return prometheus::MetricFamily{name, help, type, {metric}};
+}
+
+// The process_* family of the Prometheus client libraries (same names, units and meaning), read
+// from /proc at each scrape.
+std::vector<prometheus::MetricFamily> ProcessFamilies() {
+  std::vector<prometheus::MetricFamily> families;
+  std::ifstream stat_file("/proc/self/stat");
+  std::string stat((std::istreambuf_iterator<char>(stat_file)), std::istreambuf_iterator<char>());
+  // The fields after the command name, which is in parentheses and may hold spaces: the first
+  // is field 3 (state) of proc(5).
+  const size_t close = stat.rfind(')');
+  std::vector<std::string> fields;
+  if (close != std::string::npos) fields = absl::StrSplit(stat.substr(close + 2), ' ');
+  const double ticks = static_cast<double>(sysconf(_SC_CLK_TCK));
+  auto field = [&fields](int number) {
+    double value = 0;
+    const size_t index = static_cast<size_t>(number - 3);
+    return index < fields.size() && absl::SimpleAtod(fields[index], &value) ? value : 0.0;
+  };
+  using prometheus::MetricType;
+  if (fields.size() >= 22) {
+    families.push_back(ProcessFamily("process_cpu_seconds_total",
+                                     "Total user and system CPU time spent in seconds.",
+                                     MetricType::Counter, (field(14) + field(15)) / ticks));
+    families.push_back(ProcessFamily("process_virtual_memory_bytes",
+                                     "Virtual memory size in bytes.", MetricType::Gauge,
+                                     field(23)));
+    families.push_back(ProcessFamily("process_resident_memory_bytes",
+                                     "Resident memory size in bytes.", MetricType::Gauge,
+                                     field(24) * static_cast<double>(sysconf(_SC_PAGESIZE))));
+    std::ifstream proc_stat("/proc/stat");
+    double boot_time = 0;
+    for (std::string line; std::getline(proc_stat, line);) {
+      if (absl::StartsWith(line, "btime ")) absl::SimpleAtod(line.substr(6), &boot_time);
+    }
+    families.push_back(ProcessFamily("process_start_time_seconds",
+                                     "Start time of the process since unix epoch in seconds.",
+                                     MetricType::Gauge, boot_time + field(22) / ticks));
+  }
+  std::error_code error;
+  double open_fds = 0;
+  for (auto it = std::filesystem::directory_iterator("/proc/self/fd", error);
+       !error && it != std::filesystem::directory_iterator(); it.increment(error)) {
+    ++open_fds;
+  }
+  families.push_back(ProcessFamily("process_open_fds", "Number of open file descriptors.",
+                                   MetricType::Gauge, open_fds));
+  rlimit limit{};
+  if (getrlimit(RLIMIT_NOFILE, &limit) == 0) {
+    families.push_back(ProcessFamily("process_max_fds", "Maximum number of open file descriptors.",
+                                     MetricType::Gauge, static_cast<double>(limit.rlim_cur)));
+  }
+  return families;
+}
+
 }  // namespace
 
 Metrics::Metrics()
     : registry_(std::make_shared<prometheus::Registry>()),
       requests_(prometheus::BuildCounter()
                     .Name("attnserve_requests_total")
-                    .Help("Finished calls by protocol (grpc, http), method and status code "
-                          "(the gRPC code name; HTTP statuses map to it in server/status_map.cc).")
+                    .Help("Finished calls and streams by protocol (grpc, http), method and "
+                          "status code (the gRPC code name; an HTTP answer is counted by the code "
+                          "behind its status, a request refused before routing as method "
+                          "unknown).")
                     .Register(*registry_)),
       request_duration_(prometheus::BuildHistogram()
                             .Name("attnserve_request_duration_seconds")
-                            .Help("Server-side call latency, receipt to response, by protocol and "
-                                  "method.")
+                            .Help("Server-side latency of unary calls, receipt to response, by "
+                                  "protocol and method (streams: "
+                                  "attnserve_stream_duration_seconds).")
                             .Register(*registry_)),
+      stream_duration_(prometheus::BuildHistogram()
+                           .Name("attnserve_stream_duration_seconds")
+                           .Help("How long gRPC streams stayed open (FineTune, CreateJob, "
+                                 "WatchJob: seconds to hours), by method.")
+                           .Register(*registry_)),
       queue_duration_(prometheus::BuildHistogram()
                           .Name("attnserve_queue_duration_seconds")
                           .Help("Time requests wait in their model's batcher queue before their "
@@ -60,8 +153,9 @@ Metrics::Metrics()
                   .Register(*registry_)),
       dropped_(prometheus::BuildCounter()
                    .Name("attnserve_dropped_requests_total")
-                   .Help("Requests dropped because nobody waited for the answer, by model, "
-                         "reason (cancelled, deadline) and stage (queue, compute, reply).")
+                   .Help("Requests dropped because nobody waited for the answer, by model "
+                         "((unread): dropped before the request was read), reason (cancelled, "
+                         "deadline) and stage (queue, compute, reply).")
                    .Register(*registry_)),
       memory_in_flight_(prometheus::BuildGauge()
                             .Name("attnserve_memory_in_flight_bytes")
@@ -127,8 +221,9 @@ Metrics::Metrics()
                                 .Help("The version each model serves by default, by model; value "
                                       "is always 1.")
                                 .Register(*registry_)) {
-  for (const char* limit : {"message", "request", "budget"}) {
-    memory_refusals_.Add({{"limit", limit}});  // refusals before the model is known
+  // Zeros before the first drop, so that rate() sees them.
+  for (const char* reason : {"cancelled", "deadline"}) {
+    dropped_.Add({{"model", kUnreadModel}, {"reason", reason}, {"stage", "queue"}});
   }
 }
 
@@ -187,8 +282,27 @@ void Metrics::RecordRequest(std::string_view method, grpc::StatusCode code, doub
   RecordRequest("grpc", method, GrpcCodeName(code), seconds);
 }
 
+void Metrics::RecordStream(std::string_view method, grpc::StatusCode code, double seconds) {
+  const std::string method_label(method);
+  requests_
+      .Add({{"protocol", "grpc"},
+            {"method", method_label},
+            {"code", std::string(GrpcCodeName(code))}})
+      .Increment();
+  stream_duration_.Add({{"method", method_label}}, StreamBuckets()).Observe(seconds);
+}
+
 void Metrics::RecordDropped(std::string_view reason, std::string_view stage) {
-  dropped_.Add({{"reason", std::string(reason)}, {"stage", std::string(stage)}}).Increment();
+  dropped_
+      .Add(
+          {{"model", kUnreadModel}, {"reason", std::string(reason)}, {"stage", std::string(stage)}})
+      .Increment();
+}
+
+std::string Metrics::Exposition() const {
+  std::vector<prometheus::MetricFamily> families = registry_->Collect();
+  for (prometheus::MetricFamily& family : ProcessFamilies()) families.push_back(std::move(family));
+  return prometheus::TextSerializer().Serialize(families);
 }
 
 void ModelMetrics::RecordQueueTime(double seconds) { queue_duration_.Observe(seconds); }
@@ -238,7 +352,7 @@ void ModelMetrics::SetModelInfo(const std::string& version, const std::string& a
 void ModelMetrics::RecordFineTuneStep(int64_t examples, double loss) {
   finetune_steps_.Increment();
   finetune_examples_.Increment(static_cast<double>(examples));
-  finetune_loss_.Set(loss);
+  SetFinite(finetune_loss_, loss);
 }
 
 void ModelMetrics::RecordFineTuneJob(std::string_view outcome) {
@@ -252,13 +366,13 @@ void ModelMetrics::SetQueuedJobs(int64_t jobs) {
 }
 
 void ModelMetrics::SetServedVersionWeightChange(double relative_change) {
-  metrics_->served_weight_change_.Add({{"model", model_}}).Set(relative_change);
+  SetFinite(metrics_->served_weight_change_.Add({{"model", model_}}), relative_change);
 }
 
 void ModelMetrics::RecordUpdateNorms(
     const std::vector<std::pair<std::string, double>>& update_norm_by_kind) {
   for (const auto& [kind, norm] : update_norm_by_kind) {
-    metrics_->finetune_update_norm_.Add({{"model", model_}, {"kind", kind}}).Set(norm);
+    SetFinite(metrics_->finetune_update_norm_.Add({{"model", model_}, {"kind", kind}}), norm);
   }
 }
 

@@ -1,7 +1,8 @@
 // Every Prometheus metric the server exports is declared here, with its help text, and nowhere
-// else. Prefix attnserve_. Thread-safe. What one served model does carries its name as the
-// label `model` (ModelMetrics); calls by protocol and method, and the shared memory budget, are
-// server-wide.
+// else: prefix attnserve_, plus the process_* family every Prometheus client library exports.
+// Thread-safe. What one served model does carries its name as the label `model` (ModelMetrics);
+// calls by protocol and method, and the shared memory budget, are server-wide. Each family has
+// one set of label names (tests/integration/metrics_test.cc checks the exposition with promtool).
 #pragma once
 
 #include <grpcpp/support/status.h>
@@ -23,6 +24,10 @@
 namespace attn::server {
 
 class Metrics;
+
+// The `model` label of calls dropped before their request was read (a model name cannot hold
+// parentheses).
+inline constexpr char kUnreadModel[] = "(unread)";
 
 // One served model's series (label model="<name>"): what its batcher, its share of the serving
 // core and its fine-tuning jobs report. Made by Metrics::ForModel, owned by the Metrics.
@@ -94,8 +99,17 @@ class Metrics {
                      double seconds);
   // A gRPC call (protocol "grpc").
   void RecordRequest(std::string_view method, grpc::StatusCode code, double seconds);
-  // A call dropped before its request named a model (no `model` label).
+  // A finished gRPC stream (FineTune, CreateJob, WatchJob: seconds to hours):
+  // attnserve_requests_total and attnserve_stream_duration_seconds{method}, so that streams do
+  // not skew attnserve_request_duration_seconds, the latency of unary calls.
+  void RecordStream(std::string_view method, grpc::StatusCode code, double seconds);
+  // A call dropped before its request was read, so before it named a model: counted under
+  // model="(unread)" (kUnreadModel), which no model can be named.
   void RecordDropped(std::string_view reason, std::string_view stage);
+
+  // What GET /metrics answers: every family of the registry and the process_* family (read
+  // from /proc at each scrape), in Prometheus' text format 0.0.4.
+  std::string Exposition() const;
 
  private:
   friend class ModelMetrics;
@@ -103,6 +117,7 @@ class Metrics {
   std::shared_ptr<prometheus::Registry> registry_;
   prometheus::Family<prometheus::Counter>& requests_;
   prometheus::Family<prometheus::Histogram>& request_duration_;
+  prometheus::Family<prometheus::Histogram>& stream_duration_;
   prometheus::Family<prometheus::Histogram>& queue_duration_;
   prometheus::Family<prometheus::Histogram>& tokenization_duration_;
   prometheus::Family<prometheus::Histogram>& inference_duration_;

@@ -35,10 +35,9 @@ ABSL_FLAG(int, port, kDefaults.port, "gRPC port; 0 picks a free port (see --read
 ABSL_FLAG(int, metrics_port, kDefaults.metrics_port,
           "Prometheus /metrics port on the same host; 0 picks a free port, -1 disables.");
 ABSL_FLAG(int, http_port, kDefaults.http_port,
-          "HTTP/JSON port on the same host: the OpenAI-compatible POST /v1/embeddings, REST "
-          "routes of the Encoder calls (/v1/encode, /v1/attention, /v1/tokenize, /v1/models), "
-          "Cohere/Jina-shaped rerank (/v1/rerank, /v2/rerank, /rerank), the Open Inference "
-          "Protocol's REST routes (/v2/...) and GET /health; 0 picks a free port, -1 disables.");
+          "HTTP/JSON port on the same host (the OpenAI-compatible POST /v1/embeddings, a route "
+          "per Encoder call, Cohere/Jina-shaped rerank and the Open Inference Protocol's REST "
+          "routes: the list is at the top of --help); 0 picks a free port, -1 disables.");
 ABSL_FLAG(int, http_threads, kDefaults.http_threads,
           "HTTP worker threads: requests served at once (each waits for its engine call).");
 ABSL_FLAG(int, http_max_connections, kDefaults.http_max_connections,
@@ -57,6 +56,9 @@ ABSL_FLAG(std::string, openai_long_text, kDefaults.openai_long_text,
 ABSL_FLAG(double, http_request_timeout_s, kDefaults.http_request_timeout_s,
           "Deadline of one HTTP call, from receipt to answer (HTTP has no client deadline); "
           "beyond it the call is dropped and answered 504.");
+ABSL_FLAG(double, http_body_timeout_s, kDefaults.http_body_timeout_s,
+          "Seconds a client has to send a whole HTTP request body once its head has arrived; a "
+          "body that stops arriving gets 408 and the connection closes.");
 ABSL_FLAG(std::string, model_name, "",
           "The --model-dir model's name: the request field `model` (gRPC) and the OpenAI API's "
           "`model` (/v1/embeddings, /v1/models; a name ending in /<model-name> is accepted too). "
@@ -120,10 +122,12 @@ ABSL_FLAG(std::string, trainer_token_file, "",
           "(surrounding whitespace is ignored; an empty file is an error). Without it the "
           "Trainer answers UNIMPLEMENTED. The Encoder service needs no token.");
 ABSL_FLAG(std::string, model_store, "",
-          "Directory of committed fine-tuned versions (created if missing). At start every "
-          "version in it is loaded and the latest one is served by default; commits write new "
-          "versions here. Empty: FineTune answers FAILED_PRECONDITION (a job's result could not be "
-          "kept).");
+          "Directory of committed fine-tuned versions and server-side jobs (created if missing). "
+          "Commits write new versions here, staged unless promoted. At start the server serves "
+          "by default the version the store records as serving (serving.json, written by "
+          "promote, rollback and promoting commits; base until one is promoted); a store "
+          "without that record, from a release before it, serves its newest version. Empty: "
+          "fine-tuning answers FAILED_PRECONDITION (a job's result could not be kept).");
 ABSL_FLAG(int, trainer_threads, kDefaults.trainer_threads,
           "OpenMP threads of the training thread (0 = all cores). Few threads keep Encode "
           "latency low while a job runs.");
@@ -238,6 +242,7 @@ absl::StatusOr<ServerOptions> OptionsFromFlags() {
   options.http_threads = absl::GetFlag(FLAGS_http_threads);
   options.http_max_connections = absl::GetFlag(FLAGS_http_max_connections);
   options.http_header_timeout_s = absl::GetFlag(FLAGS_http_header_timeout_s);
+  options.http_body_timeout_s = absl::GetFlag(FLAGS_http_body_timeout_s);
   options.http_request_timeout_s = absl::GetFlag(FLAGS_http_request_timeout_s);
   options.openai_long_text = absl::GetFlag(FLAGS_openai_long_text);
   options.model_name = absl::GetFlag(FLAGS_model_name);
@@ -312,6 +317,7 @@ absl::StatusOr<ServerOptions> OptionsFromFlags() {
   if (options.http_threads < 1) return invalid("--http-threads must be >= 1");
   if (options.http_max_connections < 1) return invalid("--http-max-connections must be >= 1");
   if (!(options.http_header_timeout_s > 0)) return invalid("--http-header-timeout-s must be > 0");
+  if (!(options.http_body_timeout_s > 0)) return invalid("--http-body-timeout-s must be > 0");
   if (!(options.http_request_timeout_s > 0)) {
     return invalid("--http-request-timeout-s must be > 0");
   }

@@ -76,7 +76,8 @@ struct ServerOptions {
   // not say ("truncate" / "long_text"): refuse it (400, as OpenAI's API does), truncate it or
   // chunk it (server/http/openai_embeddings.h).
   std::string openai_long_text = "refuse";
-  std::string model_name;  // the default model's name (models[0].name)
+  double http_body_timeout_s = 60;  // a request body must arrive in it (else 408)
+  std::string model_name;           // the default model's name (models[0].name)
 
   // Inference authentication: a bearer token for the Encoder service and every HTTP route but
   // /health ("" = open).

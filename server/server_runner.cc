@@ -5,24 +5,28 @@
 #include <grpcpp/health_check_service_interface.h>
 #include <grpcpp/security/server_credentials.h>
 #include <omp.h>
-#include <prometheus/exposer.h>
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <memory>
 #include <sstream>
 #include <thread>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_replace.h"
 #include "absl/strings/strip.h"
 #include "engine/log.h"
 #include "engine/model.h"
 #include "engine/model_config.h"
 #include "engine/model_store.h"
+#include "engine/serving_state.h"
 #include "engine/training/training_report.h"
 #include "server/core/batcher.h"
 #include "server/core/cost_model.h"
@@ -124,6 +128,35 @@ std::unique_ptr<grpc::Server> StartGrpcServer(
   return server;
 }
 
+// `text` for a POSIX shell: as it is when it is plain, else in single quotes.
+std::string ShellWord(const std::string& text) {
+  const bool plain = !text.empty() && std::all_of(text.begin(), text.end(), [](char c) {
+    return absl::ascii_isalnum(static_cast<unsigned char>(c)) ||
+           (c != '\0' && std::strchr("_./-+:@%", c) != nullptr);
+  });
+  if (plain) return text;
+  return absl::StrCat("'", absl::StrReplaceAll(text, {{"'", "'\\''"}}), "'");
+}
+
+}  // namespace
+
+std::string MoveStoreUnderModelCommand(const std::string& store, const std::string& model) {
+  // What a one-model server keeps at the store's top: its versions (ft-*), the serving record
+  // and the job history; the lock file is made again where needed.
+  const std::string from = ShellWord(store);
+  const std::string to = ShellWord((std::filesystem::path(store) / model).string());
+  std::string command = absl::StrCat("mkdir -p ", to, " && mv ", from, "/ft-*");
+  for (const char* entry : {kServingStateFile, kJobsDir}) {
+    std::error_code error;
+    if (std::filesystem::exists(std::filesystem::path(store) / entry, error)) {
+      absl::StrAppend(&command, " ", from, "/", entry);
+    }
+  }
+  return absl::StrCat(command, " ", to, "/");
+}
+
+namespace {
+
 // One served model's parts (model_set.h's ServedModel points into it).
 struct ModelSlot {
   ModelSpec spec;
@@ -174,17 +207,54 @@ absl::StatusOr<std::vector<ModelSlot>> MakeModelSlots(const ServerOptions& optio
     absl::StatusOr<std::vector<StoredVersion>> top = ListStore(options.model_store, nullptr);
     if (top.ok() && !top->empty()) {
       const std::string& store = options.model_store;
-      const std::string& first = options.models.front().name;
       return absl::FailedPreconditionError(absl::StrCat(
           "--model-store ", store, " holds versions at its top (", top->front().version,
           ", ...), the layout of a one-model server; with several --model each model keeps its "
           "versions in ",
-          store, "/<name>/. Move them to the model they belong to, e.g. mkdir ", store, "/", first,
-          " && mv ", store, "/ft-* ", store, "/serving.json ", store, "/", first,
-          "/ (or serve one model with this store)"));
+          store,
+          "/<name>/. Move them, with their serving record and job history, to the model "
+          "they belong to, e.g.: ",
+          MoveStoreUnderModelCommand(store, options.models.front().name),
+          " (or serve one model with this store)"));
     }
   }
   return slots;
+}
+
+// The Prometheus endpoint: GET /metrics on its own port, served by the HTTP front end's listener
+// (prometheus-cpp's exposer would add its own unprefixed self-metrics, one a summary that reads
+// NaN until the second scrape).
+std::unique_ptr<http::HttpServer> MetricsServer(const ServerOptions& options,
+                                                const Metrics* metrics) {
+  auto text = [](int status, std::string body) {
+    http::HttpReply reply;
+    reply.status = status;
+    reply.content_type = "text/plain; charset=utf-8";
+    reply.body = std::move(body) + "\n";
+    return reply;
+  };
+  http::HttpServerOptions listener;
+  listener.host = options.host;
+  listener.port = options.metrics_port;
+  listener.threads = 2;
+  listener.max_connections = 64;
+  listener.max_body_bytes = 4096;
+  return std::make_unique<http::HttpServer>(
+      listener,
+      [metrics, text](const http::HttpRequest& request) {
+        if (request.path != "/metrics") return text(404, "this port serves GET /metrics");
+        if (request.method != "GET") {
+          http::HttpReply reply = text(405, "/metrics takes GET");
+          reply.headers.push_back({"Allow", "GET"});
+          return reply;
+        }
+        http::HttpReply reply;
+        reply.content_type = "text/plain; version=0.0.4; charset=utf-8";
+        reply.body = metrics->Exposition();
+        return reply;
+      },
+      [text](int64_t) { return text(413, "/metrics takes no request body"); },
+      [text](int status, const std::string& why) { return text(status, why); });
 }
 
 }  // namespace
@@ -201,18 +271,20 @@ int RunServer(const ServerOptions& options, std::optional<std::string> trainer_t
   if (options.threads > 0) omp_set_num_threads(options.threads);
 
   Metrics metrics;
-  std::unique_ptr<prometheus::Exposer> exposer;
+  std::unique_ptr<http::HttpServer> metrics_server;
   int metrics_port = -1;
   if (options.metrics_port >= 0) {
-    try {
-      exposer = std::make_unique<prometheus::Exposer>(
-          absl::StrCat(options.host, ":", options.metrics_port));
-    } catch (const std::exception& e) {
-      return ListenFailure("metrics", options.host, options.metrics_port, "--metrics-port",
-                           e.what());
+    metrics_server = MetricsServer(options, &metrics);
+    absl::StatusOr<int> listening = metrics_server->Start();
+    if (!listening.ok()) {
+      // Its message starts "cannot serve HTTP on HOST:PORT: ": the rest is the reason.
+      absl::string_view reason = listening.status().message();
+      if (const size_t colon = reason.find(": "); colon != absl::string_view::npos) {
+        reason.remove_prefix(colon + 2);
+      }
+      return ListenFailure("metrics", options.host, options.metrics_port, "--metrics-port", reason);
     }
-    exposer->RegisterCollectable(metrics.registry());
-    metrics_port = exposer->GetListeningPorts().front();
+    metrics_port = *listening;
   }
 
   absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials = MakeCredentials(options);
@@ -301,7 +373,7 @@ int RunServer(const ServerOptions& options, std::optional<std::string> trainer_t
     http_server = std::make_unique<http::HttpServer>(
         http::HttpServerOptions{options.host, options.http_port, options.http_threads,
                                 options.http_max_connections, options.http_header_timeout_s,
-                                options.http_request_timeout_s, options.max_message_bytes,
+                                options.http_body_timeout_s, options.max_message_bytes,
                                 options.tls_cert, options.tls_key},
         [&http_routes](const http::HttpRequest& request) { return http_routes.Handle(request); },
         [&http_routes](int64_t bytes) { return http_routes.TooLarge(bytes); },

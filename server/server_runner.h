@@ -15,4 +15,9 @@ namespace attn::server {
 int RunServer(const ServerOptions& options, std::optional<std::string> trainer_token,
               std::optional<std::string> api_key = std::nullopt);
 
+// The shell command that moves what a one-model server keeps at the top of `store` (its
+// versions, serving record and job history) to `store`/`model`/, the layout of a server of
+// several models. Names only the entries the store has; quotes paths for the shell.
+std::string MoveStoreUnderModelCommand(const std::string& store, const std::string& model);
+
 }  // namespace attn::server

@@ -350,6 +350,13 @@ absl::Status TrainerService::HandleGetTrainingReport(const v1::GetTrainingReport
     return absl::FailedPreconditionError(
         "this server has no --model-store, so no version has a training report");
   }
+  if (request.version() == "base") {
+    // Not a missing version: base is there, it was loaded, not trained.
+    return absl::FailedPreconditionError(
+        absl::StrCat("base has no training report: it is model ", model->served->name,
+                     " as loaded, not a fine-tuned version; ask for a committed version "
+                     "(ListVersions lists them)"));
+  }
   absl::StatusOr<TrainingReport> report =
       ReadTrainingReport(model->served->store, request.version());
   if (!report.ok()) return report.status();

@@ -222,7 +222,8 @@ int RunAttention(const Command& command) {
   if (!html_path.empty()) {
     const std::string subtitle =
         absl::StrFormat("model version %s, server %s", response->model_version(), client->target());
-    if (!WriteFile(html_path, RenderHtml("attnserve attention maps", subtitle, sections))) {
+    if (!WriteFile(html_path, RenderHtml("attnserve attention maps", subtitle, kAttentionPageNote,
+                                         sections))) {
       return kExitFailure;
     }
   }

@@ -200,8 +200,8 @@ int RunExplain(const Command& command) {
     ok &= WriteFile(svg_path, StackSvgs(parts, title));
   }
   if (!html_path.empty()) {
-    ok &= WriteFile(html_path,
-                    RenderHtml("attnserve: why are these texts similar?", title, sections));
+    ok &= WriteFile(html_path, RenderHtml("attnserve: why are these texts similar?", title,
+                                          kExplainPageNote, sections));
   }
   return ok ? kExitOk : kExitFailure;
 }

@@ -102,7 +102,10 @@ std::string InAttnctlTerms(absl::string_view message, const InputNamer& inputs) 
                                     {"tokenization.max_length", "--max-length"},
                                     {"max_length", "--max-length"},
                                     {"and truncation is TRUNCATION_NONE", "with --truncation none"},
-                                    {"TRUNCATION_NONE", "--truncation none"}});
+                                    {"TRUNCATION_NONE", "--truncation none"},
+                                    {"TRUNCATION_RIGHT", "--truncation right"},
+                                    {"TRUNCATION_LEFT", "--truncation left"},
+                                    {"long_text LONG_TEXT_CHUNK", "--long-text chunk"}});
   // An over-long input: OverLengthHint says what helps, which the server's advice may not.
   if (!OverLengthHint(message).empty()) out = out.substr(0, out.find("; shorten it"));
   if (!inputs) return out;
@@ -124,23 +127,23 @@ std::string InAttnctlTerms(absl::string_view message, const InputNamer& inputs) 
 std::string OverLengthHint(absl::string_view message) {
   int64_t tokens = 0, limit = 0, positions = 0;
   if (!absl::StrContains(message, "TRUNCATION_NONE") || !NumberAfter(message, " has ", &tokens) ||
-      !NumberAfter(message, "more than max_length ", &limit) ||
-      !NumberAfter(message, "(up to ", &positions)) {
+      !NumberAfter(message, "more than max_length ", &limit)) {
     return "";
   }
   const std::string cut =
-      absl::StrCat("or leave out --truncation none to embed its first ", limit, " tokens");
-  if (tokens <= positions) {
+      absl::StrCat("or allow truncation (--truncation right, the default) to embed its first ",
+                   limit, " tokens");
+  // The server offers a larger max_length only when the model's positions can hold the input.
+  if (NumberAfter(message, "(this model takes up to ", &positions)) {
     return absl::StrCat("pass --max-length ", tokens, " or more (this model takes up to ",
                         positions, " tokens), ", cut);
   }
   // Long documents: windows of the model's length, pooled into one embedding, when this attnctl
   // offers it.
   const bool chunking = absl::FindCommandLineFlag("long_text") != nullptr;
-  return absl::StrCat("this model reads at most ", positions,
-                      " tokens (its position limit), so no --max-length fits ", tokens,
-                      " tokens: shorten or split the text",
-                      chunking ? ", embed it in windows with --long-text chunk" : "", ", ", cut);
+  return absl::StrCat("no --max-length of this model fits the text: shorten or split it",
+                      chunking ? ", embed all of it in windows with --long-text chunk" : "", ", ",
+                      cut);
 }
 
 int RpcError(const absl::Status& status, const std::string& target, const InputNamer& inputs) {

@@ -25,7 +25,7 @@ int TrainerRpcError(const absl::Status& status, const std::string& target);
 
 // The server's message in attnctl's terms: "inputs[k]" as `inputs` names it (when set), the
 // request's fields as the flags that set them (tokenization.max_length: --max-length,
-// TRUNCATION_NONE: --truncation none).
+// TRUNCATION_NONE: --truncation none, LONG_TEXT_CHUNK: --long-text chunk).
 std::string InAttnctlTerms(absl::string_view message, const InputNamer& inputs);
 
 // What to do about an input over the length limit, from the server's message ("" when the

@@ -2,6 +2,7 @@
 
 #include <google/protobuf/util/json_util.h>
 
+#include <string_view>
 #include <utility>
 
 #include "absl/strings/match.h"
@@ -9,9 +10,11 @@
 #include "absl/synchronization/notification.h"
 #include "attnserve/v1/encoder.pb.h"
 #include "engine/json_depth.h"
+#include "engine/quote.h"
 #include "nlohmann/json.hpp"
 #include "server/auth.h"
 #include "server/http/cohere_rerank.h"
+#include "server/http/json_message.h"
 #include "server/http/openai_embeddings.h"
 #include "server/oip/oip_rest.h"
 #include "server/proto_convert.h"
@@ -24,12 +27,6 @@ namespace v1 = attnserve::v1;
 using nlohmann::json;
 
 namespace {
-
-// At most `max` characters of `text` for an error message (what a client sent can be long).
-std::string Quote(std::string_view text, size_t max = 64) {
-  if (text.size() <= max) return std::string(text);
-  return std::string(text.substr(0, max)) + "...";
-}
 
 HttpReply JsonReply(std::string body) {
   HttpReply reply;
@@ -70,11 +67,11 @@ HttpReply HttpRoutes::TooLarge(int64_t bytes) {
 }
 
 HttpReply HttpRoutes::Refused(int http_status, const std::string& why) {
-  HttpReply reply =
-      ErrorReply(http_status == 408 ? absl::DeadlineExceededError(why)
-                                    : absl::InvalidArgumentError(absl::StrCat(
-                                          "the HTTP request was refused: ", Quote(why, 120))),
-                 "", http_status == 408 ? "request_timeout" : "bad_http_request", http_status);
+  HttpReply reply = ErrorReply(
+      http_status == 408
+          ? absl::DeadlineExceededError(why)
+          : absl::InvalidArgumentError(absl::StrCat("the HTTP request was refused: ", why)),
+      "", http_status == 408 ? "request_timeout" : "bad_http_request", http_status);
   metrics_->RecordRequest("http", "unknown", reply.code_name, 0);
   return reply;
 }
@@ -88,33 +85,48 @@ HttpReply HttpRoutes::Handle(const HttpRequest& request) {
   return reply;
 }
 
+const std::vector<HttpRoute>& HttpRouteTable() {
+  static const auto* routes = new std::vector<HttpRoute>{
+      {"POST", "/v1/embeddings", "Embeddings", "OpenAI-compatible embeddings"},
+      {"POST", "/v1/encode", "Encode", "Encoder.Encode"},
+      {"POST", "/v1/attention", "AttentionMap", "Encoder.AttentionMap"},
+      {"POST", "/v1/tokenize", "Tokenize", "Encoder.Tokenize"},
+      {"POST", "/v1/explain", "Explain", "Encoder.Explain"},
+      {"POST", "/v1/classify", "Classify", "Encoder.Classify"},
+      {"POST", "/v1/rerank", "Rerank", "Encoder.Rerank, or Cohere's v1 rerank shape"},
+      {"POST", "/v2/rerank", "Rerank", "Cohere's v2 rerank shape"},
+      {"POST", "/rerank", "Rerank", "Jina's/Infinity's rerank shape"},
+      {"GET", "/v1/models", "GetModelInfo", "OpenAI's model list, with Encoder.GetModelInfo"},
+      {"GET", "/v1/models/NAME", "GetModelInfo", "one model of that list"},
+      {"GET", "/health", "Health", "200 while SERVING, else 503; no key needed"},
+  };
+  return *routes;
+}
+
+std::string HttpRouteSummary() {
+  std::string out;
+  std::string_view method;
+  for (const HttpRoute& route : HttpRouteTable()) {
+    absl::StrAppend(&out, out.empty() ? "" : ", ", route.method == method ? "" : route.method,
+                    route.method == method ? "" : " ", route.path);
+    method = route.method;
+  }
+  return out;
+}
+
 HttpReply HttpRoutes::Dispatch(const HttpRequest& request, const char** method_label) {
-  // The Open Inference Protocol (/v2/...) answers in its own shapes (server/oip/oip_rest.h).
+  // The Open Inference Protocol (/v2/... but /v2/rerank) answers in its own shapes
+  // (server/oip/oip_rest.h).
   if (oip_ != nullptr && oip::OipRest::Owns(request.path))
     return oip_->Handle(request, method_label);
-  // The routes: path, HTTP method, metrics label.
-  struct RouteEntry {
-    const char* path;
-    const char* method;
-    const char* label;
-  };
-  static constexpr RouteEntry kRoutes[] = {
-      {"/v1/embeddings", "POST", "Embeddings"},
-      {"/v1/encode", "POST", "Encode"},
-      {"/v1/attention", "POST", "AttentionMap"},
-      {"/v1/tokenize", "POST", "Tokenize"},
-      {"/v1/explain", "POST", "Explain"},
-      {"/v1/classify", "POST", "Classify"},
-      {"/v1/rerank", "POST", "Rerank"},
-      {"/v2/rerank", "POST", "Rerank"},  // Cohere's v2 shape (cohere_rerank.h)
-      {"/rerank", "POST", "Rerank"},     // Jina's and Infinity's
-      {"/v1/models", "GET", "GetModelInfo"},
-      {"/health", "GET", "Health"},
-  };
-  const RouteEntry* route = nullptr;
-  for (const RouteEntry& entry : kRoutes) {
-    if (request.path == entry.path || (std::string_view(entry.path) == "/v1/models" &&
-                                       absl::StartsWith(request.path, "/v1/models/"))) {
+  const HttpRoute* route = nullptr;
+  for (const HttpRoute& entry : HttpRouteTable()) {
+    // "/v1/models/NAME": any name after the prefix.
+    const std::string_view path = entry.path;
+    const size_t name = path.find("NAME");
+    if (name == std::string_view::npos
+            ? request.path == path
+            : request.path.size() > name && request.path.compare(0, name, path.data(), name) == 0) {
       route = &entry;
       break;
     }
@@ -122,18 +134,17 @@ HttpReply HttpRoutes::Dispatch(const HttpRequest& request, const char** method_l
   if (route == nullptr) {
     return ErrorReply(
         absl::NotFoundError(absl::StrCat(
-            "no route ", Quote(request.path),
-            "; this server answers POST /v1/embeddings, /v1/encode, /v1/attention, "
-            "/v1/tokenize, /v1/explain, /v1/classify, /v1/rerank, /v2/rerank, /rerank, "
-            "the Open Inference Protocol's /v2/..., GET /v1/models and "
-            "GET /health")),
+            "no route ", QuoteInput(request.path), "; this server answers ", HttpRouteSummary(),
+            oip_ == nullptr
+                ? ""
+                : absl::StrCat("; the Open Inference Protocol's: ", oip::OipRouteSummary()))),
         "", "unknown_route");
   }
   *method_label = route->label;
   if (request.method != route->method) {
     HttpReply reply =
         ErrorReply(absl::UnimplementedError(absl::StrCat(route->path, " takes ", route->method,
-                                                         ", not ", Quote(request.method, 16))),
+                                                         ", not ", QuoteInput(request.method))),
                    "", "method_not_allowed", 405);
     reply.headers.push_back({"Allow", route->method});
     return reply;
@@ -186,10 +197,14 @@ HttpReply HttpRoutes::Dispatch(const HttpRequest& request, const char** method_l
   }
   if (label == "Rerank") {
     // Cohere's and Jina's shape beside ours (cohere_rerank.h says how they share /v1/rerank).
-    const json body = JsonNestsDeeperThan(request.body)
-                          ? json(json::value_t::discarded)
-                          : json::parse(request.body, nullptr, /*allow_exceptions=*/false);
-    if (request.path != "/v1/rerank" || IsCohereRerank(body)) {
+    json body;
+    const absl::Status parsed =
+        JsonNestsDeeperThan(request.body)
+            ? absl::InvalidArgumentError("the request body nests deeper than 64 levels")
+            : ParseJsonBody(request.body,
+                            "a JSON object {\"query\": \"...\", \"documents\": [\"...\"]}", &body);
+    if (request.path != "/v1/rerank" || (parsed.ok() && IsCohereRerank(body))) {
+      if (!parsed.ok()) return ErrorReply(parsed);
       return CohereRerank(body, control);
     }
     return EngineRoute<v1::RerankRequest, v1::RerankResponse>(request, control,
@@ -219,19 +234,6 @@ absl::StatusOr<CoreResponse> HttpRoutes::Wait(
 
 namespace {
 
-// Request JSON -> message by protobuf's JSON mapping (both the lowerCamelCase and the proto
-// field names are accepted; an unknown field is an error, so a typo does not pass silently).
-absl::Status ParseJsonMessage(const std::string& body, google::protobuf::Message* message) {
-  google::protobuf::util::JsonParseOptions options;
-  options.ignore_unknown_fields = false;
-  const auto status = google::protobuf::util::JsonStringToMessage(
-      body.empty() ? std::string("{}") : body, message, options);
-  if (status.ok()) return absl::OkStatus();
-  return absl::InvalidArgumentError(
-      absl::StrCat("the request body is not a valid ", message->GetDescriptor()->full_name(),
-                   " in JSON: ", Quote(status.message().as_string(), 200)));
-}
-
 // A response message as JSON, after the same size check as gRPC's.
 HttpReply MessageReply(const google::protobuf::Message& message, int64_t max_message_bytes) {
   if (absl::Status size = CheckResponseSize(message, max_message_bytes); !size.ok()) {
@@ -240,8 +242,8 @@ HttpReply MessageReply(const google::protobuf::Message& message, int64_t max_mes
   std::string body;
   const auto status = google::protobuf::util::MessageToJsonString(message, &body);
   if (!status.ok()) {
-    return ErrorReply(absl::InternalError(absl::StrCat("cannot write the response as JSON: ",
-                                                       Quote(status.message().as_string(), 200))));
+    return ErrorReply(absl::InternalError(
+        absl::StrCat("cannot write the response as JSON: ", status.message().as_string())));
   }
   return JsonReply(std::move(body));
 }
@@ -254,8 +256,9 @@ HttpReply HttpRoutes::EngineRoute(
     void (core::ServingCore::*call)(const CoreRequest&, const core::CallControl&,
                                     core::ServingCore::Done<CoreResponse>)) {
   Request request;
-  if (absl::Status parsed = ParseJsonMessage(http_request.body, &request); !parsed.ok()) {
-    return ErrorReply(parsed);
+  std::string param;
+  if (absl::Status parsed = JsonToMessage(http_request.body, &request, &param); !parsed.ok()) {
+    return ErrorReply(parsed, param);
   }
   const absl::StatusOr<CoreResponse> result = Wait(call, ToCore(request), control);
   if (!result.ok()) return ErrorReply(result.status());
@@ -269,8 +272,9 @@ HttpReply HttpRoutes::DirectRoute(const HttpRequest& http_request, const core::C
                                   absl::StatusOr<CoreResponse> (core::ServingCore::*call)(
                                       const CoreRequest&, const core::CallControl&)) {
   Request request;
-  if (absl::Status parsed = ParseJsonMessage(http_request.body, &request); !parsed.ok()) {
-    return ErrorReply(parsed);
+  std::string param;
+  if (absl::Status parsed = JsonToMessage(http_request.body, &request, &param); !parsed.ok()) {
+    return ErrorReply(parsed, param);
   }
   const absl::StatusOr<CoreResponse> result = (core_->*call)(ToCore(request), control);
   if (!result.ok()) return ErrorReply(result.status());
@@ -305,10 +309,6 @@ HttpReply HttpRoutes::Embeddings(const HttpRequest& http_request,
 }
 
 HttpReply HttpRoutes::CohereRerank(const json& body, const core::CallControl& control) {
-  if (body.is_discarded()) {
-    return ErrorReply(absl::InvalidArgumentError(
-        "the request body is not valid JSON (or nests deeper than 64 levels)"));
-  }
   std::string param;
   absl::StatusOr<core::RerankRequest> request = ParseCohereRerank(body, &param);
   if (!request.ok()) return ErrorReply(request.status(), param);

@@ -5,24 +5,17 @@
 // deadlines are the core's; statuses map to HTTP in server/status_map.cc; every error is
 // OpenAI-shaped: {"error": {"message", "type", "param", "code"}}.
 //
-//   POST /v1/embeddings   OpenAI-compatible embeddings (openai_embeddings.h)
-//   POST /v1/encode       EncodeRequest -> EncodeResponse
-//   POST /v1/attention    AttentionMapRequest -> AttentionMapResponse
-//   POST /v1/tokenize     TokenizeRequest -> TokenizeResponse
-//   POST /v1/rerank       RerankRequest -> RerankResponse, or Cohere's shape (cohere_rerank.h);
-//        /v2/rerank, /rerank  Cohere's/Jina's shape
-//   /v2/...               the Open Inference Protocol (server/oip/oip_rest.h)
-//   POST /v1/explain      ExplainRequest -> ExplainResponse
-//   GET  /v1/models       OpenAI's model list; each entry carries GetModelInfo's ModelInfo
-//   GET  /v1/models/NAME  one entry of that list
-//   GET  /health          200 while SERVING ({"status": "SERVING", "grpc_port": N}), 503
-//                         otherwise (no authentication)
+// The routes are listed once, in HttpRouteTable(): dispatch, the "no route" message and
+// attnserve --help all read it. /v1/rerank also takes Cohere's shape, /v2/rerank and /rerank
+// Cohere's/Jina's (cohere_rerank.h); the rest of /v2/... is the Open Inference Protocol's
+// (server/oip/oip_rest.h, its own route table).
 #pragma once
 
 #include <atomic>
 #include <chrono>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "nlohmann/json.hpp"
@@ -35,6 +28,18 @@ class OipRest;
 }  // namespace attn::server::oip
 
 namespace attn::server::http {
+
+// One route: `path` is exact, except that "NAME" at its end stands for any name.
+struct HttpRoute {
+  const char* method;  // "GET" or "POST"
+  const char* path;
+  const char* label;  // the metrics' method label
+  const char* what;   // for --help
+};
+// Every route the HTTP front end answers, in the order --help lists them.
+const std::vector<HttpRoute>& HttpRouteTable();
+// "POST /v1/embeddings, /v1/encode, ..., GET /v1/models, ...": the table in one line.
+std::string HttpRouteSummary();
 
 struct HttpRoutesOptions {
   std::string model_name;         // the `model` clients name (--model-name)
@@ -64,7 +69,7 @@ class HttpRoutes {
   HttpReply Handle(const HttpRequest& request);
   // 413 for a body of `bytes` bytes over the limit (the listener refuses it unread).
   HttpReply TooLarge(int64_t bytes);
-  // A request the listener refused itself (civetweb's status and reason).
+  // A request the listener refused itself (its status and reason).
   HttpReply Refused(int http_status, const std::string& why);
 
  private:

@@ -165,6 +165,7 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
     });
     bhttp::async_read_header(stream_, buffer_, *parser_,
                              [self = this->shared_from_this()](beast::error_code error, size_t) {
+                               self->reading_head_ = false;
                                self->head_timer_.cancel();
                                self->OnHead(error);
                              });
@@ -200,20 +201,33 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
       // read as the next request otherwise.
       return Reply(state_->too_large(static_cast<int64_t>(*length)), /*close=*/true);
     }
-    Tcp().expires_after(Millis(state_->options.body_timeout_s));
+    // The body's deadline is our own timer too, for the same reason: a stream deadline would
+    // close the socket, and the client whose body stalled would never see its 408.
+    body_timed_out_ = false;
+    reading_body_ = true;
+    head_timer_.expires_after(Millis(state_->options.body_timeout_s));
+    head_timer_.async_wait([self = this->shared_from_this()](beast::error_code error) {
+      if (error || !self->reading_body_) return;
+      self->body_timed_out_ = true;
+      beast::error_code ignored;
+      self->Tcp().socket().shutdown(tcp::socket::shutdown_receive, ignored);
+    });
     bhttp::async_read(stream_, buffer_, *parser_,
                       [self = this->shared_from_this()](beast::error_code error, size_t) {
+                        self->reading_body_ = false;
+                        self->head_timer_.cancel();
                         self->OnBody(error);
                       });
   }
 
   void OnBody(beast::error_code error) {
+    if (body_timed_out_) {
+      return Refuse(408,
+                    absl::StrCat("the request body did not arrive within ",
+                                 state_->options.body_timeout_s, " s (--http-body-timeout-s)"));
+    }
     if (error == bhttp::error::body_limit) {
       return Reply(state_->too_large(state_->options.max_body_bytes + 1), /*close=*/true);
-    }
-    if (error == beast::error::timeout) {
-      return Refuse(408, absl::StrCat("the request body did not arrive within ",
-                                      state_->options.body_timeout_s, " s"));
     }
     if (error == bhttp::error::partial_message || error == asio::error::eof ||
         error == asio::error::connection_reset) {
@@ -303,6 +317,8 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
   asio::steady_timer head_timer_;
   bool head_timed_out_ = false;
   bool reading_head_ = false;
+  bool body_timed_out_ = false;
+  bool reading_body_ = false;
   unsigned version_ = 11;
   bool keep_alive_ = true;
   char drain_[16 * 1024];

@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "nlohmann/json.hpp"
+#include "server/http/json_message.h"
 
 namespace attn::server::http {
 
@@ -18,35 +19,21 @@ namespace {
 
 using nlohmann::json;
 
+// The request fields this route takes: OpenAI's embeddings API and the long-input options
+// (truncate as text-embeddings-inference names it, long_text and chunk_overlap as /v1/encode).
+constexpr const char* kFields[] = {"input",        "model",    "encoding_format",      "dimensions",
+                                   "user",         "truncate", "truncation_direction", "long_text",
+                                   "chunk_overlap"};
+
 constexpr const char* kInputShapes =
     "a string, an array of strings, an array of token ids or an array of token-id arrays";
-
-// The JSON type's name for an error message (never the value: it may be large or secret).
-const char* TypeName(const json& value) {
-  switch (value.type()) {
-    case json::value_t::null:
-      return "null";
-    case json::value_t::boolean:
-      return "a boolean";
-    case json::value_t::string:
-      return "a string";
-    case json::value_t::array:
-      return "an array";
-    case json::value_t::object:
-      return "an object";
-    case json::value_t::number_float:
-      return "a fractional number";
-    default:
-      return "an integer";
-  }
-}
 
 absl::Status ParseTokenIds(const json& array, const std::string& where, std::vector<int32_t>* ids) {
   ids->reserve(array.size());
   for (size_t k = 0; k < array.size(); ++k) {
     const json& id = array[k];
     if (!id.is_number_integer()) {
-      return absl::InvalidArgumentError(absl::StrCat(where, "[", k, "] is ", TypeName(id),
+      return absl::InvalidArgumentError(absl::StrCat(where, "[", k, "] is ", JsonTypeName(id),
                                                      "; token ids are integers of the vocabulary"));
     }
     const bool too_large =
@@ -64,67 +51,6 @@ absl::Status ParseTokenIds(const json& array, const std::string& where, std::vec
   return absl::OkStatus();
 }
 
-// Builds the document as json::parse does, but moves each string out of the parser's buffer
-// instead of copying it: a 50 MB text is held once while the body is parsed, not twice
-// (tests/reliability/memory_limit_test.cc measures what a call holds).
-class MovingDomBuilder {
- public:
-  explicit MovingDomBuilder(json* root) : root_(root) {}
-  bool null() { return Add(nullptr) != nullptr; }
-  bool boolean(bool value) { return Add(value) != nullptr; }
-  bool number_integer(json::number_integer_t value) { return Add(value) != nullptr; }
-  bool number_unsigned(json::number_unsigned_t value) { return Add(value) != nullptr; }
-  bool number_float(json::number_float_t value, const std::string&) {
-    return Add(value) != nullptr;
-  }
-  bool string(std::string& value) { return Add(std::move(value)) != nullptr; }
-  bool binary(json::binary_t& value) { return Add(std::move(value)) != nullptr; }
-  bool start_object(std::size_t) { return Open(json::object()); }
-  bool key(std::string& key) {
-    key_ = std::move(key);
-    return true;
-  }
-  bool end_object() { return Close(); }
-  bool start_array(std::size_t) { return Open(json::array()); }
-  bool end_array() { return Close(); }
-  // What json::parse throws.
-  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception& error) {
-    if (const auto* parse = dynamic_cast<const json::parse_error*>(&error)) throw *parse;
-    if (const auto* range = dynamic_cast<const json::out_of_range*>(&error)) throw *range;
-    throw json::other_error::create(501, error.what(), nullptr);
-  }
-
- private:
-  // The new value's place: the root, the open array's end or the open object's last key.
-  json* Add(json value) {
-    if (open_.empty()) {
-      *root_ = std::move(value);
-      return root_;
-    }
-    json& parent = *open_.back();
-    if (parent.is_array()) {
-      parent.push_back(std::move(value));
-      return &parent.back();
-    }
-    json& slot = parent[key_];  // a repeated key keeps the last value, as json::parse does
-    slot = std::move(value);
-    return &slot;
-  }
-  // Only the innermost open container grows, so the pointers to the others stay valid.
-  bool Open(json container) {
-    open_.push_back(Add(std::move(container)));
-    return true;
-  }
-  bool Close() {
-    open_.pop_back();
-    return true;
-  }
-
-  json* root_;
-  std::vector<json*> open_;
-  std::string key_;
-};
-
 // "truncate", "truncation_direction", "long_text" and "chunk_overlap": how the request's
 // over-long inputs are dealt with, into request->encode.
 absl::Status ParseLongText(const json& root, LongTextMode default_mode, EmbeddingsRequest* request,
@@ -138,9 +64,9 @@ absl::Status ParseLongText(const json& root, LongTextMode default_mode, Embeddin
     LongTextMode parsed;
     if (!long_text->is_string() || !ParseLongTextMode(long_text->get<std::string>(), &parsed)) {
       *param = "long_text";
-      return absl::InvalidArgumentError(
-          absl::StrCat("long_text must be \"refuse\", \"truncate\" or \"chunk\"",
-                       long_text->is_string() ? "" : absl::StrCat(", not ", TypeName(*long_text))));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "long_text must be \"refuse\", \"truncate\" or \"chunk\"",
+          long_text->is_string() ? "" : absl::StrCat(", not ", JsonTypeName(*long_text))));
     }
     mode = parsed;
   }
@@ -148,7 +74,7 @@ absl::Status ParseLongText(const json& root, LongTextMode default_mode, Embeddin
     if (!truncate->is_boolean()) {
       *param = "truncate";
       return absl::InvalidArgumentError(
-          absl::StrCat("truncate is ", TypeName(*truncate), "; give true or false"));
+          absl::StrCat("truncate is ", JsonTypeName(*truncate), "; give true or false"));
     }
     const LongTextMode asked =
         truncate->get<bool>() ? LongTextMode::kTruncate : LongTextMode::kRefuse;
@@ -186,7 +112,7 @@ absl::Status ParseLongText(const json& root, LongTextMode default_mode, Embeddin
     *param = "chunk_overlap";
     if (!overlap->is_number_integer()) {
       return absl::InvalidArgumentError(
-          absl::StrCat("chunk_overlap is ", TypeName(*overlap), "; give a number of tokens"));
+          absl::StrCat("chunk_overlap is ", JsonTypeName(*overlap), "; give a number of tokens"));
     }
     if (request->encode.long_text != core::LongText::kChunk) {
       return absl::InvalidArgumentError(
@@ -222,23 +148,23 @@ bool ParseLongTextMode(std::string_view name, LongTextMode* mode) {
 absl::Status ParseEmbeddingsRequest(std::string_view body, EmbeddingsRequest* request,
                                     std::string* param, LongTextMode default_long_text) {
   json root;
-  try {
-    MovingDomBuilder builder(&root);
-    json::sax_parse(body.begin(), body.end(), &builder);
-  } catch (const json::parse_error& e) {
-    // nlohmann's reason sits between " - " and "; last read:" (which would quote the input).
-    std::string_view reason = e.what();
-    const size_t begin = reason.find(" - ");
-    reason = begin == std::string_view::npos ? "" : reason.substr(begin + 3);
-    reason = reason.substr(0, std::min<size_t>(reason.find("; last read"), 120));
-    return absl::InvalidArgumentError(absl::StrCat(
-        "the request body is not valid JSON (at byte ", e.byte, ": ",
-        std::string(reason.empty() ? "syntax error" : reason),
-        "); send a JSON object such as {\"input\": \"some text\", \"model\": \"...\"}"));
+  if (absl::Status parsed = ParseJsonBody(
+          body, "a JSON object such as {\"input\": \"some text\", \"model\": \"...\"}", &root);
+      !parsed.ok()) {
+    return parsed;
   }
   if (!root.is_object()) {
     return absl::InvalidArgumentError(
-        absl::StrCat("the request body is ", TypeName(root), "; send a JSON object"));
+        absl::StrCat("the request body is ", JsonTypeName(root), "; send a JSON object"));
+  }
+  // A field OpenAI's API does not have is refused, as OpenAI refuses it: a misspelt
+  // "dimension" or "encodingFormat" would otherwise be ignored and the answer silently differ.
+  for (const auto& [key, value] : root.items()) {
+    if (std::find(std::begin(kFields), std::end(kFields), key) == std::end(kFields)) {
+      *param = "";
+      return absl::InvalidArgumentError(UnknownFieldMessage(
+          key, "/v1/embeddings", std::vector<std::string>(std::begin(kFields), std::end(kFields))));
+    }
   }
   auto field = [&root](const char* name) -> const json* {
     auto it = root.find(name);
@@ -249,7 +175,7 @@ absl::Status ParseEmbeddingsRequest(std::string_view body, EmbeddingsRequest* re
     if (!model->is_string()) {
       *param = "model";
       return absl::InvalidArgumentError(
-          absl::StrCat("model is ", TypeName(*model), "; give the model's name as a string"));
+          absl::StrCat("model is ", JsonTypeName(*model), "; give the model's name as a string"));
     }
     request->model = model->get<std::string>();
   }
@@ -265,7 +191,7 @@ absl::Status ParseEmbeddingsRequest(std::string_view body, EmbeddingsRequest* re
     if (!dimensions->is_number_integer()) {
       *param = "dimensions";
       return absl::InvalidArgumentError(
-          absl::StrCat("dimensions is ", TypeName(*dimensions), "; give a positive integer"));
+          absl::StrCat("dimensions is ", JsonTypeName(*dimensions), "; give a positive integer"));
     }
     // Out-of-range values reach the core as a value it refuses, naming the model's size.
     const int64_t value =
@@ -275,8 +201,12 @@ absl::Status ParseEmbeddingsRequest(std::string_view body, EmbeddingsRequest* re
     request->encode.dimensions = static_cast<int32_t>(
         std::clamp<int64_t>(value, std::numeric_limits<int32_t>::min(), INT32_MAX));
   }
-  // `user` (an end-user id for OpenAI's abuse monitoring) is accepted and ignored, like any
-  // field this server does not know.
+  // `user` (an end-user id for OpenAI's abuse monitoring) is accepted and ignored.
+  if (const json* user = field("user"); user != nullptr && !user->is_string()) {
+    *param = "user";
+    return absl::InvalidArgumentError(
+        absl::StrCat("user is ", JsonTypeName(*user), "; it takes a string (an end-user id)"));
+  }
   if (absl::Status long_text = ParseLongText(root, default_long_text, request, param);
       !long_text.ok()) {
     return long_text;
@@ -320,13 +250,13 @@ absl::Status ParseEmbeddingsRequest(std::string_view body, EmbeddingsRequest* re
           return ids;
         }
       } else {
-        return absl::InvalidArgumentError(
-            absl::StrCat("input[", i, "] is ", TypeName(item), "; input must be ", kInputShapes));
+        return absl::InvalidArgumentError(absl::StrCat("input[", i, "] is ", JsonTypeName(item),
+                                                       "; input must be ", kInputShapes));
       }
     }
   } else {
     return absl::InvalidArgumentError(
-        absl::StrCat("input is ", TypeName(*input), "; it must be ", kInputShapes));
+        absl::StrCat("input is ", JsonTypeName(*input), "; it must be ", kInputShapes));
   }
   param->clear();
   request->encode.inputs.reserve(order.size());

@@ -10,7 +10,6 @@
 #include "absl/synchronization/notification.h"
 #include "engine/json_depth.h"
 #include "engine/quote.h"
-#include "inference/grpc_service.grpc.pb.h"
 #include "nlohmann/json.hpp"
 #include "server/auth.h"
 #include "server/oip/oip_metadata.h"
@@ -36,19 +35,12 @@ const std::vector<OipRoute>& OipRouteTable() {
   return *routes;
 }
 
-std::string OipUsage() {
-  const google::protobuf::ServiceDescriptor* service =
-      inference::ModelInferRequest::descriptor()->file()->FindServiceByName("GRPCInferenceService");
-  std::string methods;
-  for (int i = 0; i < service->method_count(); ++i) {
-    absl::StrAppend(&methods, i == 0 ? "" : ", ", service->method(i)->name());
-  }
-  std::string usage = absl::StrCat("Open Inference Protocol (KServe v2 / Triton clients), gRPC ",
-                                   service->full_name(), ": ", methods, "; REST on --http-port:\n");
+std::string OipRouteSummary() {
+  std::string list;
   for (const OipRoute& route : OipRouteTable()) {
-    absl::StrAppend(&usage, "    ", route.method, " ", route.path, "  ", route.what, "\n");
+    absl::StrAppend(&list, list.empty() ? "" : ", ", route.method, " ", route.path);
   }
-  return usage;
+  return list;
 }
 
 HttpReply OipErrorReply(const absl::Status& status, int http_status) {
@@ -195,14 +187,6 @@ const OipRoute* FindRoute(absl::string_view path, absl::StatusOr<ModelPath>* mod
   return nullptr;
 }
 
-std::string RouteList() {
-  std::string list;
-  for (const OipRoute& route : OipRouteTable()) {
-    absl::StrAppend(&list, list.empty() ? "" : ", ", route.method, " ", route.path);
-  }
-  return list;
-}
-
 }  // namespace
 
 HttpReply OipRest::Handle(const HttpRequest& request, const char** label) const {
@@ -212,7 +196,7 @@ HttpReply OipRest::Handle(const HttpRequest& request, const char** label) const 
     *label = "unknown";
     return OipErrorReply(absl::NotFoundError(
         absl::StrCat("no route ", QuoteInput(request.path),
-                     " under /v2; the Open Inference Protocol's are ", RouteList())));
+                     " under /v2; the Open Inference Protocol's are ", OipRouteSummary())));
   }
   *label = route->label;
   if (request.method != route->method) {

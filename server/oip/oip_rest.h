@@ -31,9 +31,8 @@ struct OipRoute {
 };
 // Every route, in the order --help lists them.
 const std::vector<OipRoute>& OipRouteTable();
-// attnserve --help's lines for the protocol: the gRPC service's methods (from its descriptor,
-// whose generated service registers every one) and the REST routes (from OipRouteTable()).
-std::string OipUsage();
+// "GET /v2, GET /v2/health/live, ...": the table in one line (the "no route" messages).
+std::string OipRouteSummary();
 
 class OipRest {
  public:

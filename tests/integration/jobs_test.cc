@@ -6,6 +6,7 @@
 // and nothing of it served; the checks made before any upload. Each test runs its own servers.
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -361,6 +362,59 @@ TEST_F(JobsTest, AKillDuringAJobMarksItFailedAtTheNextStartAndNothingOfItIsServe
           .committed_version()
           .empty(),
       false);
+}
+
+// A one-model server's store served by two models is refused with a command that moves it under
+// the first model; run as printed, it must move the job history too (issue 31, finding 13: it
+// moved the versions and serving.json and left jobs/ behind, so the model's jobs were gone).
+TEST_F(JobsTest, TheSuggestedStoreMigrationKeepsTheJobHistory) {
+  StartServer();
+  const pb::Job job = CreateOrFail(Spec(/*epochs=*/1));
+  const std::string version = WaitForJob(job.job_id(), [](const pb::Job& j) {
+                                return j.state() == pb::JOB_SUCCEEDED;
+                              }).committed_version();
+  ASSERT_FALSE(version.empty());
+  ASSERT_TRUE(client_->Promote(version).ok());
+  StopOwnServer(server_.get());
+  server_.reset();
+
+  const std::vector<std::string> two_models = {"--trainer_token_file=" + token_file_,
+                                               "--trainer_threads=1",
+                                               "--drain_timeout_s=5",
+                                               "--model_store=" + store_,
+                                               "--model=first=" + TestModelDir(),
+                                               "--model=second=" + TestModelDir()};
+  auto refused = std::make_unique<ServerProcess>(two_models);
+  std::string error;
+  ASSERT_FALSE(refused->StartAndWait(ScaledSeconds(120), &error));
+  int wait_status = 0;
+  ASSERT_TRUE(refused->process().WaitExit(ScaledSeconds(30), &wait_status));
+  EXPECT_TRUE(WIFEXITED(wait_status) && WEXITSTATUS(wait_status) == 1) << error;
+  const std::string log = refused->process().LogTail();
+  const size_t begin = log.find("mkdir ");
+  const size_t end = log.find(" (or serve one model", begin);
+  ASSERT_TRUE(begin != std::string::npos && end != std::string::npos) << log;
+  const std::string command = log.substr(begin, end - begin);
+  std::printf("[migration] %s\n", command.c_str());
+  int exit_code = -1;
+  const std::string output = RunCommand(command + " 2>&1", &exit_code);
+  ASSERT_EQ(exit_code, 0) << command << "\n" << output;
+  refused.reset();
+
+  server_ = std::make_unique<ServerProcess>(two_models);
+  ASSERT_TRUE(server_->StartAndWait(ScaledSeconds(180), &error)) << error;
+  client::ClientOptions options;
+  options.bearer_token = kToken;
+  client_ =
+      std::make_unique<client::TrainerClient>(server_->NewChannel(), server_->address(), options);
+  absl::StatusOr<pb::ListVersionsResponse> versions = client_->ListVersions("first");
+  ASSERT_TRUE(versions.ok()) << versions.status();
+  EXPECT_EQ(versions->serving_version(), version) << "the serving record moved with it";
+  absl::StatusOr<pb::ListJobsResponse> jobs = client_->ListJobs("first");
+  ASSERT_TRUE(jobs.ok()) << jobs.status();
+  ASSERT_EQ(jobs->jobs_size(), 1) << "the job history stayed behind at the store's top";
+  EXPECT_EQ(jobs->jobs(0).job_id(), job.job_id());
+  EXPECT_EQ(jobs->jobs(0).committed_version(), version);
 }
 
 TEST_F(JobsTest, BadJobsAreRefusedAtCreationBeforeAnyUpload) {

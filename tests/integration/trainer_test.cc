@@ -19,6 +19,7 @@
 #include <thread>
 #include <tuple>
 
+#include "absl/strings/match.h"
 #include "attnserve/v1/trainer.grpc.pb.h"
 #include "engine/safetensors.h"
 #include "engine/serving_state.h"
@@ -1049,12 +1050,16 @@ TEST_F(TrainerTest, TelemetryShowsWhatTrainingMoved) {
   for (const pb::ParameterGroupTelemetry& g : report.relative_change()) {
     EXPECT_GT(g.relative_change(), 0) << g.name();
   }
+  // base exists and has no report: that is what the answer says, not "no version 'base'"
+  // (issue 31, finding 13).
   report_request.set_version("base");
   {
     grpc::ClientContext context;
     Authorize(&context);
-    EXPECT_EQ(trainer_->GetTrainingReport(&context, report_request, &report).error_code(),
-              grpc::StatusCode::NOT_FOUND);
+    const grpc::Status status = trainer_->GetTrainingReport(&context, report_request, &report);
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << StatusString(status);
+    EXPECT_TRUE(absl::StartsWith(status.error_message(), "base has no training report"))
+        << StatusString(status);
   }
   std::printf(
       "[trainer] telemetry: %zu distinct tokens in the data, %zu word-embedding rows "

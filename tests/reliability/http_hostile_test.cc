@@ -32,12 +32,14 @@ namespace attn::integration {
 constexpr int kMaxMessageBytes = 4 << 20;  // 4 MiB: the 100 MB body is 25 times over
 constexpr int kMaxInputs = 256;
 constexpr int kHeaderTimeoutS = 2;
+constexpr int kBodyTimeoutS = 3;
 constexpr char kApiKey[] = "http-catalogue-key-19c2";
 
 std::optional<std::vector<std::string>> SharedServerFlags() {
   return std::vector<std::string>{"--max_message_bytes=" + std::to_string(kMaxMessageBytes),
                                   "--max_inputs_per_request=" + std::to_string(kMaxInputs),
-                                  "--http_header_timeout_s=" + std::to_string(kHeaderTimeoutS)};
+                                  "--http_header_timeout_s=" + std::to_string(kHeaderTimeoutS),
+                                  "--http_body_timeout_s=" + std::to_string(kBodyTimeoutS)};
 }
 
 namespace {
@@ -48,12 +50,14 @@ struct Answer {
   int status = 0;  // 0: no HTTP answer
   std::string headers, body;
   double seconds = 0;
+  std::string sent;  // every byte sent, for the quoting check
 };
 
 // A raw exchange (integration::HttpExchange): what no well-behaved client library would send.
 Answer Raw(int port, const std::vector<std::string>& parts,
            std::chrono::milliseconds pause = std::chrono::milliseconds(0)) {
   Answer answer;
+  for (const std::string& part : parts) answer.sent += part;
   HttpResponse response;
   std::string error;
   if (HttpExchange(port, parts, pause, &response, &error, std::chrono::seconds(60),
@@ -117,6 +121,34 @@ std::string Texts(int count, const std::string& text = "x") {
   json input = json::array();
   for (int i = 0; i < count; ++i) input.push_back(text);
   return json{{"input", input}}.dump();
+}
+
+// Whether `message` repeats more than 64 bytes in a row of `sent`: each 65-byte piece of the
+// message is looked for in what was sent, by a rolling hash (sent may be megabytes).
+bool RepeatsOver64Bytes(const std::string& message, const std::string& sent) {
+  constexpr size_t window = 65;
+  if (message.size() < window || sent.size() < window) return false;
+  constexpr uint64_t kBase = 1000003;
+  uint64_t power = 1;
+  for (size_t i = 1; i < window; ++i) power *= kBase;
+  auto hash_of = [&](const std::string& text, size_t at) {
+    uint64_t h = 0;
+    for (size_t i = 0; i < window; ++i) h = h * kBase + static_cast<unsigned char>(text[at + i]);
+    return h;
+  };
+  std::map<uint64_t, std::vector<size_t>> pieces;
+  for (size_t i = 0; i + window <= message.size(); ++i) pieces[hash_of(message, i)].push_back(i);
+  uint64_t h = hash_of(sent, 0);
+  for (size_t at = 0;; ++at) {
+    if (auto it = pieces.find(h); it != pieces.end()) {
+      for (size_t i : it->second) {
+        if (message.compare(i, window, sent, at, window) == 0) return true;
+      }
+    }
+    if (at + window >= sent.size()) return false;
+    h = (h - static_cast<unsigned char>(sent[at]) * power) * kBase +
+        static_cast<unsigned char>(sent[at + window]);
+  }
 }
 
 std::vector<HttpCase> AllCases() {
@@ -458,7 +490,7 @@ std::vector<HttpCase> AllCases() {
        [=](int p) { return Raw(p, {Request("GET", "/" + std::string(10000, 'p'), "")}); },
        404,
        "not_found_error",
-       {"no route", "..."},
+       {"no route", "(10001 bytes)"},
        "unknown",
        "NOT_FOUND"});
   add({"get_embeddings",
@@ -548,12 +580,13 @@ std::vector<HttpCase> AllCases() {
        {"version base has no classification head"},
        "Classify",
        "FAILED_PRECONDITION"});
+  // No field of attnserve's own RerankRequest: Cohere's shape (cohere_rerank.h), its terms.
   add({"rerank_documents_object",
        "/v1/rerank with documents: {\"a\": 1}",
        [=](int p) { return Post(p, "/v1/rerank", R"({"query": "q", "documents": {"a": 1}})"); },
        400,
        kBad,
-       {"attnserve.v1.RerankRequest"},
+       {"documents must be a list"},
        "Rerank",
        "INVALID_ARGUMENT"});
   add({"rerank_top_n_text",
@@ -592,6 +625,173 @@ std::vector<HttpCase> AllCases() {
        {"no inputs"},
        "Tokenize",
        "INVALID_ARGUMENT"});
+  // -- strict JSON (issue 31): a wrong shape or type is refused naming the field, never
+  // flattened or reinterpreted; unknown names get the closest known one; input is quoted through
+  // QuoteInput only (at most 64 bytes).
+  add({"encode_unknown_field_10kb",
+       "/v1/encode with a 10,000-byte field name",
+       [=](int p) { return Post(p, "/v1/encode", "{\"" + std::string(10000, 'q') + "\": 1}"); },
+       400,
+       kBad,
+       {"unknown field", "(10000 bytes)", "inputs"},
+       "Encode",
+       "INVALID_ARGUMENT"});
+  add({"encode_unknown_field_did_you_mean",
+       "/v1/encode with OpenAI's \"input\" instead of \"inputs\"",
+       [=](int p) { return Post(p, "/v1/encode", R"({"input": [{"text": "a"}]})"); },
+       400,
+       kBad,
+       {"unknown field 'input'", "did you mean 'inputs'"},
+       "Encode",
+       "INVALID_ARGUMENT"});
+  add({"encode_inputs_nested_array",
+       "/v1/encode with inputs [[{\"text\": \"x\"}]] (protobuf flattened it)",
+       [=](int p) { return Post(p, "/v1/encode", R"({"inputs": [[{"text": "x"}]]})"); },
+       400,
+       kBad,
+       {"inputs[0] is an array", "attnserve.v1.Input"},
+       "Encode",
+       "INVALID_ARGUMENT"});
+  add({"encode_hidden_layers_nested",
+       "/v1/encode with hiddenLayers [[1],[2]] (protobuf flattened it)",
+       [=](int p) {
+         return Post(p, "/v1/encode", R"({"inputs": [{"text": "x"}], "hiddenLayers": [[1], [2]]})");
+       },
+       400,
+       kBad,
+       {"hiddenLayers[0] is an array", "an integer"},
+       "Encode",
+       "INVALID_ARGUMENT"});
+  add({"encode_sparse_yes",
+       "/v1/encode with sparse: \"yes\" (protobuf read it as true)",
+       [=](int p) {
+         return Post(p, "/v1/encode", R"({"inputs": [{"text": "x"}], "sparse": "yes"})");
+       },
+       400,
+       kBad,
+       {"sparse is a string", "true or false"},
+       "Encode",
+       "INVALID_ARGUMENT"});
+  add({"encode_sparse_one",
+       "/v1/encode with sparse: 1",
+       [=](int p) { return Post(p, "/v1/encode", R"({"inputs": [{"text": "x"}], "sparse": 1})"); },
+       400,
+       kBad,
+       {"sparse is an integer", "true or false"},
+       "Encode",
+       "INVALID_ARGUMENT"});
+  add({"encode_input_text_and_pair",
+       "/v1/encode with an input that is both a text and a pair",
+       [=](int p) {
+         return Post(p, "/v1/encode",
+                     R"({"inputs": [{"text": "x", "pair": {"first": "a", "second": "b"}}]})");
+       },
+       400,
+       kBad,
+       {"inputs[0] sets both text and pair"},
+       "Encode",
+       "INVALID_ARGUMENT"});
+  add({"encode_field_under_both_names",
+       "/v1/encode with hidden_layers and hiddenLayers",
+       [=](int p) {
+         return Post(p, "/v1/encode",
+                     R"({"inputs": [{"text": "x"}], "hidden_layers": [1], "hiddenLayers": [2]})");
+       },
+       400,
+       kBad,
+       {"hiddenLayers is given twice"},
+       "Encode",
+       "INVALID_ARGUMENT"});
+  add({"encode_pooling_10kb_name",
+       "/v1/encode with a 10,000-byte pooling name",
+       [=](int p) {
+         return Post(
+             p, "/v1/encode",
+             R"({"inputs": [{"text": "x"}], "pooling": ")" + std::string(10000, 'P') + "\"}");
+       },
+       400,
+       kBad,
+       {"pooling is 'PPP", "(10000 bytes)", "POOLING_MEAN"},
+       "Encode",
+       "INVALID_ARGUMENT"});
+  add({"tokenize_max_length_fraction",
+       "/v1/tokenize with tokenization.maxLength 2.5",
+       [=](int p) {
+         return Post(p, "/v1/tokenize",
+                     R"({"inputs": [{"text": "x"}], "tokenization": {"maxLength": 2.5}})");
+       },
+       400,
+       kBad,
+       {"tokenization.maxLength is not a whole number"},
+       "Tokenize",
+       "INVALID_ARGUMENT"});
+  add({"explain_documents_nested",
+       "/v1/explain with documents [[\"a\"]]",
+       [=](int p) { return Post(p, "/v1/explain", R"({"query": "q", "documents": [["a"]]})"); },
+       400,
+       kBad,
+       {"documents[0] is an array", "a string"},
+       "Explain",
+       "INVALID_ARGUMENT"});
+  add({"attention_top_k_over_int32",
+       "/v1/attention with topK 2^40",
+       [=](int p) {
+         return Post(p, "/v1/attention", R"({"inputs": [{"text": "x"}], "topK": 1099511627776})");
+       },
+       400,
+       kBad,
+       {"topK is outside the range"},
+       "AttentionMap",
+       "INVALID_ARGUMENT"});
+  add({"embeddings_unknown_field_did_you_mean",
+       "/v1/embeddings with \"dimension\" (not OpenAI's \"dimensions\")",
+       [=](int p) { return Post(p, embeddings, R"({"input": "a", "dimension": 4})"); },
+       400,
+       kBad,
+       {"unknown field 'dimension'", "did you mean 'dimensions'"},
+       "Embeddings",
+       "INVALID_ARGUMENT"});
+  add({"embeddings_unknown_field_10kb",
+       "/v1/embeddings with a 10,000-byte field name",
+       [=](int p) {
+         return Post(p, embeddings, R"({"input": "a", ")" + std::string(10000, 'z') + "\": true}");
+       },
+       400,
+       kBad,
+       {"unknown field", "(10000 bytes)"},
+       "Embeddings",
+       "INVALID_ARGUMENT"});
+  add({"embeddings_user_number",
+       "/v1/embeddings with user: 5",
+       [=](int p) { return Post(p, embeddings, R"({"input": "a", "user": 5})"); },
+       400,
+       kBad,
+       {"user is an integer"},
+       "Embeddings",
+       "INVALID_ARGUMENT"});
+  add({"method_10kb",
+       "a 10,000-byte method on /v1/embeddings",
+       [=](int p) { return Raw(p, {Request(std::string(10000, 'M'), embeddings, "")}); },
+       405,
+       kBad,
+       {"takes POST", "(10000 bytes)"},
+       "Embeddings",
+       "UNIMPLEMENTED",
+       false,
+       "Allow: POST"});
+  add({"body_stalls",
+       "a body of 100 declared bytes that stops after 10",
+       [=](int p) {
+         Answer a = Raw(p, {"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                            "application/json\r\nContent-Length: 100\r\n\r\n{\"input\": "});
+         EXPECT_LT(a.seconds, kBodyTimeoutS + 5) << "the server waited past its body timeout";
+         return a;
+       },
+       408,
+       kBad,
+       {"body did not arrive within", "--http-body-timeout-s"},
+       "unknown",
+       "DEADLINE_EXCEEDED"});
   // -- the API key (second server, --api-key-file)
   add({"api_key_missing",
        "/v1/embeddings without Authorization",
@@ -743,6 +943,8 @@ TEST_P(HttpHostileTest, GetsTheRightStatusAndAnOpenAiErrorAndTheServerStaysHealt
         << c.name << ": the message should mention '" << part << "': " << message;
   }
   EXPECT_LE(message.size(), 600u) << c.name << ": a message quotes at most a short piece";
+  EXPECT_FALSE(RepeatsOver64Bytes(message, answer.sent))
+      << c.name << ": the message repeats more than 64 bytes of the request: " << message;
   if (!c.header_part.empty()) {
     EXPECT_NE(answer.headers.find(c.header_part), std::string::npos)
         << c.name << ": the answer lacks the header " << c.header_part << ":\n"

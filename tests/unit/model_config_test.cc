@@ -166,7 +166,7 @@ TEST(BertConfigTest, RejectsMissingRequiredField) {
 TEST(BertConfigTest, RejectsWrongTypes) {
   Json json = MinimalConfig();
   json["hidden_size"] = "384";
-  ExpectConfigRejected(json, "field 'hidden_size' must be an integer, found string \"384\"");
+  ExpectConfigRejected(json, "field 'hidden_size' must be an integer, found string '\"384\"'");
   json = MinimalConfig();
   json["num_hidden_layers"] = 6.5;
   ExpectConfigRejected(json, "field 'num_hidden_layers' must be an integer");

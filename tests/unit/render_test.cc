@@ -386,12 +386,13 @@ TEST(RenderHeadGrid, SubsetOfHeadsAndSizeChecks) {
 TEST(RenderHtml, SelfContainedPage) {
   auto svg = RenderHeatmapSvg({"[CLS]", "<x>", "[SEP]"}, Ramp(3), "layer 0, head 0");
   ASSERT_TRUE(svg.ok());
-  const std::string html =
-      RenderHtml("maps & <things>", "model v1", {{"Input 0: \"<x>\"", "3 tokens", *svg}});
+  const std::string html = RenderHtml("maps & <things>", "model v1", "rows & columns",
+                                      {{"Input 0: \"<x>\"", "3 tokens", *svg}});
   EXPECT_TRUE(absl::StartsWith(html, "<!DOCTYPE html>"));
   EXPECT_EQ(CheckWellFormed(html), "");
   EXPECT_TRUE(absl::StrContains(html, "<title>maps &amp; &lt;things&gt;</title>"));
   EXPECT_TRUE(absl::StrContains(html, "Input 0: &quot;&lt;x&gt;&quot;"));
+  EXPECT_TRUE(absl::StrContains(html, "<p class=\"note\">rows &amp; columns</p>"));
   EXPECT_TRUE(absl::StrContains(html, *svg));
   EXPECT_TRUE(absl::StrContains(html, "<meta charset=\"utf-8\"/>"));
   // No scripts and nothing fetched from elsewhere.
