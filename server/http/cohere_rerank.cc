@@ -3,11 +3,14 @@
 #include <algorithm>
 #include <atomic>
 #include <initializer_list>
+#include <string>
+#include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "engine/quote.h"
+#include "server/http/json_message.h"
 
 namespace attn::server::http {
 
@@ -49,11 +52,12 @@ absl::StatusOr<core::RerankRequest> ParseCohereRerank(const json& body, std::str
   for (auto it = body.begin(); it != body.end(); ++it) {
     if (std::find(std::begin(kCohereFields), std::end(kCohereFields), it.key()) ==
         std::end(kCohereFields)) {
-      return Bad(param, it.key(),
-                 absl::StrCat("unknown field ", QuoteInput(it.key()),
-                              "; a rerank request has "
-                              "model, query, documents, top_n, return_documents, "
-                              "max_tokens_per_doc (or attnserve's own fields: see /v1/rerank)"));
+      return Bad(
+          param, it.key(),
+          absl::StrCat(UnknownFieldMessage(it.key(), "a rerank request",
+                                           std::vector<std::string>(std::begin(kCohereFields),
+                                                                    std::end(kCohereFields))),
+                       " (or attnserve's own fields: see /v1/rerank)"));
     }
   }
   core::RerankRequest request;
