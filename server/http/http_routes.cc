@@ -114,23 +114,31 @@ std::string HttpRouteSummary() {
   return out;
 }
 
-HttpReply HttpRoutes::Dispatch(const HttpRequest& request, const char** method_label) {
-  // The Open Inference Protocol (/v2/... but /v2/rerank) answers in its own shapes
-  // (server/oip/oip_rest.h).
-  if (oip_ != nullptr && oip::OipRest::Owns(request.path))
-    return oip_->Handle(request, method_label);
-  const HttpRoute* route = nullptr;
+namespace {
+
+// The table's route for `path`, or nullptr.
+const HttpRoute* FindRoute(const std::string& request_path) {
   for (const HttpRoute& entry : HttpRouteTable()) {
     // "/v1/models/NAME": any name after the prefix.
     const std::string_view path = entry.path;
     const size_t name = path.find("NAME");
     if (name == std::string_view::npos
-            ? request.path == path
-            : request.path.size() > name && request.path.compare(0, name, path.data(), name) == 0) {
-      route = &entry;
-      break;
+            ? request_path == path
+            : request_path.size() > name && request_path.compare(0, name, path.data(), name) == 0) {
+      return &entry;
     }
   }
+  return nullptr;
+}
+
+}  // namespace
+
+HttpReply HttpRoutes::Dispatch(const HttpRequest& request, const char** method_label) {
+  // The Open Inference Protocol (/v2/... but /v2/rerank) answers in its own shapes
+  // (server/oip/oip_rest.h).
+  if (oip_ != nullptr && oip::OipRest::Owns(request.path))
+    return oip_->Handle(request, method_label);
+  const HttpRoute* route = FindRoute(request.path);
   if (route == nullptr) {
     return ErrorReply(
         absl::NotFoundError(absl::StrCat(
@@ -195,21 +203,7 @@ HttpReply HttpRoutes::Dispatch(const HttpRequest& request, const char** method_l
     return EngineRoute<v1::ClassifyRequest, v1::ClassifyResponse>(request, control,
                                                                   &core::ServingCore::Classify);
   }
-  if (label == "Rerank") {
-    // Cohere's and Jina's shape beside ours (cohere_rerank.h says how they share /v1/rerank).
-    json body;
-    const absl::Status parsed =
-        JsonNestsDeeperThan(request.body)
-            ? absl::InvalidArgumentError("the request body nests deeper than 64 levels")
-            : ParseJsonBody(request.body,
-                            "a JSON object {\"query\": \"...\", \"documents\": [\"...\"]}", &body);
-    if (request.path != "/v1/rerank" || (parsed.ok() && IsCohereRerank(body))) {
-      if (!parsed.ok()) return ErrorReply(parsed);
-      return CohereRerank(body, control);
-    }
-    return EngineRoute<v1::RerankRequest, v1::RerankResponse>(request, control,
-                                                              &core::ServingCore::Rerank);
-  }
+  if (label == "Rerank") return Rerank(request, control);
   if (label == "Tokenize") {
     return DirectRoute<v1::TokenizeRequest, v1::TokenizeResponse>(request, control,
                                                                   &core::ServingCore::Tokenize);
@@ -306,6 +300,22 @@ HttpReply HttpRoutes::Embeddings(const HttpRequest& http_request,
     return ErrorReply(error.status, error.param, error.code);
   }
   return JsonReply(EmbeddingsResponseJson(*result, (*served)->name, request.base64));
+}
+
+HttpReply HttpRoutes::Rerank(const HttpRequest& request, const core::CallControl& control) {
+  // Cohere's and Jina's shape beside ours (cohere_rerank.h says how they share /v1/rerank).
+  json body;
+  const absl::Status parsed =
+      JsonNestsDeeperThan(request.body)
+          ? absl::InvalidArgumentError("the request body nests deeper than 64 levels")
+          : ParseJsonBody(request.body,
+                          "a JSON object {\"query\": \"...\", \"documents\": [\"...\"]}", &body);
+  if (request.path != "/v1/rerank" || (parsed.ok() && IsCohereRerank(body))) {
+    if (!parsed.ok()) return ErrorReply(parsed);
+    return CohereRerank(body, control);
+  }
+  return EngineRoute<v1::RerankRequest, v1::RerankResponse>(request, control,
+                                                            &core::ServingCore::Rerank);
 }
 
 HttpReply HttpRoutes::CohereRerank(const json& body, const core::CallControl& control) {

@@ -79,6 +79,8 @@ class HttpRoutes {
   HttpReply Embeddings(const HttpRequest& request, const core::CallControl& control);
   HttpReply Models(const HttpRequest& request, const core::CallControl& control);
   // Rerank in Cohere's/Jina's shape (cohere_rerank.h); `body` parsed (discarded = not JSON).
+  // /v1/rerank (attnserve's RerankRequest or Cohere's shape), /v2/rerank and /rerank (Cohere's).
+  HttpReply Rerank(const HttpRequest& request, const core::CallControl& control);
   HttpReply CohereRerank(const nlohmann::json& body, const core::CallControl& control);
   template <typename Request, typename Response, typename CoreRequest, typename CoreResponse>
   HttpReply EngineRoute(const HttpRequest& request, const core::CallControl& control,
