@@ -12,7 +12,11 @@ peer is left out with the reason. Sections:
 
   throughput  32 x 128 tokens, 8 x 512, a mixed batch of 64 sentences (5..128 tokens), against
               ORT, PyTorch, OpenVINO (f32 hint pinned) and CTranslate2 float32, and the fastest
-  latency     1 x 16, 1 x 128, the same peers
+  latency     1 x 16, 1 x 128, the same peers; every round runs each engine once after an idle
+              pause (--latency-pause-s, 0.3 s: every runtime's threads asleep, the caches
+              holding the other engines' data, as a server with sporadic traffic sees it) and
+              then 3 times back to back, and each row is given both ways ("warm", "after
+              0.3 s idle"; the same for the bf16 latency rows)
   int8        ours int8 vs ONNX Runtime quantize_dynamic, OpenVINO NNCF int8, CTranslate2 int8
               and fp32 at 32 x 128; cosine of int8 to fp32 pooled embeddings on 256 sentences
   bf16        ours bf16 vs OpenVINO bf16 and ours fp32 on the throughput and latency shapes;
@@ -25,12 +29,16 @@ peer is left out with the reason. Sections:
   http        the same served load over HTTP (POST /v1/embeddings, OpenAI JSON with float
               vectors) against gRPC Encode, 32 clients each (2 in --smoke), rounds interleaved
               on one server; requests/s and the ratio HTTP / gRPC
-  limit       the physical limit beside the throughput, latency, int8 and bf16 rows: each
-              workload's matmul FLOPs (linear layers and the attention products, real tokens
-              only) at this host's oneDNN matmul peak for that precision, measured first by
-              attn-bench-matmul-peak on the model's own layer shapes and a large square; the
-              ratio is the fraction of that limit ours reaches (1.0 would be every cycle in
-              the fastest matmul kernel and nothing else)
+  limit       the physical limit beside the throughput, latency, int8 and bf16 rows, a
+              roofline: the larger of each workload's matmul FLOPs (linear layers and the
+              attention products, real tokens only) at this host's oneDNN matmul peak for that
+              precision and its bytes (forward_bytes(): the weights at the precision's width,
+              read once, the embedding rows, and the activations when they cannot stay in the
+              last-level cache) at this host's memory read bandwidth, both measured first by
+              attn-bench-matmul-peak (the model's own layer shapes and a large square; a read
+              of a buffer twice the last-level cache); the ratio is the fraction of that limit
+              ours reaches (1.0 would be every cycle in the fastest matmul kernel, or every
+              byte at full bandwidth, and nothing else)
   explain     what an explanation costs: pairwise Explain with 32 steps on two 32-token texts
               (attn-bench-explain), in ms and as a multiple of one forward of the same texts;
               and the served Encode latency (1 client) with pairwise Explain calls arriving at
@@ -69,6 +77,16 @@ import sentences  # noqa: E402  (bench/sentences.py)
 SECTIONS = ["throughput", "latency", "int8", "bf16", "finetune", "served", "http", "explain",
             "mpnet", "limit"]
 PAUSE_BETWEEN_RUNS_S = 0.05
+# Latency rows (issue 34): each round times every engine after an idle pause (--latency-pause-s)
+# and then WARM_RUNS times back to back; a latency workload's results are the warm runs under
+# its own name and the paused ones under name + PAUSED.
+WARM_RUNS = 3
+PAUSED = "@paused"
+
+
+def base_workload(name):
+    """The workload a result key times ('lat_1x128' for 'lat_1x128@paused')."""
+    return name[:-len(PAUSED)] if name.endswith(PAUSED) else name
 
 # Peers added by issue 15, by the fp32 engine of their family that check_peer() tests first.
 PEER_FAMILIES = {"ov-fp32": "ov-fp32", "ov-bf16": "ov-fp32", "ov-int8": "ov-fp32",
@@ -384,6 +402,30 @@ def weight_macs_per_token(model_dir):
                if ".layer." in name and name.endswith(".weight") and len(t.get("shape", ())) == 2)
 
 
+def forward_bytes(model_dir, precision, lengths, llc_bytes):
+    """Bytes one forward over sequences of these lengths must move between memory and the CPU
+    at least: every layer's 2-D weights at the precision's width (fp32 4, bf16 2, int8 1 byte;
+    per-channel scales left out) and its 1-D ones (biases, LayerNorm) in fp32, read once; the
+    word, position and token-type embedding rows of every token; and the activations (each
+    linear layer's input at the precision's width and its fp32 output, once per layer) only
+    when a layer's working set (M tokens x (6 H + I) floats) exceeds the last-level cache,
+    since below that they never leave it."""
+    with open(os.path.join(model_dir, "model.safetensors"), "rb") as f:
+        header = json.loads(f.read(int.from_bytes(f.read(8), "little")))
+    width = {"fp32": 4, "bf16": 2, "int8": 1}[precision]
+    nbytes = 0
+    for name, t in header.items():
+        if ".layer." in name and len(t.get("shape", ())) in (1, 2):
+            nbytes += math.prod(t["shape"]) * (width if len(t["shape"]) == 2 else 4)
+    layers, hidden, intermediate = encoder_shape(model_dir)
+    tokens = sum(lengths)
+    nbytes += tokens * 3 * hidden * 4
+    if tokens * (6 * hidden + intermediate) * 4 > llc_bytes:
+        inputs, outputs = 3 * hidden + intermediate, 5 * hidden + intermediate
+        nbytes += layers * tokens * (inputs * width + outputs * 4)
+    return nbytes
+
+
 def forward_matmul_flops(lengths, layers, hidden, intermediate):
     """Matmul FLOPs of one encoder forward over sequences of these lengths, unpadded: per layer
     and token the Q, K, V and output projections (4 d^2 multiply-adds) and the FFN (2 d f), and
@@ -396,15 +438,21 @@ def forward_matmul_flops(lengths, layers, hidden, intermediate):
 # Timing
 
 
-def interleaved(workers, workload, warmup, runs, on_peer_failure):
-    """Warm-up runs of each engine, then `runs` rounds of one timed run per engine in a fixed
+def interleaved(workers, workload, warmup, runs, on_peer_failure, pause_s=None):
+    """Warm-up runs of each engine, then `runs` rounds of one timed call per engine in a fixed
     order (A/B/A/B...). Returns engine -> list of seconds (and the last reply's extras). A peer
-    that fails is dropped (on_peer_failure(worker, error)); ours failing is fatal."""
+    that fails is dropped (on_peer_failure(worker, error)); ours failing is fatal.
+
+    With pause_s (latency workloads) each call comes after pause_s of idling and runs the
+    workload 1 + WARM_RUNS times back to back: the first run is the one after an idle pause (the
+    other engines ran before it, then nothing for pause_s: every runtime's threads asleep, the
+    caches holding the other engines' data), the others the warm ones; the returned seconds are
+    then {"paused": [...], "warm": [...]} per engine."""
     active = list(workers)
 
     def call(worker, repeat):
         # Let the previous engine's thread pools stop spinning before this one is timed.
-        time.sleep(PAUSE_BETWEEN_RUNS_S)
+        time.sleep(PAUSE_BETWEEN_RUNS_S if pause_s is None else pause_s)
         try:
             return worker.call({"cmd": "run", "workload": workload, "repeat": repeat})
         except WorkerError as e:
@@ -417,15 +465,19 @@ def interleaved(workers, workload, warmup, runs, on_peer_failure):
     for worker in list(active):
         if warmup:
             call(worker, warmup)
-    seconds = {w.name: [] for w in active}
+    seconds = {w.name: ([] if pause_s is None else {"paused": [], "warm": []}) for w in active}
     extra = {}
     for _ in range(runs):
         for worker in list(active):
-            reply = call(worker, 1)
+            reply = call(worker, 1 if pause_s is None else 1 + WARM_RUNS)
             if reply is None:
                 del seconds[worker.name]
                 continue
-            seconds[worker.name].extend(reply["seconds"])
+            if pause_s is None:
+                seconds[worker.name].extend(reply["seconds"])
+            else:
+                seconds[worker.name]["paused"].append(reply["seconds"][0])
+                seconds[worker.name]["warm"].extend(reply["seconds"][1:])
             extra[worker.name] = {k: v for k, v in reply.items() if k != "seconds"}
     return seconds, extra
 
@@ -655,7 +707,7 @@ class Run:
         ratio = our time / peer time)."""
         ours = timings.get(self.ours_name)
         peer_t = timings.get(peer)
-        tokens = self.describe[workload]["tokens"]
+        tokens = self.describe[base_workload(workload)]["tokens"]
         value = lambda t: None if t is None else (
             tokens / t["median_s"] if metric == "throughput" else t["median_s"] * 1e3)
         unit = "tok/s" if metric == "throughput" else "ms"
@@ -671,7 +723,7 @@ class Run:
 
     def shape(self, workload):
         """'32x128' for a fixed-length workload, 'mixed 64 (5-128 tok)' otherwise."""
-        d = self.describe[workload]
+        d = self.describe[base_workload(workload)]
         if d["min_len"] == d["max_len"]:
             return f"{d['sequences']}x{d['max_len']}"
         return f"mixed {d['sequences']} ({d['min_len']}-{d['max_len']} tok)"
@@ -739,16 +791,25 @@ class Run:
                 worker.close()
 
     def time_section(self, name, engines, workloads):
+        """workloads: (workload, runs) or (workload, runs, metric); a "latency" workload is
+        timed warm and after a pause (interleaved()) and gives two results, workload (warm)
+        and workload + PAUSED."""
         workers = [w for w in (self.worker(e) for e in engines) if w]
         results = {}
-        for workload, runs in workloads:
-            log(f"{name}: {workload} x {runs} runs, engines {[w.name for w in workers]}")
+        for workload, runs, *metric in workloads:
+            latency = metric == ["latency"]
+            log(f"{name}: {workload} x {runs} runs{' (warm and paused)' if latency else ''}, "
+                f"engines {[w.name for w in workers]}")
             seconds, extra = interleaved(workers, workload, self.sizes.warmup, runs,
-                                         self.peer_failed)
-            results[workload] = {e: dict(summary(s), **extra.get(e, {}))
-                                 for e, s in seconds.items()}
-            self.raw.setdefault(name, {})[workload] = {
-                e: {"seconds": s, **extra.get(e, {})} for e, s in seconds.items()}
+                                         self.peer_failed,
+                                         self.args.latency_pause_s if latency else None)
+            parts = ({workload: {e: s["warm"] for e, s in seconds.items()},
+                      workload + PAUSED: {e: s["paused"] for e, s in seconds.items()}}
+                     if latency else {workload: seconds})
+            for key, timed in parts.items():
+                results[key] = {e: dict(summary(s), **extra.get(e, {})) for e, s in timed.items()}
+                self.raw.setdefault(name, {})[key] = {
+                    e: {"seconds": s, **extra.get(e, {})} for e, s in timed.items()}
         alive = {w.name: w for w in workers if w.name not in self.engines.unavailable}
         for engine in set(w.name for w in workers) - set(alive):
             self.close(engine)
@@ -768,18 +829,18 @@ class Run:
         if not rows:  # served alone still needs the offline figure
             rows = [(f"fp32 {self.shape('mixed_64')}", "mixed_64", "throughput")]
         self.ours_name = "ours-fp32"
-        plan = [(w, self.sizes.latency_runs if m == "latency" else self.sizes.runs)
-                for _, w, m in rows]
+        plan = self.plan(rows)
         peers = ["ort-fp32", "torch", "ov-fp32", "ct2-fp32"]
         results, _ = self.time_section("inference", ["ours-fp32"] + peers, plan)
         self.close("torch", "ov-fp32", "ct2-fp32")
         self.offline = results["mixed_64"].get("ours-fp32") if "mixed_64" in results else None
+        rows = self.warm_and_paused(rows)
         self.note_ours("fp32", results, [(w, m) for _, w, m in rows])
         for label, workload, metric in rows:
-            shape = self.describe[workload]
+            shape = self.describe[base_workload(workload)]
             for peer in peers:
                 self.ratio_row(f"{label} vs {peer}", workload, results[workload], peer,
-                               (workload, peer), metric)
+                               (base_workload(workload), peer), metric)
             # The fastest fp32 peer of this run on this workload.
             timed = [p for p in peers if p in results[workload]]
             if timed:
@@ -787,7 +848,25 @@ class Run:
                 self.ratio_row(f"{label} vs the fastest fp32 peer ({fastest})", workload,
                                results[workload], fastest, (f"fastest_fp32_{metric}", None),
                                metric)
-            self.raw.setdefault("shapes", {})[workload] = shape
+            self.raw.setdefault("shapes", {})[base_workload(workload)] = shape
+
+    def plan(self, rows):
+        """time_section()'s plan for table rows (label, workload, metric)."""
+        return [(w, self.sizes.latency_runs if m == "latency" else self.sizes.runs, m)
+                for _, w, m in rows]
+
+    def warm_and_paused(self, rows):
+        """Each latency row (label, workload, "latency") as two: warm (back to back) and after
+        an idle pause (workload + PAUSED); other rows as they are."""
+        out = []
+        for label, workload, metric in rows:
+            if metric != "latency":
+                out.append((label, workload, metric))
+                continue
+            out += [(f"{label} warm", workload, metric),
+                    (f"{label} after {self.args.latency_pause_s:g} s idle", workload + PAUSED,
+                     metric)]
+        return out
 
     def mpnet(self):
         """fp32 32x128, 8x512 and latency 1x16 on all-mpnet-base-v2 (--mpnet-model-dir; its ONNX
@@ -814,10 +893,9 @@ class Run:
                              "ort-int8": os.path.join(self.args.mpnet_onnx_dir, "model-int8.onnx")}
         try:
             self.ours_name = "ours-fp32"
-            plan = [(w, self.sizes.latency_runs if m == "latency" else self.sizes.runs)
-                    for _, w, m in rows]
-            results, _ = self.time_section("mpnet", ["ours-fp32", "ort-fp32", "torch"], plan)
-            for label, workload, metric in rows:
+            results, _ = self.time_section("mpnet", ["ours-fp32", "ort-fp32", "torch"],
+                                           self.plan(rows))
+            for label, workload, metric in self.warm_and_paused(rows):
                 for peer in ("ort-fp32", "torch"):
                     self.ratio_row(f"{label} vs {peer}", workload, results[workload], peer,
                                    ("mpnet", None), metric)
@@ -873,20 +951,20 @@ class Run:
         """Ours bf16 against OpenVINO bf16 and ours fp32 on the throughput and latency
         workloads, and the pooled cosines to fp32. On CPUs without avx512_bf16/AMX the engine
         emulates bf16 (correct, not faster: the rows say so) and OpenVINO refuses bf16."""
-        runs, latency_runs = self.sizes.runs, self.sizes.latency_runs
-        plan = [("tp_32x128", runs, "throughput"), ("tp_8x512", runs, "throughput"),
-                ("mixed_64", runs, "throughput"), ("lat_1x16", latency_runs, "latency"),
-                ("lat_1x128", latency_runs, "latency")]
+        rows = [(None, "tp_32x128", "throughput"), (None, "tp_8x512", "throughput"),
+                (None, "mixed_64", "throughput"), (None, "lat_1x16", "latency"),
+                (None, "lat_1x128", "latency")]
         results, _ = self.time_section("bf16", ["ours-fp32", "ours-bf16", "ov-bf16"],
-                                       [(w, n) for w, n, _ in plan])
+                                       self.plan(rows))
         native = self.machine["isa_class"] == "amx" or "avx512_bf16" in self.machine["isa"]
         # The served rows then also run a bf16 server against this offline figure.
         self.offline_bf16 = results["mixed_64"].get("ours-bf16") if native else None
-        self.note_ours("bf16", results, [(w, m) for w, _, m in plan])
+        rows = [(f"latency bf16 {self.shape(w)}" if m == "latency" else f"bf16 {self.shape(w)}",
+                 w, m) for _, w, m in rows]
+        rows = self.warm_and_paused(rows)
+        self.note_ours("bf16", results, [(w, m) for _, w, m in rows])
         self.ours_name = "ours-bf16"
-        for workload, _, metric in plan:
-            shape = self.shape(workload)
-            label = f"latency bf16 {shape}" if metric == "latency" else f"bf16 {shape}"
+        for label, workload, metric in rows:
             self.ratio_row(f"{label} vs OpenVINO bf16", workload, results[workload], "ov-bf16",
                            (f"bf16_{metric}_vs_ov_bf16", None), metric)
             self.ratio_row(f"{label} vs ours fp32"
@@ -913,8 +991,8 @@ class Run:
                   (rows, hidden, intermediate), (rows, intermediate, hidden)]
         if not self.sizes.smoke:
             shapes.append((2048, 2048, 2048))
-        timing = ["--seconds", "0.05", "--repeats", "1"] if self.sizes.smoke else [
-            "--seconds", "1.5", "--repeats", "5"]
+        timing = ["--seconds", "0.05", "--repeats", "1", "--bandwidth-mb", "64"] \
+            if self.sizes.smoke else ["--seconds", "1.5", "--repeats", "5"]
         argv = [self.engines.matmul_peak_bin, "--threads", str(self.args.threads), "--shapes",
                 ",".join("x".join(map(str, s)) for s in shapes)] + timing
         log(f"limit: {' '.join(argv)}")
@@ -924,25 +1002,30 @@ class Run:
             return f"attn-bench-matmul-peak failed: {last[-300:]}"
         peak = json.loads(out.stdout)
         self.raw["matmul_peak"] = peak
-        log(f"limit: peaks {({p: v['peak_gflops'] for p, v in peak['precisions'].items()})}")
+        log(f"limit: peaks {({p: v['peak_gflops'] for p, v in peak['precisions'].items()})}, "
+            f"memory {peak.get('memory')}")
         return peak
 
     def limits(self, peak):
-        """One row per (precision, workload) ours ran: ours against the workload's matmul FLOPs
-        at the measured peak. Ratio: the fraction of the limit reached (throughput: ours /
-        limit; latency: limit / ours)."""
+        """One row per (precision, workload) ours ran: ours against the workload's limit, the
+        larger of its matmul FLOPs at the measured peak and its bytes at the measured memory
+        bandwidth (a roofline; forward_bytes()). Ratio: the fraction of the limit reached
+        (throughput: ours / limit; latency: limit / ours)."""
         layers, hidden, intermediate = encoder_shape(self.args.model_dir)
         counted = weight_macs_per_token(self.args.model_dir)
         if counted != layers * (4 * hidden * hidden + 2 * hidden * intermediate):
             raise SystemExit(f"limit: config.json's shapes give {layers} x (4 d^2 + 2 d f) "
                              f"multiply-adds per token, model.safetensors' layer weights "
                              f"{counted}: the FLOP count does not describe this model")
+        memory = peak.get("memory") if isinstance(peak, dict) else None
         for (precision, workload), (metric, median_s) in self.ours_timings.items():
-            shape = self.describe[workload]
+            shape = self.describe[base_workload(workload)]
             flops = forward_matmul_flops(shape["lengths"], layers, hidden, intermediate)
             measured = peak if isinstance(peak, str) else peak["precisions"].get(precision)
-            label = (f"(limit) {precision} {'latency ' if metric == 'latency' else ''}"
-                     f"{self.shape(workload)}: {flops / shape['tokens'] / 1e6:.1f} MFLOP/token")
+            when = ("" if metric != "latency" else
+                    "latency after pause " if workload.endswith(PAUSED) else "latency warm ")
+            label = (f"(limit) {precision} {when}{self.shape(workload)}: "
+                     f"{flops / shape['tokens'] / 1e6:.1f} MFLOP/token")
             unit = "tok/s" if metric == "throughput" else "ms"
             ours = shape["tokens"] / median_s if metric == "throughput" else median_s * 1e3
             if not isinstance(measured, dict) or not measured.get("peak_gflops"):
@@ -954,12 +1037,19 @@ class Run:
                 self.table.add(label, ours, "matmul peak", None, None, ("limit", None), unit,
                                note=f"n/a ({reason})")
                 continue
-            limit_s = flops / (measured["peak_gflops"] * 1e9)
-            limit = shape["tokens"] / limit_s if metric == "throughput" else limit_s * 1e3
+            compute_s = flops / (measured["peak_gflops"] * 1e9)
             rate = "GOP/s" if precision == "int8" else "GFLOP/s"
-            self.table.add(f"{label}, peak {measured['peak_gflops']:,.0f} {rate} "
-                           f"({measured['impl']})", ours, "matmul peak", limit,
-                           limit_s / median_s, ("limit", None), unit)
+            label += f", peak {measured['peak_gflops']:,.0f} {rate} ({measured['impl']})"
+            limit_s, bound = compute_s, "matmul peak"
+            if memory and memory.get("read_gbps"):
+                nbytes = forward_bytes(self.args.model_dir, precision, shape["lengths"],
+                                       memory.get("llc_bytes", 0))
+                memory_s = nbytes / (memory["read_gbps"] * 1e9)
+                label += f"; {nbytes / 1e6:.1f} MB at {memory['read_gbps']:.1f} GB/s"
+                if memory_s > compute_s:
+                    limit_s, bound = memory_s, "memory bandwidth"
+            limit = shape["tokens"] / limit_s if metric == "throughput" else limit_s * 1e3
+            self.table.add(label, ours, bound, limit, limit_s / median_s, ("limit", None), unit)
 
     def finetune(self):
         results, _ = self.time_section(
@@ -1238,7 +1328,9 @@ class Run:
         if self.args.note:  # recorded once, on its own line
             command = command.replace(self.args.note, "...")
         settings = (f"median of {self.sizes.runs} interleaved runs after {self.sizes.warmup} "
-                    f"warm-up ({self.sizes.latency_runs} for latency); served: "
+                    f"warm-up (latency: {self.sizes.latency_runs} rounds, each one run after "
+                    f"{self.args.latency_pause_s:g} s idle and {WARM_RUNS} warm runs back to "
+                    f"back); served: "
                     f"{self.sizes.served_runs} rounds of {self.sizes.served_duration_s} s per "
                     f"level")
         result = {"command": command, "date": date, "machine": self.machine, "machine_line":
@@ -1328,6 +1420,9 @@ def main():
     parser.add_argument("--warmup", type=int, help="warm-up runs per engine (default 2; smoke 1)")
     parser.add_argument("--latency-runs", type=int, help="timed runs for latency rows "
                         "(default 51; smoke 1)")
+    parser.add_argument("--latency-pause-s", type=float,
+                        help="idle seconds before the paused run of each latency round "
+                             "(default 0.3; smoke 0.05)")
     parser.add_argument("--served-runs", type=int, help="rounds per client level (default 5)")
     parser.add_argument("--served-duration-s", type=float,
                         help="measured seconds per round (default 3; smoke 2)")
@@ -1335,15 +1430,17 @@ def main():
     parser.add_argument("--command", help="the command line to record (bench/run.sh passes it)")
     parser.add_argument("--note", help="a remark recorded in --results-md (e.g. machine noise)")
     args = parser.parse_args()
-    defaults = ({"runs": 1, "warmup": 1, "latency_runs": 1, "served_runs": 1,
-                 "served_duration_s": 2.0} if args.smoke else
-                {"runs": 7, "warmup": 2, "latency_runs": 51, "served_runs": 5,
-                 "served_duration_s": 3.0})
+    defaults = ({"runs": 1, "warmup": 1, "latency_runs": 1, "latency_pause_s": 0.05,
+                 "served_runs": 1, "served_duration_s": 2.0} if args.smoke else
+                {"runs": 7, "warmup": 2, "latency_runs": 51, "latency_pause_s": 0.3,
+                 "served_runs": 5, "served_duration_s": 3.0})
     for key, value in defaults.items():
         if getattr(args, key) is None:
             setattr(args, key, value)
-    if args.runs < 1 or args.warmup < 0 or args.latency_runs < 1 or args.threads < 1:
-        parser.error("need --runs >= 1, --latency-runs >= 1, --warmup >= 0, --threads >= 1")
+    if (args.runs < 1 or args.warmup < 0 or args.latency_runs < 1 or args.threads < 1
+            or not 0 <= args.latency_pause_s <= 60):
+        parser.error("need --runs >= 1, --latency-runs >= 1, --warmup >= 0, --threads >= 1, "
+                     "0 <= --latency-pause-s <= 60")
     args.peers = [p for p in args.peers.split(",") if p]
     args.sections = [s for s in args.sections.split(",") if s]
     unknown = set(args.sections) - set(SECTIONS)

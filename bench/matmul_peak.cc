@@ -13,7 +13,21 @@
 // and "peak_gflops": null (not timed: it is not a kernel anyone would serve with); one oneDNN
 // has no kernel for at all (bf16 before AVX-512: it reports "unimplemented") with
 // "impl": "unimplemented" and "peak_gflops": null.
+//
+// Beside the peaks, the memory bandwidth (issue 34): with the same threads, a STREAM-style read of
+// a buffer larger than the last-level cache (twice its size, at least 256 MiB; --bandwidth-mb),
+// each thread summing its contiguous share, the fastest of --repeats passes after one untimed
+// pass (another process can only slow a pass down). A batch-1 forward reads every weight from
+// memory once, so its limit is the larger of its FLOPs at the matmul peak and its bytes at this
+// bandwidth. It is reported as
+//   "memory": {"llc_bytes": .., "buffer_bytes": .., "threads": 2, "read_gbps": 17.3,
+//              "cached_buffer_bytes": .., "cached_read_gbps": 80.1}
+// where the "cached" figure reads a buffer of a quarter of the last-level cache (at most 64 MiB)
+// that stays there: what a forward whose weights the cache kept between calls could stream.
+#include <immintrin.h>
 #include <omp.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -42,6 +56,9 @@ ABSL_FLAG(std::string, precisions, "fp32,bf16,int8", "Comma-separated subset of 
 ABSL_FLAG(int, threads, 0, "OpenMP threads; 0 = all cores.");
 ABSL_FLAG(double, seconds, 1.0, "Timed seconds per shape and precision (split over --repeats).");
 ABSL_FLAG(int, repeats, 5, "Timed repeats per shape; the median is reported.");
+ABSL_FLAG(int64_t, bandwidth_mb, -1,
+          "Memory bandwidth: MiB of the buffer read; -1 = twice the last-level cache, at least "
+          "256 MiB; 0 = do not measure.");
 
 namespace {
 
@@ -158,6 +175,90 @@ nlohmann::json MeasurePrecision(const dnnl::engine& cpu, dnnl::stream& stream,
   return result;
 }
 
+// Bytes of the last-level cache (L3, else L2) sysconf reports; 0 if it reports none.
+int64_t LastLevelCacheBytes() {
+  for (int name : {_SC_LEVEL3_CACHE_SIZE, _SC_LEVEL2_CACHE_SIZE}) {
+    const long bytes = sysconf(name);
+    if (bytes > 0) return bytes;
+  }
+  return 0;
+}
+
+// A sum over `bytes` (a multiple of 128) at p, four independent 256-bit streams: the loads are
+// what is timed, the sum keeps the compiler from dropping them.
+__attribute__((target("avx2"))) uint64_t SumBytesAvx2(const uint8_t* p, size_t bytes) {
+  __m256i a = _mm256_setzero_si256(), b = a, c = a, d = a;
+  for (size_t i = 0; i < bytes; i += 128) {
+    a = _mm256_add_epi64(a, _mm256_load_si256(reinterpret_cast<const __m256i*>(p + i)));
+    b = _mm256_add_epi64(b, _mm256_load_si256(reinterpret_cast<const __m256i*>(p + i + 32)));
+    c = _mm256_add_epi64(c, _mm256_load_si256(reinterpret_cast<const __m256i*>(p + i + 64)));
+    d = _mm256_add_epi64(d, _mm256_load_si256(reinterpret_cast<const __m256i*>(p + i + 96)));
+  }
+  alignas(32) uint64_t lanes[4];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(lanes),
+                     _mm256_add_epi64(_mm256_add_epi64(a, b), _mm256_add_epi64(c, d)));
+  return lanes[0] + lanes[1] + lanes[2] + lanes[3];
+}
+
+uint64_t SumBytesPortable(const uint8_t* p, size_t bytes) {
+  uint64_t sums[4] = {0, 0, 0, 0};
+  for (size_t i = 0; i < bytes; i += 32) {
+    for (int lane = 0; lane < 4; ++lane) {
+      uint64_t v;
+      std::memcpy(&v, p + i + 8 * lane, 8);
+      sums[lane] += v;
+    }
+  }
+  return sums[0] + sums[1] + sums[2] + sums[3];
+}
+
+// GB/s (1e9 bytes) of reading `bytes` with every OpenMP thread, each its contiguous share: the
+// fastest of `repeats` passes after an untimed one. The buffer is written first by the thread
+// that reads that part (pages faulted in, and on its node).
+double ReadBandwidthGBps(size_t bytes, int repeats) {
+  constexpr size_t kAlign = size_t{2} << 20;
+  bytes = (bytes + kAlign - 1) / kAlign * kAlign;
+  auto* data = static_cast<uint8_t*>(std::aligned_alloc(kAlign, bytes));
+  if (data == nullptr) return 0.0;
+  madvise(data, bytes, MADV_HUGEPAGE);  // as the engine's weight slabs: no TLB walk per 4 KB
+  const bool avx2 = __builtin_cpu_supports("avx2");
+  const int threads = omp_get_max_threads();
+  const size_t share = bytes / threads / 128 * 128;
+  std::vector<double> seconds;
+  uint64_t checksum = 0;
+  for (int pass = -1; pass < repeats; ++pass) {
+    const auto start = Clock::now();
+#pragma omp parallel num_threads(threads) reduction(+ : checksum)
+    {
+      uint8_t* part = data + omp_get_thread_num() * share;
+      if (pass < 0) std::memset(part, omp_get_thread_num() + 1, share);
+      checksum += avx2 ? SumBytesAvx2(part, share) : SumBytesPortable(part, share);
+    }
+    if (pass >= 0) seconds.push_back(std::chrono::duration<double>(Clock::now() - start).count());
+  }
+  std::free(data);
+  if (checksum == 42) std::fprintf(stderr, " ");  // uses the sum
+  return static_cast<double>(share) * threads / *std::min_element(seconds.begin(), seconds.end()) /
+         1e9;
+}
+
+nlohmann::json MeasureMemory(int64_t buffer_mb, int repeats) {
+  const int64_t llc = LastLevelCacheBytes();
+  const int64_t buffer =
+      buffer_mb > 0 ? buffer_mb << 20 : std::max<int64_t>(2 * llc, int64_t{256} << 20);
+  nlohmann::json result{{"llc_bytes", llc},
+                        {"buffer_bytes", buffer},
+                        {"threads", omp_get_max_threads()},
+                        {"read_gbps", ReadBandwidthGBps(buffer, repeats)}};
+  if (llc >= (int64_t{8} << 20)) {
+    const int64_t cached = std::min<int64_t>(llc / 4, int64_t{64} << 20);
+    result["cached_buffer_bytes"] = cached;
+    // Many passes: one pass of a cached buffer takes about a millisecond.
+    result["cached_read_gbps"] = ReadBandwidthGBps(cached, std::max(repeats, 1) * 20 + 1);
+  }
+  return result;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -178,6 +279,11 @@ int main(int argc, char** argv) {
   if (!(seconds > 0 && seconds <= 600) || repeats < 1 || repeats > 1000) {
     std::fprintf(stderr,
                  "attn-bench-matmul-peak: need 0 < --seconds <= 600, 1 <= --repeats <= 1000\n");
+    return 2;
+  }
+  const int64_t bandwidth_mb = absl::GetFlag(FLAGS_bandwidth_mb);
+  if (bandwidth_mb < -1 || bandwidth_mb > (int64_t{1} << 16)) {
+    std::fprintf(stderr, "attn-bench-matmul-peak: --bandwidth-mb must be -1, 0 or 1..65536\n");
     return 2;
   }
   if (absl::GetFlag(FLAGS_threads) > 0) omp_set_num_threads(absl::GetFlag(FLAGS_threads));
@@ -210,6 +316,10 @@ int main(int argc, char** argv) {
     out["precisions"][name] = MeasurePrecision(cpu, stream, types, shapes, seconds, repeats);
     std::fprintf(stderr, "attn-bench-matmul-peak: %s %s\n", name.c_str(),
                  out["precisions"][name].dump().c_str());
+  }
+  if (bandwidth_mb != 0) {
+    out["memory"] = MeasureMemory(bandwidth_mb, repeats);
+    std::fprintf(stderr, "attn-bench-matmul-peak: memory %s\n", out["memory"].dump().c_str());
   }
   std::printf("%s\n", out.dump().c_str());
   return 0;

@@ -62,9 +62,39 @@ absl::Status ToClientStatus(const ::grpc::Status& grpc_status, ::grpc::Channel* 
 
 }  // namespace
 
+// gRPC's retry policy for the calls that only read (every Encoder call, the Open Inference
+// Protocol's, the Trainer's queries): a call answered UNAVAILABLE (a replica that died or is
+// draining behind a load balancer, a connection refused) is sent again, up to 5 attempts in
+// about 1.5 s. Calls that change state (FineTune, Promote, Rollback, ...) are never retried.
+// The Python client carries the same policy (client/python/src/attnserve/_base.py).
+constexpr char kRetryServiceConfig[] = R"json({
+  "methodConfig": [{
+    "name": [
+      {"service": "attnserve.v1.Encoder"},
+      {"service": "inference.GRPCInferenceService"},
+      {"service": "attnserve.v1.Trainer", "method": "ListVersions"},
+      {"service": "attnserve.v1.Trainer", "method": "CompareVersions"},
+      {"service": "attnserve.v1.Trainer", "method": "Neighbors"},
+      {"service": "attnserve.v1.Trainer", "method": "GetTrainingReport"},
+      {"service": "attnserve.v1.Trainer", "method": "Evaluate"},
+      {"service": "attnserve.v1.Trainer", "method": "GetJob"},
+      {"service": "attnserve.v1.Trainer", "method": "ListJobs"},
+      {"service": "attnserve.v1.Trainer", "method": "WatchJob"}
+    ],
+    "retryPolicy": {
+      "maxAttempts": 5,
+      "initialBackoff": "0.1s",
+      "maxBackoff": "1s",
+      "backoffMultiplier": 2,
+      "retryableStatusCodes": ["UNAVAILABLE"]
+    }
+  }]
+})json";
+
 std::shared_ptr<::grpc::Channel> CreateChannel(const std::string& target,
                                                const ClientOptions& options) {
   ::grpc::ChannelArguments args;
+  args.SetServiceConfigJSON(kRetryServiceConfig);
   args.SetMaxReceiveMessageSize(options.max_receive_message_bytes);
   args.SetMaxSendMessageSize(options.max_send_message_bytes);
   std::shared_ptr<::grpc::ChannelCredentials> credentials;

@@ -133,6 +133,18 @@ class FakeEncoder final : public v1::Encoder::Service {
   void FailWith(grpc::Status status) {
     std::lock_guard<std::mutex> lock(mu_);
     fail_ = std::move(status);
+    fail_times_ = -1;
+  }
+  // The next `times` RPCs fail with `status`, the ones after succeed.
+  void FailTimes(grpc::Status status, int times) {
+    std::lock_guard<std::mutex> lock(mu_);
+    fail_ = std::move(status);
+    fail_times_ = times;
+  }
+  // RPCs received (each retry attempt counts).
+  int attempts() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return attempts_;
   }
   void SetDelay(std::chrono::milliseconds delay) {
     std::lock_guard<std::mutex> lock(mu_);
@@ -389,8 +401,10 @@ class FakeEncoder final : public v1::Encoder::Service {
     grpc::Status fail;
     {
       std::lock_guard<std::mutex> lock(mu_);
+      ++attempts_;
       delay = delay_;
-      fail = fail_;
+      if (fail_times_ != 0) fail = fail_;
+      if (fail_times_ > 0) --fail_times_;
     }
     if (delay.count() > 0) std::this_thread::sleep_for(delay);
     return fail;
@@ -406,6 +420,8 @@ class FakeEncoder final : public v1::Encoder::Service {
 
   std::mutex mu_;
   grpc::Status fail_;
+  int fail_times_ = -1;  // -1: every RPC
+  int attempts_ = 0;
   std::chrono::milliseconds delay_{0};
   v1::EncodeRequest last_encode_;
   int encode_calls_ = 0;
@@ -437,6 +453,8 @@ class FakeTrainer final : public v1::Trainer::Service {
     std::lock_guard<std::mutex> lock(mu_);
     jobs_.clear();
     promoted_.clear();
+    unavailable_left_ = 0;
+    list_calls_ = 0;
     fail_at_batch_ = 0;
     step_delay_ = std::chrono::milliseconds(0);
     serving_ = "ft-000002-20261122T041900Z";
@@ -446,6 +464,15 @@ class FakeTrainer final : public v1::Trainer::Service {
                  {"ft-000002-20261122T041900Z",
                   "fine-tuned from ft-000001-20261122T041000Z (classification, 40 steps)",
                   "2026-11-22T04:19:00Z", "support intents"}};
+  }
+  // ListVersions and Promote answer UNAVAILABLE the next `times` times (a draining replica).
+  void AnswerUnavailable(int times) {
+    std::lock_guard<std::mutex> lock(mu_);
+    unavailable_left_ = times;
+  }
+  int list_calls() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return list_calls_;
   }
   // Batch n (1-based) fails with INVALID_ARGUMENT.
   void FailAtBatch(int n) {
@@ -499,6 +526,11 @@ class FakeTrainer final : public v1::Trainer::Service {
                             v1::ListVersionsResponse* response) override {
     if (grpc::Status s = Authorize(*context, nullptr); !s.ok()) return s;
     std::lock_guard<std::mutex> lock(mu_);
+    ++list_calls_;
+    if (unavailable_left_ > 0) {
+      --unavailable_left_;
+      return grpc::Status(grpc::StatusCode::UNAVAILABLE, "draining");
+    }
     Fill(response);
     return grpc::Status::OK;
   }
@@ -533,6 +565,10 @@ class FakeTrainer final : public v1::Trainer::Service {
     {
       std::lock_guard<std::mutex> lock(mu_);
       promoted_.push_back(request->version());
+      if (unavailable_left_ > 0) {
+        --unavailable_left_;
+        return grpc::Status(grpc::StatusCode::UNAVAILABLE, "draining");
+      }
     }
     return Serve(*context, request->version(), response);
   }
@@ -701,6 +737,8 @@ class FakeTrainer final : public v1::Trainer::Service {
   std::string serving_;
   std::vector<Version> versions_;
   std::vector<std::string> promoted_;  // Promote calls' versions
+  int unavailable_left_ = 0;
+  int list_calls_ = 0;
 };
 
 // One fake server for the whole binary (cheap, but tests share it: each resets what it sets).
@@ -790,6 +828,28 @@ TEST_F(ClientTest, UnavailableFromServerIsNotUnreachable) {
   EXPECT_EQ(info.status().code(), absl::StatusCode::kUnavailable);
   EXPECT_EQ(info.status().message(), "draining");
   EXPECT_FALSE(IsUnreachable(info.status()));
+}
+
+// The retry policy (client.cc, issue 35): behind a load balancer a replica that dies or drains
+// answers UNAVAILABLE; a call that only reads is sent again (5 attempts at most), only on
+// UNAVAILABLE, and a call that changes state never.
+TEST_F(ClientTest, ReadsAreRetriedOnUnavailable) {
+  EncoderClient client(Target());
+  const int before = service_->attempts();
+  service_->FailTimes(grpc::Status(grpc::StatusCode::UNAVAILABLE, "draining"), 2);
+  auto response = client.Encode(OneText("the cat sat"));
+  ASSERT_TRUE(response.ok()) << response.status();
+  EXPECT_EQ(service_->attempts() - before, 3);
+
+  const int before_give_up = service_->attempts();
+  service_->FailTimes(grpc::Status(grpc::StatusCode::UNAVAILABLE, "draining"), 100);
+  EXPECT_EQ(client.Encode(OneText("x")).status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(service_->attempts() - before_give_up, 5);
+
+  const int before_internal = service_->attempts();
+  service_->FailTimes(grpc::Status(grpc::StatusCode::INTERNAL, "bug"), 100);
+  EXPECT_EQ(client.Encode(OneText("x")).status().code(), absl::StatusCode::kInternal);
+  EXPECT_EQ(service_->attempts() - before_internal, 1);
 }
 
 TEST_F(ClientTest, DeadlineExceeded) {
@@ -1316,6 +1376,19 @@ ClientOptions WithToken(const std::string& token) {
   ClientOptions options;
   options.bearer_token = token;
   return options;
+}
+
+// The Trainer's side of the retry policy (ReadsAreRetriedOnUnavailable above).
+TEST_F(ClientTest, TrainerQueriesAreRetriedAndChangesAreNot) {
+  TrainerClient client(Target(), WithToken(kToken));
+  trainer_->AnswerUnavailable(2);
+  auto versions = client.ListVersions();
+  ASSERT_TRUE(versions.ok()) << versions.status();
+  EXPECT_EQ(trainer_->list_calls(), 3);
+  trainer_->AnswerUnavailable(100);
+  EXPECT_EQ(client.Promote("ft-000001-20261122T041000Z").status().code(),
+            absl::StatusCode::kUnavailable);
+  EXPECT_EQ(trainer_->promoted().size(), 1u);
 }
 
 TEST_F(ClientTest, FineTuneSessionCommit) {

@@ -14,6 +14,9 @@
 #      volume, and asserts through Prometheus' query API that it scraped
 #      attnserve_requests_total (and that the Grafana dashboard's queries are valid);
 #   6. validates deploy/k8s (schemas + cross-checks, deploy/k8s/check_manifests.py);
+#   7. validates deploy/k8s/kserve against KServe's published schemas (check_kserve.py) and the
+#      replicated deployment's compose file and balancer config, then runs it
+#      (deploy/replicas_test.sh: promotion, SIGKILL failover, rolling restart, Prometheus);
 # then removes its containers, volumes and temp files, also on failure or timeout. Images stay
 # (layer cache for the next run; ATTN_DEPLOY_REMOVE_IMAGES=1 removes them too).
 #
@@ -349,6 +352,20 @@ check "deploy/k8s passes the schema (strict) and consistency checks" \
   --dockerfile Dockerfile deploy/k8s
 check "kubectl kustomize deploy/k8s renders" \
   sh -c "kubectl kustomize '$ROOT/deploy/k8s' > '$WORK/k8s-rendered.yaml'"
+
+# --- 7. KServe and the replicated deployment (issue 35) ---------------------------------------
+check "deploy/k8s/kserve passes KServe's published schemas (its SDK's CRD models) and cross-checks" \
+  "$VENV/bin/python" deploy/k8s/kserve/check_kserve.py --cache "$ROOT/.cache/kserve-wheels" \
+  deploy/k8s/kserve
+check "deploy/compose-replicas.yml is a valid compose file" \
+  env ATTNSERVE_TOKEN_FILE="$WORK/trainer.token" docker-compose -f deploy/compose-replicas.yml config -q
+check "deploy/replicas/haproxy.cfg is valid for HAProxy" \
+  env LB_BIND=127.0.0.1 LB_GRPC_PORT=1 LB_HTTP_PORT=2 LB_STATS_PORT=3 R1_HOST=127.0.0.1 \
+  R1_GRPC_PORT=4 R1_HTTP_PORT=5 R2_HOST=127.0.0.1 R2_GRPC_PORT=6 R2_HTTP_PORT=7 \
+  R3_HOST=127.0.0.1 R3_GRPC_PORT=8 R3_HTTP_PORT=9 sh -c 'command -v haproxy > /dev/null ||
+    apt-get install -y -qq --no-install-recommends haproxy > /dev/null; haproxy -c -q -f deploy/replicas/haproxy.cfg'
+check "replicated deployment: promotion, SIGKILL failover, rolling restart, Prometheus, autoscaling signal" \
+  deploy/replicas_test.sh
 
 ((FAILED == 0)) || exit 1
 log "image ${IMAGE_MB} MB, built in ${BUILD_SECONDS} s; run -> healthy $HEALTHY_SECONDS s"

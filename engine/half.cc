@@ -217,6 +217,11 @@ void FloatsToBFloat16Bits(const float* x, int64_t n, uint16_t* out) {
   for (int64_t i = 0; i < n; ++i) out[i] = ToBFloat16(x[i]);
 }
 
+void FloatsToBFloat16BitsSerial(const float* x, int64_t n, uint16_t* out) {
+  if (CpuHasAvx512()) return BFloat16BlockAvx512(x, 0, n, out, nullptr);
+  for (int64_t i = 0; i < n; ++i) out[i] = ToBFloat16(x[i]);
+}
+
 void RoundFloatsToBFloat16(const float* x, int64_t n, float* out) {
   if (CpuHasAvx512()) return BFloat16Blocks(x, n, nullptr, out);
 #pragma omp parallel for schedule(static) if (n >= kParallelConversions)

@@ -26,6 +26,8 @@ float BFloat16BitsToFloat(uint16_t bits);
 void FloatsToBFloat16Bits(const float* x, int64_t n, uint16_t* out);
 // out[i] = x[i] rounded to the nearest bfloat16, kept as fp32 (out may alias x).
 void RoundFloatsToBFloat16(const float* x, int64_t n, float* out);
+// FloatsToBFloat16Bits on the calling thread only: for one row inside a parallel kernel.
+void FloatsToBFloat16BitsSerial(const float* x, int64_t n, uint16_t* out);
 
 // Element types of attnserve.v1.Tensor.data (the server maps the proto enum onto this one;
 // named apart from the safetensors DType).

@@ -1,6 +1,8 @@
 #include "engine/precision.h"
 
 #include <cpuid.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 namespace attn {
 
@@ -50,6 +52,30 @@ bool CpuHasInt8Vnni() {
   __builtin_cpu_init();
   return __builtin_cpu_supports("avx512vnni") != 0;
 }
+
+namespace {
+
+// cpuid leaf 7 sub-leaf 0 EDX: bit 22 AMX-BF16, bit 24 AMX-TILE, bit 25 AMX-INT8; and Linux must
+// grant the process the tile data state (arch_prctl ARCH_REQ_XCOMP_PERM for XTILEDATA, which
+// oneDNN requests too; asking twice is harmless). Read once: in a VM every cpuid traps to the
+// hypervisor (asked per attention call it was a tenth of a 1 x 16 forward).
+bool CpuHasAmx(int feature_bit) {
+  static const unsigned usable_bits = [] {
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    if (__get_cpuid_max(0, nullptr) < 7) return 0u;
+    __cpuid_count(7, 0, eax, ebx, ecx, edx);
+    if (((edx >> 24) & 1) == 0) return 0u;
+    constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtileData = 18;
+    return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtileData) == 0 ? edx : 0u;
+  }();
+  return (usable_bits >> feature_bit) & 1;
+}
+
+}  // namespace
+
+bool CpuHasAmxInt8() { return CpuHasAmx(25); }
+
+bool CpuHasAmxBf16() { return CpuHasAmx(22); }
 
 Precision AutoPrecision() { return CpuHasNativeBf16() ? Precision::kBf16 : Precision::kFp32; }
 

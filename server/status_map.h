@@ -22,6 +22,9 @@ struct HttpStatus {
   std::string_view type;  // "invalid_request_error", "authentication_error", ...
 };
 HttpStatus ToHttpStatus(const absl::Status& status);
+// The Open Inference Protocol (server/oip/) uses the same two: gRPC codes from ToGrpcStatus, and
+// REST statuses from ToHttpStatus with the protocol's {"error": "<message>"} body instead of
+// OpenAI's (oip::OipErrorReply).
 
 // An error of POST /v1/embeddings said in its clients' vocabulary (OpenAI's API, LangChain): the
 // core's inputs[i] named input[i] (`input` when the request sent one), an over-long input as 400

@@ -61,6 +61,15 @@ void StoreWatcher::Poll() {
     Log(LogLevel::kInfo, "model store %s: found new version %s%s", store_, stored.version,
         *served ? "; now served by default"
                 : (registry_->follows_latest() ? "" : " (not served by default)"));
+    // A version staged on the trainer is usually promoted next: load it now, so that the
+    // promotion this replica sees on a later poll swaps a pointer instead of waiting seconds for
+    // the weights (at most --max-loaded-versions stay in memory; the served one is never
+    // unloaded).
+    if (!*served) {
+      if (absl::StatusOr<ModelVersion> loaded = registry_->Get(stored.version); !loaded.ok()) {
+        Warn(absl::StrCat("version ", stored.version, ": ", loaded.status().message()));
+      }
+    }
   }
   // Promotions and rollbacks made by the replica that trains, as the store records them.
   if (absl::StatusOr<bool> applied = ApplyRecordedServing(store_, registry_); !applied.ok()) {

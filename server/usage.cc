@@ -4,13 +4,16 @@
 
 #include <algorithm>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "attnserve/v1/encoder.grpc.pb.h"
 #include "attnserve/v1/trainer.grpc.pb.h"
+#include "inference/grpc_service.grpc.pb.h"
 #include "server/http/http_routes.h"
+#include "server/oip/oip_rest.h"
 
 namespace attn::server {
 namespace {
@@ -29,15 +32,19 @@ std::string MethodsOf(const char* service) {
 }  // namespace
 
 std::string ServerUsage() {
-  std::string routes;
-  size_t width = 0;
+  // The HTTP front end's routes, then the Open Inference Protocol's (REST) in one column.
+  std::vector<std::pair<std::string, std::string>> rows;  // "METHOD path", what
   for (const http::HttpRoute& route : http::HttpRouteTable()) {
-    width = std::max(width, std::string(route.method).size() + 1 + std::string(route.path).size());
+    rows.emplace_back(absl::StrCat(route.method, " ", route.path), route.what);
   }
-  for (const http::HttpRoute& route : http::HttpRouteTable()) {
-    const std::string name = absl::StrCat(route.method, " ", route.path);
-    absl::StrAppend(&routes, "    ", name, std::string(width + 2 - name.size(), ' '), route.what,
-                    "\n");
+  for (const oip::OipRoute& route : oip::OipRouteTable()) {
+    rows.emplace_back(absl::StrCat(route.method, " ", route.path), route.what);
+  }
+  size_t width = 0;
+  for (const auto& [name, what] : rows) width = std::max(width, name.size());
+  std::string routes;
+  for (const auto& [name, what] : rows) {
+    absl::StrAppend(&routes, "    ", name, std::string(width + 2 - name.size(), ' '), what, "\n");
   }
   return absl::StrCat(
       "serves a BERT-family encoder (embeddings, attention maps, explanations, classification, "
@@ -47,8 +54,12 @@ std::string ServerUsage() {
       MethodsOf(attnserve::v1::Encoder::service_full_name()), "\n    ",
       attnserve::v1::Trainer::service_full_name(),
       " (needs --trainer-token-file): ", MethodsOf(attnserve::v1::Trainer::service_full_name()),
+      "\n    ", inference::GRPCInferenceService::service_full_name(),
+      " (the Open Inference Protocol: KServe v2, Triton clients): ",
+      MethodsOf(inference::GRPCInferenceService::service_full_name()),
       "\n    grpc.health.v1.Health, grpc.reflection.v1alpha.ServerReflection\n"
-      "HTTP/JSON (--http-port; the Encoder calls in protobuf's JSON mapping):\n",
+      "HTTP/JSON (--http-port; the Encoder calls in protobuf's JSON mapping; NAME a model, V "
+      "a version):\n",
       routes,
       "Prometheus (--metrics-port): GET /metrics\n\n"
       "Example: attnserve --port 50051 --http-port 8080 --metrics-port 9464\n"

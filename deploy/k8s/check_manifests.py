@@ -7,7 +7,8 @@ kubernetes-validate and PyYAML):
 2. the Prometheus Operator PodMonitor/ServiceMonitor, whose CRD schema is not bundled, for the
    fields the operator requires;
 3. what no schema sees: selectors that match pod labels, probe/monitor ports that exist, the HPA
-   target, claims and secrets that are defined or documented, the grace period covering the
+   target and its custom metrics (each exposed by a prometheus-adapter rule whose shape is
+   checked), claims and secrets that are defined or documented, the grace period covering the
    drain, the non-root user matching the Dockerfile's USER, kustomization listing every file.
 
 Usage: check_manifests.py [--kubernetes-version 1.29.0] [--dockerfile Dockerfile] DIR
@@ -69,6 +70,45 @@ def check_monitor(document, problems, where):
                 problems.append(f"{where}: {duration} '{endpoint[duration]}' is not a duration")
 
 
+ADAPTER_RULE_KEYS = {"seriesQuery", "seriesFilters", "resources", "name", "metricsQuery"}
+
+
+def adapter_metrics(document, problems, where):
+    """The custom metrics a prometheus-adapter rules ConfigMap exposes; checks its rules' shape
+    (the adapter's config format: rules[].seriesQuery/resources/name/metricsQuery)."""
+    try:
+        config = yaml.safe_load((document.get("data") or {}).get("config.yaml", ""))
+    except yaml.YAMLError as error:
+        problems.append(f"{where}: config.yaml is not YAML: {error}")
+        return set()
+    rules = (config or {}).get("rules")
+    if not isinstance(rules, list) or not rules:
+        problems.append(f"{where}: config.yaml needs a non-empty rules list")
+        return set()
+    names = set()
+    for i, rule in enumerate(rules):
+        rwhere = f"{where}: rules[{i}]"
+        unknown = set(rule) - ADAPTER_RULE_KEYS
+        if unknown:
+            problems.append(f"{rwhere}: unknown fields {sorted(unknown)}")
+        series = re.match(r"([a-zA-Z_:][a-zA-Z0-9_:]*)\{", rule.get("seriesQuery", ""))
+        if not series:
+            problems.append(f"{rwhere}: seriesQuery must be a metric with label matchers")
+            continue
+        overrides = (rule.get("resources") or {}).get("overrides") or {}
+        if {v.get("resource") for v in overrides.values()} != {"namespace", "pod"}:
+            problems.append(f"{rwhere}: resources.overrides must map namespace and pod")
+        query = rule.get("metricsQuery", "")
+        for part in ("<<.Series>>", "<<.LabelMatchers>>", "<<.GroupBy>>"):
+            if part not in query:
+                problems.append(f"{rwhere}: metricsQuery lacks {part}")
+        name = rule.get("name") or {}
+        if name.get("matches") and not re.search(name["matches"], series.group(1)):
+            problems.append(f"{rwhere}: name.matches does not match {series.group(1)}")
+        names.add(name.get("as") or series.group(1))
+    return names
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("directory", type=pathlib.Path)
@@ -94,6 +134,13 @@ def main():
             problems.append(f"{where}: {path}: {error.message}")
         except Exception as error:  # unknown kind or version: also a failure here
             problems.append(f"{where}: {error}")
+
+    # The custom metrics prometheus-adapter's rules expose (prometheus-adapter.yaml).
+    custom_metrics = set()
+    for filename, document in documents:
+        if document.get("kind") == "ConfigMap" and "config.yaml" in (document.get("data") or {}):
+            custom_metrics |= adapter_metrics(document, problems,
+                                              f"{filename}: {name_of(document)}")
 
     # 3: consistency between resources.
     deployments = [d for _, d in documents if d.get("kind") == "Deployment"]
@@ -200,6 +247,12 @@ def main():
                 problems.append(f"{where}: scaleTargetRef {ref['kind']}/{ref['name']} undefined")
             if spec.get("minReplicas", 1) > spec["maxReplicas"]:
                 problems.append(f"{where}: minReplicas > maxReplicas")
+            for metric in spec.get("metrics", []):
+                if metric.get("type") == "Pods":
+                    name = metric["pods"]["metric"]["name"]
+                    if name not in custom_metrics:
+                        problems.append(f"{where}: Pods metric {name} is exposed by no "
+                                        f"prometheus-adapter rule (have {sorted(custom_metrics)})")
 
     kustomization = args.directory / "kustomization.yaml"
     if kustomization.exists():

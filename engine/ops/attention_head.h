@@ -127,6 +127,22 @@ struct Bf16AttentionScratch {
 void AttentionHeadBf16(const AttentionHeadGeometry& g, const AttentionHeadTask& t,
                        Bf16AttentionScratch* scratch);
 
+// AMX (engine/ops/bf16_attention.cc): the same products as AttentionHeadBf16 on the tile unit,
+// 16 query rows at a time; only when UseAmxBf16Kernels() and AmxBf16AttentionSupports(d)
+// (head_dim 32 or 64), while an AmxBf16Tiles configures the thread's tiles (one per item:
+// keeping them configured across all of a thread's items made the bf16 forward at 32 x 128
+// 5% slower on the AMX host).
+bool AmxBf16AttentionSupports(int64_t head_dim);
+class AmxBf16Tiles {
+ public:
+  AmxBf16Tiles();   // loads the kernel's tile configuration on this thread
+  ~AmxBf16Tiles();  // releases the tiles
+  AmxBf16Tiles(const AmxBf16Tiles&) = delete;
+  AmxBf16Tiles& operator=(const AmxBf16Tiles&) = delete;
+};
+void AttentionHeadBf16Amx(const AttentionHeadGeometry& g, const AttentionHeadTask& t,
+                          Bf16AttentionScratch* scratch);
+
 // AVX-512 VNNI (engine/ops/vnni_attention.cc): Q K^T and P V on 8-bit integers for
 // Precision::kInt8 (Q per row, K per head, V per channel, P as 255 levels), softmax in fp32;
 // only when UseAvx512VnniKernels().

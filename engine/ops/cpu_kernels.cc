@@ -3,8 +3,10 @@
 #include <atomic>
 #include <cmath>
 
+#include "engine/half.h"
 #include "engine/ops/avx2_math.h"
 #include "engine/ops/avx512_math.h"
+#include "engine/precision.h"
 
 namespace attn {
 
@@ -51,11 +53,6 @@ void AddLayerNormRowPortable(const float* x, const float* residual, int64_t cols
   for (int64_t j = 0; j < cols; ++j) y[j] = (y[j] - mean) * rstd * gamma[j] + beta[j];
 }
 
-float DequantizePortable(const Int8Accumulators& in, int64_t m, int64_t cols, int64_t j) {
-  return static_cast<float>(in.acc[m * cols + j]) * in.row_scales[m] * in.col_scales[j] +
-         in.bias[j];
-}
-
 // ---------------------------------------------------------------------------------------------
 // AVX-512 row kernels: the same formulas, 16 lanes at a time, masked tails.
 
@@ -66,46 +63,6 @@ ATTN_AVX512 void AddLayerNormRowAvx512(const float* x, const float* residual, in
     const __mmask16 k = avx512::TailMask(cols - j);
     __m512 v = _mm512_maskz_loadu_ps(k, x + j);
     if (residual != nullptr) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(k, residual + j));
-    _mm512_mask_storeu_ps(y + j, k, v);
-    sum = _mm512_add_ps(sum, v);
-  }
-  float mean;
-  avx512::NormalizeRow(y, cols, sum, gamma, beta, eps, y, &mean);
-}
-
-ATTN_AVX512 __m512 DequantizeAvx512(const Int8Accumulators& in, int64_t m, int64_t cols, int64_t j,
-                                    __mmask16 k) {
-  const __m512 acc = _mm512_cvtepi32_ps(_mm512_maskz_loadu_epi32(k, in.acc + m * cols + j));
-  const __m512 scale =
-      _mm512_mul_ps(_mm512_set1_ps(in.row_scales[m]), _mm512_maskz_loadu_ps(k, in.col_scales + j));
-  return _mm512_fmadd_ps(acc, scale, _mm512_maskz_loadu_ps(k, in.bias + j));
-}
-
-ATTN_AVX512 void DequantizeRowAvx512(const Int8Accumulators& in, int64_t m, int64_t cols,
-                                     float* y) {
-  for (int64_t j = 0; j < cols; j += 16) {
-    const __mmask16 k = avx512::TailMask(cols - j);
-    _mm512_mask_storeu_ps(y + j, k, DequantizeAvx512(in, m, cols, j, k));
-  }
-}
-
-ATTN_AVX512 void DequantizeGeluRowAvx512(const Int8Accumulators& in, int64_t m, int64_t cols,
-                                         float* row) {
-  for (int64_t j = 0; j < cols; j += 16) {
-    const __mmask16 k = avx512::TailMask(cols - j);
-    _mm512_mask_storeu_ps(row + j, k, avx512::GeluErf(DequantizeAvx512(in, m, cols, j, k)));
-  }
-}
-
-ATTN_AVX512 void DequantizeAddLayerNormRowAvx512(const Int8Accumulators& in, int64_t m,
-                                                 const float* residual, int64_t cols,
-                                                 const float* gamma, const float* beta, float eps,
-                                                 float* y) {
-  __m512 sum = _mm512_setzero_ps();
-  for (int64_t j = 0; j < cols; j += 16) {
-    const __mmask16 k = avx512::TailMask(cols - j);
-    const __m512 v =
-        _mm512_add_ps(DequantizeAvx512(in, m, cols, j, k), _mm512_maskz_loadu_ps(k, residual + j));
     _mm512_mask_storeu_ps(y + j, k, v);
     sum = _mm512_add_ps(sum, v);
   }
@@ -128,46 +85,6 @@ ATTN_AVX2 void AddLayerNormRowAvx2(const float* x, const float* residual, int64_
   }
   avx2::NormalizeRow(y, cols, sum, gamma, beta, eps, y);
 }
-
-ATTN_AVX2 __m256 DequantizeAvx2(const Int8Accumulators& in, int64_t m, int64_t cols, int64_t j,
-                                __m256i k) {
-  const __m256 acc = _mm256_cvtepi32_ps(_mm256_maskload_epi32(in.acc + m * cols + j, k));
-  const __m256 scale =
-      _mm256_mul_ps(_mm256_set1_ps(in.row_scales[m]), avx2::MaskLoad(in.col_scales + j, k));
-  return _mm256_fmadd_ps(acc, scale, avx2::MaskLoad(in.bias + j, k));
-}
-
-ATTN_AVX2 void DequantizeRowAvx2(const Int8Accumulators& in, int64_t m, int64_t cols, float* y) {
-  for (int64_t j = 0; j < cols; j += 8) {
-    const __m256i k = avx2::TailMask(cols - j);
-    _mm256_maskstore_ps(y + j, k, DequantizeAvx2(in, m, cols, j, k));
-  }
-}
-
-ATTN_AVX2 void DequantizeGeluRowAvx2(const Int8Accumulators& in, int64_t m, int64_t cols,
-                                     float* row) {
-  for (int64_t j = 0; j < cols; j += 8) {
-    const __m256i k = avx2::TailMask(cols - j);
-    _mm256_maskstore_ps(row + j, k, avx2::GeluErf(DequantizeAvx2(in, m, cols, j, k)));
-  }
-}
-
-ATTN_AVX2 void DequantizeAddLayerNormRowAvx2(const Int8Accumulators& in, int64_t m,
-                                             const float* residual, int64_t cols,
-                                             const float* gamma, const float* beta, float eps,
-                                             float* y) {
-  __m256 sum = _mm256_setzero_ps();
-  for (int64_t j = 0; j < cols; j += 8) {
-    const __m256i k = avx2::TailMask(cols - j);
-    const __m256 v =
-        _mm256_add_ps(DequantizeAvx2(in, m, cols, j, k), avx2::MaskLoad(residual + j, k));
-    _mm256_maskstore_ps(y + j, k, v);
-    sum = _mm256_add_ps(sum, v);
-  }
-  avx2::NormalizeRow(y, cols, sum, gamma, beta, eps, y);
-}
-
-float GeluErfPortable(float x) { return 0.5f * x * (1.0f + std::erf(x * 0.70710678118654752f)); }
 
 }  // namespace
 
@@ -195,12 +112,24 @@ bool UseAvx512Bf16Kernels() {
   return bf16 && UseAvx512Kernels();
 }
 
+std::atomic<bool>& AmxEnabled() {
+  static std::atomic<bool> enabled(true);
+  return enabled;
+}
+
+bool UseAmxBf16Kernels() {
+  return AmxEnabled().load(std::memory_order_relaxed) && CpuHasAmxBf16() && UseAvx512Bf16Kernels();
+}
+
+void SetAmxKernelsEnabledForTesting(bool enabled) { AmxEnabled().store(enabled); }
+
 void SetAvx2KernelsEnabledForTesting(bool enabled) {
   Avx2Enabled().store(enabled && CpuSupportsAvx2Fma());
 }
 
 void AddLayerNormRows(const float* x, const float* residual, int64_t rows, int64_t cols,
-                      const float* gamma, const float* beta, float eps, float* y) {
+                      const float* gamma, const float* beta, float eps, float* y,
+                      uint16_t* y_bf16) {
   const bool avx512 = UseAvx512Kernels(), avx2 = !avx512 && UseAvx2Kernels();
 #pragma omp parallel for schedule(static) if (rows * cols >= kParallelElements)
   for (int64_t m = 0; m < rows; ++m) {
@@ -212,55 +141,7 @@ void AddLayerNormRows(const float* x, const float* residual, int64_t rows, int64
     } else {
       AddLayerNormRowPortable(x + m * cols, r, cols, gamma, beta, eps, y + m * cols);
     }
-  }
-}
-
-void DequantizeRows(const Int8Accumulators& in, int64_t rows, int64_t cols, float* y) {
-  const bool avx512 = UseAvx512Kernels(), avx2 = !avx512 && UseAvx2Kernels();
-#pragma omp parallel for schedule(static) if (rows * cols >= kParallelElements)
-  for (int64_t m = 0; m < rows; ++m) {
-    if (avx512) {
-      DequantizeRowAvx512(in, m, cols, y + m * cols);
-    } else if (avx2) {
-      DequantizeRowAvx2(in, m, cols, y + m * cols);
-    } else {
-      for (int64_t j = 0; j < cols; ++j) y[m * cols + j] = DequantizePortable(in, m, cols, j);
-    }
-  }
-}
-
-void DequantizeGeluRows(const Int8Accumulators& in, int64_t rows, int64_t cols, float* y) {
-  const bool avx512 = UseAvx512Kernels(), avx2 = !avx512 && UseAvx2Kernels();
-#pragma omp parallel for schedule(static) if (rows * cols >= kParallelElements)
-  for (int64_t m = 0; m < rows; ++m) {
-    float* row = y + m * cols;
-    if (avx512) {
-      DequantizeGeluRowAvx512(in, m, cols, row);
-    } else if (avx2) {
-      DequantizeGeluRowAvx2(in, m, cols, row);
-    } else {
-      for (int64_t j = 0; j < cols; ++j)
-        row[j] = GeluErfPortable(DequantizePortable(in, m, cols, j));
-    }
-  }
-}
-
-void DequantizeAddLayerNormRows(const Int8Accumulators& in, const float* residual, int64_t rows,
-                                int64_t cols, const float* gamma, const float* beta, float eps,
-                                float* y) {
-  const bool avx512 = UseAvx512Kernels(), avx2 = !avx512 && UseAvx2Kernels();
-#pragma omp parallel for schedule(static) if (rows * cols >= kParallelElements)
-  for (int64_t m = 0; m < rows; ++m) {
-    float* out = y + m * cols;
-    if (avx512) {
-      DequantizeAddLayerNormRowAvx512(in, m, residual + m * cols, cols, gamma, beta, eps, out);
-    } else if (avx2) {
-      DequantizeAddLayerNormRowAvx2(in, m, residual + m * cols, cols, gamma, beta, eps, out);
-    } else {
-      const float* r = residual + m * cols;  // may alias out: read before each write
-      for (int64_t j = 0; j < cols; ++j) out[j] = DequantizePortable(in, m, cols, j) + r[j];
-      AddLayerNormRowPortable(out, nullptr, cols, gamma, beta, eps, out);
-    }
+    if (y_bf16 != nullptr) FloatsToBFloat16BitsSerial(y + m * cols, cols, y_bf16 + m * cols);
   }
 }
 

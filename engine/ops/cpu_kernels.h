@@ -1,6 +1,6 @@
 // Row-wise CPU kernels of the inference fast path: LayerNorm (with the residual add fused), and
-// the epilogues that turn an int8 matmul's s32 accumulators back into fp32 (dequantise + bias,
-// then GELU or residual + LayerNorm) in one pass over each row while it is in cache.
+// the switches that pick every hand-vectorised kernel's ISA (the int8 row kernels are in
+// engine/ops/int8_kernels.h).
 //
 // Each function runs one OpenMP parallel loop over rows. On CPUs with AVX-512, or else AVX2 + FMA,
 // the inner loops are hand-vectorised; elsewhere portable loops compute the same formulas.
@@ -23,29 +23,17 @@ void SetAvx2KernelsEnabledForTesting(bool enabled);
 bool UseAvx512VnniKernels();
 // The same for AVX-512 BF16 (the bf16 attention products, engine/ops/bf16_attention.cc).
 bool UseAvx512Bf16Kernels();
+// The same for AMX BF16 (the bf16 attention products on tiles; engine/precision.h's
+// CpuHasAmxBf16()); tests switch the AMX kernels off (and back on) with the setter.
+bool UseAmxBf16Kernels();
+void SetAmxKernelsEnabledForTesting(bool enabled);
 
 // y[m] = LayerNorm(x[m] + residual[m]) * gamma + beta for each of `rows` rows of `cols` floats.
 // residual may be null (plain LayerNorm); y may alias x or residual. Biased variance, as torch.
+// With y_bf16, each row of y is also written there as bfloat16 bits (rows x cols), while it is
+// in cache: the input of a bf16 matmul that follows.
 void AddLayerNormRows(const float* x, const float* residual, int64_t rows, int64_t cols,
-                      const float* gamma, const float* beta, float eps, float* y);
-
-// The dequantised matmul output v[m, n] = acc[m, n] * row_scale[m] * col_scale[n] + bias[n].
-struct Int8Accumulators {
-  const int32_t* acc = nullptr;       // (rows, cols)
-  const float* row_scales = nullptr;  // (rows)  activation scales
-  const float* col_scales = nullptr;  // (cols)  weight scales
-  const float* bias = nullptr;        // (cols)
-};
-
-// y (rows, cols) = v
-void DequantizeRows(const Int8Accumulators& in, int64_t rows, int64_t cols, float* y);
-
-// y (rows, cols) = gelu_erf(v)
-void DequantizeGeluRows(const Int8Accumulators& in, int64_t rows, int64_t cols, float* y);
-
-// y = LayerNorm(v + residual) * gamma + beta. y may alias residual.
-void DequantizeAddLayerNormRows(const Int8Accumulators& in, const float* residual, int64_t rows,
-                                int64_t cols, const float* gamma, const float* beta, float eps,
-                                float* y);
+                      const float* gamma, const float* beta, float eps, float* y,
+                      uint16_t* y_bf16 = nullptr);
 
 }  // namespace attn

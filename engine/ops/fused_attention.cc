@@ -245,6 +245,7 @@ void PackedAttentionForward(const PackedAttentionShape& shape, const float* qkv,
   const Geometry g{d, 3 * H, H, 1.0f / std::sqrt(static_cast<float>(d)), shape.bf16_products};
   const bool int8 = shape.int8_products && UseAvx512VnniKernels();
   const bool bf16 = shape.bf16_products && UseAvx512Bf16Kernels();
+  const bool amx_bf16 = bf16 && UseAmxBf16Kernels() && AmxBf16AttentionSupports(d);
 
   // Longest sequences first so the last items handed out are the short ones.
   std::vector<int64_t> order(batch);
@@ -284,6 +285,10 @@ void PackedAttentionForward(const PackedAttentionShape& shape, const float* qkv,
       if (int8) {
         thread_local Int8AttentionScratch int8_scratch;
         AttentionHeadInt8Vnni(g, task, &int8_scratch);
+      } else if (amx_bf16) {
+        thread_local Bf16AttentionScratch bf16_scratch;
+        const AmxBf16Tiles tiles;
+        AttentionHeadBf16Amx(g, task, &bf16_scratch);
       } else if (bf16) {
         thread_local Bf16AttentionScratch bf16_scratch;
         AttentionHeadBf16(g, task, &bf16_scratch);

@@ -186,182 +186,6 @@ PreparedLinear PreparedLinear::Bf16(const Tensor& weight, const Tensor& bias) {
 
 namespace {
 
-// Row-elements below which an OpenMP region costs more than it saves.
-constexpr int64_t kParallelInt8Elements = 1 << 14;
-
-// One row of QuantizeInput's output.
-struct InputRowOut {
-  uint8_t* q;
-  float* scale;
-  int32_t* zero_point;
-  int32_t* count;
-  int32_t* cols;
-  float* values;
-};
-
-// Running minimum and maximum of the quantised part of a row.
-struct Range {
-  float low = 0.0f, high = 0.0f;  // always contains 0, so 0 is a level (q = zero point)
-  void Add(float v) {
-    low = std::min(low, v);
-    high = std::max(high, v);
-  }
-};
-
-// Keeps the kMaxOutliers largest |x| of the `found` candidates (indices into x) as the row's
-// outliers; the others go back into `range`.
-void ChooseOutliers(const float* x, int32_t* candidates, int found, Range* range,
-                    const InputRowOut& out) {
-  if (found > Int8Input::kMaxOutliers) {
-    std::partial_sort(candidates, candidates + Int8Input::kMaxOutliers, candidates + found,
-                      [&](int32_t a, int32_t b) { return std::fabs(x[a]) > std::fabs(x[b]); });
-    for (int i = Int8Input::kMaxOutliers; i < found; ++i) range->Add(x[candidates[i]]);
-    found = Int8Input::kMaxOutliers;
-  }
-  *out.count = found;
-  for (int i = 0; i < found; ++i) {
-    out.cols[i] = candidates[i];
-    out.values[i] = x[candidates[i]];
-  }
-}
-
-// Scale and zero point of the levels [0, level] over `range`. A row whose every non-zero is an
-// outlier still gets a positive scale: it sets the units of the outliers' products.
-float InputScale(Range range, float level, const InputRowOut& out) {
-  for (int i = 0; i < *out.count; ++i) {
-    if (range.high == range.low) range.Add(out.values[i]);
-  }
-  const float scale = (range.high - range.low) / level;
-  *out.scale = scale;
-  *out.zero_point =
-      scale > 0.0f
-          ? static_cast<int32_t>(std::clamp(std::nearbyint(-range.low / scale), 0.0f, level))
-          : 0;
-  return scale > 0.0f ? 1.0f / scale : 0.0f;
-}
-
-void QuantizeInputRowPortable(const float* x, int64_t K, float level, const InputRowOut& out) {
-  float sum_sq = 0.0f;
-  for (int64_t k = 0; k < K; ++k) sum_sq += x[k] * x[k];
-  const float threshold = Int8Input::kOutlierRatio * std::sqrt(sum_sq / static_cast<float>(K));
-  int32_t candidates[64];
-  int found = 0;
-  Range range;
-  for (int64_t k = 0; k < K; ++k) {
-    if (std::fabs(x[k]) > threshold && found < 64) {
-      candidates[found++] = static_cast<int32_t>(k);
-    } else {
-      range.Add(x[k]);
-    }
-  }
-  ChooseOutliers(x, candidates, found, &range, out);
-  const float inv = InputScale(range, level, out);
-  const float zero = static_cast<float>(*out.zero_point);
-  for (int64_t k = 0; k < K; ++k) {
-    out.q[k] = static_cast<uint8_t>(std::clamp(std::nearbyint(x[k] * inv) + zero, 0.0f, level));
-  }
-  for (int i = 0; i < *out.count; ++i) out.q[out.cols[i]] = static_cast<uint8_t>(*out.zero_point);
-}
-
-ATTN_AVX512 void QuantizeInputRowAvx512(const float* x, int64_t K, float level,
-                                        const InputRowOut& out) {
-  __m512 sum_sq = _mm512_setzero_ps();
-  for (int64_t k = 0; k < K; k += 16) {
-    const __m512 v = _mm512_maskz_loadu_ps(avx512::TailMask(K - k), x + k);
-    sum_sq = _mm512_fmadd_ps(v, v, sum_sq);
-  }
-  const float threshold =
-      Int8Input::kOutlierRatio * std::sqrt(_mm512_reduce_add_ps(sum_sq) / static_cast<float>(K));
-  const __m512 threshold_v = _mm512_set1_ps(threshold);
-  int32_t candidates[64];
-  int found = 0;
-  __m512 low = _mm512_setzero_ps(), high = _mm512_setzero_ps();
-  for (int64_t k = 0; k < K; k += 16) {
-    const __mmask16 tail = avx512::TailMask(K - k);
-    const __m512 v = _mm512_maskz_loadu_ps(tail, x + k);
-    const __mmask16 above =
-        _mm512_mask_cmp_ps_mask(tail, _mm512_abs_ps(v), threshold_v, _CMP_GT_OQ);
-    __mmask16 collected = 0;  // candidates past 64 (impossible below K = 64 * 36) stay in q
-    for (__mmask16 rest = above; rest != 0 && found < 64; rest &= rest - 1) {
-      candidates[found++] = static_cast<int32_t>(k + __builtin_ctz(rest));
-      collected |= rest & static_cast<__mmask16>(-rest);
-    }
-    const __mmask16 kept = tail & static_cast<__mmask16>(~collected);
-    low = _mm512_mask_min_ps(low, kept, low, v);
-    high = _mm512_mask_max_ps(high, kept, high, v);
-  }
-  Range range{_mm512_reduce_min_ps(low), _mm512_reduce_max_ps(high)};
-  ChooseOutliers(x, candidates, found, &range, out);
-  const __m512 inv = _mm512_set1_ps(InputScale(range, level, out));
-  const __m512i zero = _mm512_set1_epi32(*out.zero_point);
-  const __m512i top = _mm512_set1_epi32(static_cast<int32_t>(level));
-  for (int64_t k = 0; k < K; k += 16) {
-    const __mmask16 tail = avx512::TailMask(K - k);
-    // cvtps2dq rounds half to even, as nearbyint; outliers are clamped here and reset below.
-    __m512i v = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_maskz_loadu_ps(tail, x + k), inv));
-    v = _mm512_min_epi32(_mm512_max_epi32(_mm512_add_epi32(v, zero), _mm512_setzero_si512()), top);
-    _mm512_mask_cvtepi32_storeu_epi8(out.q + k, tail, v);
-  }
-  for (int i = 0; i < *out.count; ++i) out.q[out.cols[i]] = static_cast<uint8_t>(*out.zero_point);
-}
-
-// QuantizeInputRowAvx512 at 8 lanes (CPUs without AVX-512).
-ATTN_AVX2 void QuantizeInputRowAvx2(const float* x, int64_t K, float level,
-                                    const InputRowOut& out) {
-  __m256 sum_sq = _mm256_setzero_ps();
-  for (int64_t k = 0; k < K; k += 8) {
-    const __m256 v = avx2::MaskLoad(x + k, avx2::TailMask(K - k));
-    sum_sq = _mm256_fmadd_ps(v, v, sum_sq);
-  }
-  const float threshold =
-      Int8Input::kOutlierRatio * std::sqrt(avx2::ReduceAdd(sum_sq) / static_cast<float>(K));
-  const __m256 threshold_v = _mm256_set1_ps(threshold);
-  const __m256 sign_bit = _mm256_set1_ps(-0.0f);
-  const __m256i lane_bits = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
-  int32_t candidates[64];
-  int found = 0;
-  // Lanes past the row's end load 0, which the range holds anyway.
-  __m256 low = _mm256_setzero_ps(), high = _mm256_setzero_ps();
-  for (int64_t k = 0; k < K; k += 8) {
-    const __m256 v = avx2::MaskLoad(x + k, avx2::TailMask(K - k));
-    const int above =
-        _mm256_movemask_ps(_mm256_cmp_ps(_mm256_andnot_ps(sign_bit, v), threshold_v, _CMP_GT_OQ));
-    int collected = 0;  // candidates past 64 (impossible below K = 64 * 36) stay in q
-    for (int rest = above; rest != 0 && found < 64; rest &= rest - 1) {
-      candidates[found++] = static_cast<int32_t>(k + __builtin_ctz(rest));
-      collected |= rest & -rest;
-    }
-    const __m256i collected_lanes =
-        _mm256_cmpeq_epi32(_mm256_and_si256(_mm256_set1_epi32(collected), lane_bits), lane_bits);
-    const __m256 kept = _mm256_andnot_ps(_mm256_castsi256_ps(collected_lanes), v);  // 0 there
-    low = _mm256_min_ps(low, kept);
-    high = _mm256_max_ps(high, kept);
-  }
-  Range range{avx2::ReduceMin(low), avx2::ReduceMax(high)};
-  ChooseOutliers(x, candidates, found, &range, out);
-  const __m256 inv = _mm256_set1_ps(InputScale(range, level, out));
-  const __m256i zero = _mm256_set1_epi32(*out.zero_point);
-  const __m256i top = _mm256_set1_epi32(static_cast<int32_t>(level));
-  for (int64_t k = 0; k < K; k += 8) {
-    // cvtps2dq rounds half to even, as nearbyint; outliers are clamped here and reset below.
-    __m256i v =
-        _mm256_cvtps_epi32(_mm256_mul_ps(avx2::MaskLoad(x + k, avx2::TailMask(K - k)), inv));
-    v = _mm256_min_epi32(_mm256_max_epi32(_mm256_add_epi32(v, zero), _mm256_setzero_si256()), top);
-    // 8 values in [0, 255] -> 8 bytes (the packs saturate nothing here)
-    const __m128i words =
-        _mm_packus_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-    const __m128i bytes = _mm_packus_epi16(words, words);
-    if (K - k >= 8) {
-      _mm_storel_epi64(reinterpret_cast<__m128i*>(out.q + k), bytes);
-    } else {
-      alignas(16) uint8_t tail[16];
-      _mm_store_si128(reinterpret_cast<__m128i*>(tail), bytes);
-      std::memcpy(out.q + k, tail, static_cast<size_t>(K - k));
-    }
-  }
-  for (int i = 0; i < *out.count; ++i) out.q[out.cols[i]] = static_cast<uint8_t>(*out.zero_point);
-}
-
 // One accumulator row: acc[n] -= zero_point * sum_k Wq[n, k] (the matmul saw q, not q - zero),
 // plus round(sum_i values[i] * W[n, cols[i]] / (row_scale * col_scale[n])), the outliers.
 struct AccumulatorFix {
@@ -382,58 +206,6 @@ void FixAccumulatorRowPortable(const AccumulatorFix& fix, int32_t zero_point, in
   }
 }
 
-ATTN_AVX512 void FixAccumulatorRowAvx512(const AccumulatorFix& fix, int32_t zero_point, int count,
-                                         const int32_t* cols, const float* values,
-                                         float inv_row_scale, int32_t* acc) {
-  const __m512 limit = _mm512_set1_ps(1e9f), neg_limit = _mm512_set1_ps(-1e9f);
-  const __m512i zero = _mm512_set1_epi32(zero_point);
-  for (int64_t n = 0; n < fix.N; n += 16) {
-    const __mmask16 tail = avx512::TailMask(fix.N - n);
-    __m512i total = _mm512_sub_epi32(
-        _mm512_maskz_loadu_epi32(tail, acc + n),
-        _mm512_mullo_epi32(zero, _mm512_maskz_loadu_epi32(tail, fix.weight_sums + n)));
-    if (count > 0) {
-      __m512 sum = _mm512_setzero_ps();
-      for (int i = 0; i < count; ++i) {
-        sum = _mm512_fmadd_ps(
-            _mm512_set1_ps(values[i]),
-            _mm512_maskz_loadu_ps(tail, fix.transposed_weights + cols[i] * fix.N + n), sum);
-      }
-      __m512 units = _mm512_mul_ps(_mm512_mul_ps(sum, _mm512_set1_ps(inv_row_scale)),
-                                   _mm512_maskz_loadu_ps(tail, fix.inverse_col_scales + n));
-      units = _mm512_max_ps(_mm512_min_ps(units, limit), neg_limit);
-      total = _mm512_add_epi32(total, _mm512_cvtps_epi32(units));
-    }
-    _mm512_mask_storeu_epi32(acc + n, tail, total);
-  }
-}
-
-ATTN_AVX2 void FixAccumulatorRowAvx2(const AccumulatorFix& fix, int32_t zero_point, int count,
-                                     const int32_t* cols, const float* values, float inv_row_scale,
-                                     int32_t* acc) {
-  const __m256 limit = _mm256_set1_ps(1e9f), neg_limit = _mm256_set1_ps(-1e9f);
-  const __m256i zero = _mm256_set1_epi32(zero_point);
-  for (int64_t n = 0; n < fix.N; n += 8) {
-    const __m256i tail = avx2::TailMask(fix.N - n);
-    __m256i total = _mm256_sub_epi32(
-        _mm256_maskload_epi32(acc + n, tail),
-        _mm256_mullo_epi32(zero, _mm256_maskload_epi32(fix.weight_sums + n, tail)));
-    if (count > 0) {
-      __m256 sum = _mm256_setzero_ps();
-      for (int i = 0; i < count; ++i) {
-        sum = _mm256_fmadd_ps(_mm256_set1_ps(values[i]),
-                              avx2::MaskLoad(fix.transposed_weights + cols[i] * fix.N + n, tail),
-                              sum);
-      }
-      __m256 units = _mm256_mul_ps(_mm256_mul_ps(sum, _mm256_set1_ps(inv_row_scale)),
-                                   avx2::MaskLoad(fix.inverse_col_scales + n, tail));
-      units = _mm256_max_ps(_mm256_min_ps(units, limit), neg_limit);
-      total = _mm256_add_epi32(total, _mm256_cvtps_epi32(units));
-    }
-    _mm256_maskstore_epi32(acc + n, tail, total);
-  }
-}
-
 }  // namespace
 
 PreparedLinear PreparedLinear::Int8Outliers(const Tensor& weight, const Tensor& bias) {
@@ -446,8 +218,10 @@ PreparedLinear PreparedLinear::Int8Outliers(const Tensor& weight, const Tensor& 
   // u8 inputs: 8-bit weights, and 8-bit inputs only where VNNI sums without saturation.
   linear.input_level_ = CpuHasInt8Vnni() ? 255.0f : 127.0f;
   QuantizeWeightRows(weight, 127.0f, &linear.qweights_, &linear.scales_);
-  // (N, K) row-major read as (K, N) with strides (1, K).
+  // (N, K) row-major read as (K, N) with strides (1, K), then packed once if oneDNN's kernel
+  // wants another layout.
   linear.weights_desc_ = memory::desc({K, N}, memory::data_type::s8, memory::dims{1, K});
+  linear.PackInt8Weights();
   linear.weight_sums_.assign(N, 0);
   linear.inverse_scales_.resize(N);
   for (int64_t n = 0; n < N; ++n) {
@@ -462,9 +236,39 @@ PreparedLinear PreparedLinear::Int8Outliers(const Tensor& weight, const Tensor& 
   return linear;
 }
 
-void PreparedLinear::QuantizeInput(const float* x, int64_t rows, Int8Input* input) const {
+void PreparedLinear::PackInt8Weights() {
+  const int64_t K = in_features_, N = out_features_;
+  const dnnl::engine& engine = DnnlRuntime::Get().engine();
+  auto make_pd = [&](int64_t rows, const memory::desc& weights_desc) {
+    return dnnl::matmul::primitive_desc(
+        dnnl::matmul::desc(Int8RowMajorDesc(rows, K, memory::data_type::u8), weights_desc,
+                           Int8RowMajorDesc(rows, N, memory::data_type::s32)),
+        engine);
+  };
+  try {
+    const memory::desc any({K, N}, memory::data_type::s8, memory::format_tag::any);
+    const memory::desc packed_desc = make_pd(128, any).weights_desc();
+    if (packed_desc == weights_desc_) return;
+    // The layout chosen for 128 rows must serve every row count with a real implementation.
+    for (int64_t rows : {int64_t{1}, int64_t{8}, int64_t{4096}}) {
+      if (absl::StartsWith(make_pd(rows, packed_desc).impl_info_str(), "ref")) return;
+    }
+    Int8Buffer packed(packed_desc.get_size());
+    memory src(weights_desc_, engine, qweights_.data());
+    memory dst(packed_desc, engine, packed.data());
+    dnnl::stream stream(engine);
+    dnnl::reorder(src, dst).execute(stream, src, dst);
+    stream.wait();
+    packed_int8_ = std::move(packed);
+    weights_desc_ = packed_desc;
+  } catch (const dnnl::error&) {
+    // keep the plain layout: every kernel reads it (repacking per call)
+  }
+}
+
+QuantizedRows PreparedLinear::PrepareInput(int64_t rows, Int8Input* input) const {
   const int64_t mrows = MatmulRows(rows), K = in_features_;
-  constexpr int kMax = Int8Input::kMaxOutliers;
+  constexpr int kMax = kInt8MaxOutliers;
   if (static_cast<int64_t>(input->q.size()) < mrows * K) input->q.resize(mrows * K);
   if (static_cast<int64_t>(input->scales.size()) < mrows) input->scales.resize(mrows);
   if (static_cast<int64_t>(input->zero_points.size()) < rows) {
@@ -475,31 +279,26 @@ void PreparedLinear::QuantizeInput(const float* x, int64_t rows, Int8Input* inpu
   }
   std::fill(input->q.begin() + rows * K, input->q.begin() + mrows * K, uint8_t{0});
   std::fill(input->scales.begin() + rows, input->scales.begin() + mrows, 0.0f);
-  const bool avx512 = UseAvx512Kernels(), avx2 = !avx512 && UseAvx2Kernels();
-#pragma omp parallel for schedule(static) if (rows * K >= kParallelInt8Elements)
-  for (int64_t m = 0; m < rows; ++m) {
-    const InputRowOut out{input->q.data() + m * K,
-                          input->scales.data() + m,
-                          input->zero_points.data() + m,
-                          input->outlier_counts.data() + m,
-                          input->outlier_cols.data() + m * kMax,
-                          input->outlier_values.data() + m * kMax};
-    if (avx512) {
-      QuantizeInputRowAvx512(x + m * K, K, input_level_, out);
-    } else if (avx2) {
-      QuantizeInputRowAvx2(x + m * K, K, input_level_, out);
-    } else {
-      QuantizeInputRowPortable(x + m * K, K, input_level_, out);
-    }
-  }
+  return {input->q.data(),
+          input->scales.data(),
+          input->zero_points.data(),
+          input->outlier_counts.data(),
+          input->outlier_cols.data(),
+          input->outlier_values.data(),
+          input_level_};
 }
 
-void PreparedLinear::ForwardInt8(ExecContext& ctx, const Int8Input& input, int64_t rows,
-                                 int32_t* acc) const {
+void PreparedLinear::QuantizeInput(const float* x, int64_t rows, Int8Input* input) const {
+  QuantizeRows(x, rows, in_features_, PrepareInput(rows, input));
+}
+
+void PreparedLinear::MatmulInt8(ExecContext& ctx, const Int8Input& input, int64_t rows,
+                                int32_t* acc) const {
   const int64_t mrows = MatmulRows(rows), K = in_features_, N = out_features_;
   const memory::desc x_desc = Int8RowMajorDesc(mrows, K, memory::data_type::u8);
   const memory::desc acc_desc = Int8RowMajorDesc(mrows, N, memory::data_type::s32);
-  const std::string key = absl::StrCat("int8_linear_fwd:", mrows, "x", K, "x", N, ":u8");
+  const std::string key = absl::StrCat("int8_linear_fwd:", mrows, "x", K, "x", N, ":u8",
+                                       packed_int8_.empty() ? ":plain" : ":packed");
   const CachedPrimitive cached = ctx.runtime().GetOrCreate(key, [&] {
     dnnl::primitive_attr attr;
     attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
@@ -513,26 +312,36 @@ void PreparedLinear::ForwardInt8(ExecContext& ctx, const Int8Input& input, int64
        {DNNL_ARG_WEIGHTS,
         dnnl::memory(weights_desc_, ctx.engine(), const_cast<void*>(weights_data()))},
        {DNNL_ARG_DST, dnnl::memory(acc_desc, ctx.engine(), acc)}});
+}
+
+void PreparedLinear::ForwardInt8(ExecContext& ctx, const Int8Input& input, int64_t rows,
+                                 int32_t* acc) const {
+  MatmulInt8(ctx, input, rows, acc);
+  const int64_t N = out_features_;
   const AccumulatorFix fix{transposed_weights_.data(), weight_sums_.data(), inverse_scales_.data(),
                            N};
-  const bool avx512 = UseAvx512Kernels(), avx2 = !avx512 && UseAvx2Kernels();
-  constexpr int kMax = Int8Input::kMaxOutliers;
-#pragma omp parallel for schedule(static) if (rows * N >= kParallelInt8Elements)
+  constexpr int kMax = kInt8MaxOutliers;
   for (int64_t m = 0; m < rows; ++m) {
     if (input.scales[m] == 0.0f) continue;  // an all-zero row: q = 0, no outliers
-    const int32_t* cols = input.outlier_cols.data() + m * kMax;
-    const float* values = input.outlier_values.data() + m * kMax;
-    if (avx512) {
-      FixAccumulatorRowAvx512(fix, input.zero_points[m], input.outlier_counts[m], cols, values,
-                              1.0f / input.scales[m], acc + m * N);
-    } else if (avx2) {
-      FixAccumulatorRowAvx2(fix, input.zero_points[m], input.outlier_counts[m], cols, values,
-                            1.0f / input.scales[m], acc + m * N);
-    } else {
-      FixAccumulatorRowPortable(fix, input.zero_points[m], input.outlier_counts[m], cols, values,
-                                1.0f / input.scales[m], acc + m * N);
-    }
+    FixAccumulatorRowPortable(
+        fix, input.zero_points[m], input.outlier_counts[m], input.outlier_cols.data() + m * kMax,
+        input.outlier_values.data() + m * kMax, 1.0f / input.scales[m], acc + m * N);
   }
+}
+
+Int8Accumulators PreparedLinear::Accumulators(const Int8Input& input, const int32_t* acc) const {
+  Int8Accumulators in;
+  in.acc = acc;
+  in.row_scales = input.scales.data();
+  in.col_scales = scales_.data();
+  in.bias = bias_;
+  in.zero_points = input.zero_points.data();
+  in.weight_sums = weight_sums_.data();
+  in.outlier_counts = input.outlier_counts.data();
+  in.outlier_cols = input.outlier_cols.data();
+  in.outlier_values = input.outlier_values.data();
+  in.transposed_weights = transposed_weights_.data();
+  return in;
 }
 
 namespace {
@@ -567,17 +376,7 @@ void PreparedLinear::Apply(ExecContext& ctx, const float* x, int64_t rows,
   const int64_t mrows = MatmulRows(rows), K = in_features_, N = out_features_;
   if (precision_ == Precision::kInt8) {
     QuantizeInput(x, rows, &scratch.int8_input);
-    int32_t* acc = Grow(scratch.accumulators, mrows * N);
-    ForwardInt8(ctx, scratch.int8_input, rows, acc);
-    const Int8Accumulators in{acc, scratch.int8_input.scales.data(), weight_scales(), bias_};
-    if (output.residual != nullptr) {
-      DequantizeAddLayerNormRows(in, output.residual, rows, N, output.gamma, output.beta,
-                                 output.eps, y);
-    } else if (output.epilogue == LinearEpilogue::kGelu) {
-      DequantizeGeluRows(in, rows, N, y);
-    } else {
-      DequantizeRows(in, rows, N, y);
-    }
+    ApplyInt8(ctx, scratch.int8_input, rows, output, y);
     return;
   }
   float* product = output.residual != nullptr ? Grow(scratch.product, mrows * N) : y;
@@ -590,8 +389,38 @@ void PreparedLinear::Apply(ExecContext& ctx, const float* x, int64_t rows,
   } else {
     Forward(ctx, x, rows, output.epilogue, product);
   }
+  if (output.residual != nullptr) LayerNormInto(output, product, rows, y);
+}
+
+void PreparedLinear::LayerNormInto(const LinearOutput& output, const float* product, int64_t rows,
+                                   float* y) const {
+  const int64_t N = out_features_;
+  AddLayerNormRows(product, output.residual, rows, N, output.gamma, output.beta, output.eps, y,
+                   output.bf16_copy);
+  if (output.bf16_copy != nullptr) {
+    std::fill(output.bf16_copy + rows * N, output.bf16_copy + MatmulRows(rows) * N, uint16_t{0});
+  }
+}
+
+void PreparedLinear::ApplyInt8(ExecContext& ctx, const Int8Input& x, int64_t rows,
+                               const LinearOutput& output, float* y) const {
+  const int64_t N = out_features_;
+  int32_t* acc = Grow(ThreadLinearScratch().accumulators, MatmulRows(rows) * N);
+  MatmulInt8(ctx, x, rows, acc);
+  const Int8Accumulators in = Accumulators(x, acc);
+  QuantizedRows next_rows;
+  const QuantizedRows* next = nullptr;
+  if (output.next_layer != nullptr) {
+    next_rows = output.next_layer->PrepareInput(rows, output.next_input);
+    next = &next_rows;
+  }
   if (output.residual != nullptr) {
-    AddLayerNormRows(product, output.residual, rows, N, output.gamma, output.beta, output.eps, y);
+    DequantizeAddLayerNormRows(in, output.residual, rows, N, output.gamma, output.beta, output.eps,
+                               y, next);
+  } else if (output.epilogue == LinearEpilogue::kGelu) {
+    DequantizeGeluRows(in, rows, N, y, next);
+  } else {
+    DequantizeRows(in, rows, N, y);
   }
 }
 
@@ -616,9 +445,17 @@ void PreparedLinear::ApplyBf16In(ExecContext& ctx, const uint16_t* x, int64_t ro
                          static_cast<int>(output.epilogue)),
             memory::desc({mrows, K}, memory::data_type::bf16, memory::dims{K, 1}), x,
             output.epilogue, product);
-  if (output.residual != nullptr) {
-    AddLayerNormRows(product, output.residual, rows, N, output.gamma, output.beta, output.eps, y);
-  }
+  if (output.residual != nullptr) LayerNormInto(output, product, rows, y);
+}
+
+void PreparedLinear::ApplyBf16InOut(ExecContext& ctx, const uint16_t* x, int64_t rows,
+                                    LinearEpilogue epilogue, uint16_t* y) const {
+  const int64_t mrows = MatmulRows(rows), K = in_features_, N = out_features_;
+  RunMatmul(ctx,
+            absl::StrCat("bf16_linear_fwd:", mrows, "x", K, "x", N, ":", static_cast<int>(epilogue),
+                         ":bf16_out"),
+            memory::desc({mrows, K}, memory::data_type::bf16, memory::dims{K, 1}), x, epilogue, y,
+            memory::data_type::bf16);
 }
 
 void PreparedLinear::ForwardBf16(ExecContext& ctx, const float* x, int64_t rows,
@@ -632,7 +469,9 @@ void PreparedLinear::ForwardBf16(ExecContext& ctx, const float* x, int64_t rows,
 }
 
 const void* PreparedLinear::weights_data() const {
-  if (precision_ == Precision::kInt8) return qweights_.data();
+  if (precision_ == Precision::kInt8) {
+    return packed_int8_.empty() ? static_cast<const void*>(qweights_.data()) : packed_int8_.data();
+  }
   return packed_ == nullptr ? static_cast<const void*>(view_) : packed_.get();
 }
 

@@ -9,11 +9,14 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "attnserve/v1/encoder.pb.h"
+#include "engine/json_depth.h"
 #include "engine/quote.h"
 #include "nlohmann/json.hpp"
 #include "server/auth.h"
+#include "server/http/cohere_rerank.h"
 #include "server/http/json_message.h"
 #include "server/http/openai_embeddings.h"
+#include "server/oip/oip_rest.h"
 #include "server/proto_convert.h"
 #include "server/raw_method.h"
 #include "server/status_map.h"
@@ -90,7 +93,9 @@ const std::vector<HttpRoute>& HttpRouteTable() {
       {"POST", "/v1/tokenize", "Tokenize", "Encoder.Tokenize"},
       {"POST", "/v1/explain", "Explain", "Encoder.Explain"},
       {"POST", "/v1/classify", "Classify", "Encoder.Classify"},
-      {"POST", "/v1/rerank", "Rerank", "Encoder.Rerank"},
+      {"POST", "/v1/rerank", "Rerank", "Encoder.Rerank, or Cohere's v1 rerank shape"},
+      {"POST", "/v2/rerank", "Rerank", "Cohere's v2 rerank shape"},
+      {"POST", "/rerank", "Rerank", "Jina's/Infinity's rerank shape"},
       {"GET", "/v1/models", "GetModelInfo", "OpenAI's model list, with Encoder.GetModelInfo"},
       {"GET", "/v1/models/NAME", "GetModelInfo", "one model of that list"},
       {"GET", "/health", "Health", "200 while SERVING, else 503; no key needed"},
@@ -109,23 +114,38 @@ std::string HttpRouteSummary() {
   return out;
 }
 
-HttpReply HttpRoutes::Dispatch(const HttpRequest& request, const char** method_label) {
-  const HttpRoute* route = nullptr;
+namespace {
+
+// The table's route for `path`, or nullptr.
+const HttpRoute* FindRoute(const std::string& request_path) {
   for (const HttpRoute& entry : HttpRouteTable()) {
     // "/v1/models/NAME": any name after the prefix.
     const std::string_view path = entry.path;
     const size_t name = path.find("NAME");
     if (name == std::string_view::npos
-            ? request.path == path
-            : request.path.size() > name && request.path.compare(0, name, path.data(), name) == 0) {
-      route = &entry;
-      break;
+            ? request_path == path
+            : request_path.size() > name && request_path.compare(0, name, path.data(), name) == 0) {
+      return &entry;
     }
   }
+  return nullptr;
+}
+
+}  // namespace
+
+HttpReply HttpRoutes::Dispatch(const HttpRequest& request, const char** method_label) {
+  // The Open Inference Protocol (/v2/... but /v2/rerank) answers in its own shapes
+  // (server/oip/oip_rest.h).
+  if (oip_ != nullptr && oip::OipRest::Owns(request.path))
+    return oip_->Handle(request, method_label);
+  const HttpRoute* route = FindRoute(request.path);
   if (route == nullptr) {
     return ErrorReply(
-        absl::NotFoundError(absl::StrCat("no route ", QuoteInput(request.path),
-                                         "; this server answers ", HttpRouteSummary())),
+        absl::NotFoundError(absl::StrCat(
+            "no route ", QuoteInput(request.path), "; this server answers ", HttpRouteSummary(),
+            oip_ == nullptr
+                ? ""
+                : absl::StrCat("; the Open Inference Protocol's: ", oip::OipRouteSummary()))),
         "", "unknown_route");
   }
   *method_label = route->label;
@@ -139,7 +159,7 @@ HttpReply HttpRoutes::Dispatch(const HttpRequest& request, const char** method_l
   }
   const bool serving = serving_.load();
   if (std::string_view(route->label) == "Health") {
-    if (serving) {
+    if (serving && !draining_.load()) {
       return JsonReply(
           absl::StrCat("{\"status\":\"SERVING\",\"grpc_port\":", grpc_port_.load(), "}"));
     }
@@ -183,10 +203,7 @@ HttpReply HttpRoutes::Dispatch(const HttpRequest& request, const char** method_l
     return EngineRoute<v1::ClassifyRequest, v1::ClassifyResponse>(request, control,
                                                                   &core::ServingCore::Classify);
   }
-  if (label == "Rerank") {
-    return EngineRoute<v1::RerankRequest, v1::RerankResponse>(request, control,
-                                                              &core::ServingCore::Rerank);
-  }
+  if (label == "Rerank") return Rerank(request, control);
   if (label == "Tokenize") {
     return DirectRoute<v1::TokenizeRequest, v1::TokenizeResponse>(request, control,
                                                                   &core::ServingCore::Tokenize);
@@ -283,6 +300,35 @@ HttpReply HttpRoutes::Embeddings(const HttpRequest& http_request,
     return ErrorReply(error.status, error.param, error.code);
   }
   return JsonReply(EmbeddingsResponseJson(*result, (*served)->name, request.base64));
+}
+
+HttpReply HttpRoutes::Rerank(const HttpRequest& request, const core::CallControl& control) {
+  // Cohere's and Jina's shape beside ours (cohere_rerank.h says how they share /v1/rerank).
+  json body;
+  const absl::Status parsed =
+      JsonNestsDeeperThan(request.body)
+          ? absl::InvalidArgumentError("the request body nests deeper than 64 levels")
+          : ParseJsonBody(request.body,
+                          "a JSON object {\"query\": \"...\", \"documents\": [\"...\"]}", &body);
+  if (request.path != "/v1/rerank" || (parsed.ok() && IsCohereRerank(body))) {
+    if (!parsed.ok()) return ErrorReply(parsed);
+    return CohereRerank(body, control);
+  }
+  return EngineRoute<v1::RerankRequest, v1::RerankResponse>(request, control,
+                                                            &core::ServingCore::Rerank);
+}
+
+HttpReply HttpRoutes::CohereRerank(const json& body, const core::CallControl& control) {
+  std::string param;
+  absl::StatusOr<core::RerankRequest> request = ParseCohereRerank(body, &param);
+  if (!request.ok()) return ErrorReply(request.status(), param);
+  const absl::StatusOr<const ServedModel*> served = core_->models().Find(request->model);
+  if (!served.ok()) return ErrorReply(served.status(), "model", "model_not_found");
+  request->model = (*served)->name;
+  const absl::StatusOr<core::RerankResponse> result =
+      Wait(&core::ServingCore::Rerank, *request, control);
+  if (!result.ok()) return ErrorReply(InCohereTerms(result.status()), "documents");
+  return JsonReply(CohereRerankJson(*result, (*served)->name, *request));
 }
 
 HttpReply HttpRoutes::Models(const HttpRequest& request, const core::CallControl& control) {

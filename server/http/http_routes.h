@@ -6,7 +6,9 @@
 // OpenAI-shaped: {"error": {"message", "type", "param", "code"}}.
 //
 // The routes are listed once, in HttpRouteTable(): dispatch, the "no route" message and
-// attnserve --help all read it.
+// attnserve --help all read it. /v1/rerank also takes Cohere's shape, /v2/rerank and /rerank
+// Cohere's/Jina's (cohere_rerank.h); the rest of /v2/... is the Open Inference Protocol's
+// (server/oip/oip_rest.h, its own route table).
 #pragma once
 
 #include <atomic>
@@ -16,9 +18,14 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "nlohmann/json.hpp"
 #include "server/core/serving_core.h"
 #include "server/http/http_server.h"
 #include "server/metrics.h"
+
+namespace attn::server::oip {
+class OipRest;
+}  // namespace attn::server::oip
 
 namespace attn::server::http {
 
@@ -50,9 +57,14 @@ class HttpRoutes {
 
   // Health: false until the model is loaded and again once draining starts.
   void SetServing(bool serving) { serving_.store(serving); }
+  // Lame duck (--shutdown-delay-s): /health answers 503 while the routes still serve.
+  void SetDraining(bool draining) { draining_.store(draining); }
   // The gRPC port, which /health names: a gRPC client pointed at this port by mistake (attnctl
   // --server HOST:HTTP_PORT) learns where to go.
   void SetGrpcPort(int port) { grpc_port_.store(port); }
+  // The Open Inference Protocol's REST routes (server/oip/oip_rest.h): every path under /v2 goes
+  // to it. Set before the listener starts.
+  void SetOipRoutes(const oip::OipRest* oip) { oip_ = oip; }
 
   HttpReply Handle(const HttpRequest& request);
   // 413 for a body of `bytes` bytes over the limit (the listener refuses it unread).
@@ -66,6 +78,10 @@ class HttpRoutes {
   HttpReply Dispatch(const HttpRequest& request, const char** method_label);
   HttpReply Embeddings(const HttpRequest& request, const core::CallControl& control);
   HttpReply Models(const HttpRequest& request, const core::CallControl& control);
+  // Rerank in Cohere's/Jina's shape (cohere_rerank.h); `body` parsed (discarded = not JSON).
+  // /v1/rerank (attnserve's RerankRequest or Cohere's shape), /v2/rerank and /rerank (Cohere's).
+  HttpReply Rerank(const HttpRequest& request, const core::CallControl& control);
+  HttpReply CohereRerank(const nlohmann::json& body, const core::CallControl& control);
   template <typename Request, typename Response, typename CoreRequest, typename CoreResponse>
   HttpReply EngineRoute(const HttpRequest& request, const core::CallControl& control,
                         void (core::ServingCore::*call)(const CoreRequest&,
@@ -88,7 +104,9 @@ class HttpRoutes {
   const std::optional<std::string> api_key_;
   Metrics* const metrics_;
   std::atomic<bool> serving_{false};
+  std::atomic<bool> draining_{false};
   std::atomic<int> grpc_port_{0};
+  const oip::OipRest* oip_ = nullptr;
 };
 
 // An OpenAI-shaped error reply for `status` (server/status_map.cc picks the HTTP status and the

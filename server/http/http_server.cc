@@ -246,6 +246,10 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
     if (auto it = message.find(bhttp::field::authorization); it != message.end()) {
       request.authorization = std::string(it->value());
     }
+    // The Open Inference Protocol's binary tensors (server/oip/oip_rest.h).
+    if (auto it = message.find("Inference-Header-Content-Length"); it != message.end()) {
+      request.inference_header_length = std::string(it->value());
+    }
     request.body = std::move(message.body());
     request.client_gone = ClientGoneCheck(Tcp().socket().native_handle());
     Tcp().expires_never();  // the call has its own deadline (--http-request-timeout-s)

@@ -37,6 +37,9 @@ struct HttpRequest {
   std::string path;                          // without the query string
   std::string query;                         // after '?', "" when none
   std::optional<std::string> authorization;  // the Authorization header, when sent
+  // The Open Inference Protocol's Inference-Header-Content-Length header, when sent: the JSON
+  // part's length in a body with binary tensors after it (server/oip/oip_rest.h).
+  std::optional<std::string> inference_header_length;
   std::string body;
   // True once the client has closed its connection (or it failed): nobody waits for the reply.
   // A client that only shuts down its sending side after the request counts as gone too (HTTP

@@ -208,8 +208,8 @@ TEST_F(AttnctlTest, JsonlMapsEveryVectorToItsLine) {
       << bad.err;
 }
 
-// Finding 12: the server's words for its API (tokenization.max_length, TRUNCATION_NONE, "raise
-// ... up to 512" for a text no length fits), gRPC's for an HTTP port, no suggestion for a typo
+// Finding 12: the server's words for its API (tokenization.max_length, TRUNCATION_NONE,
+// LONG_TEXT_CHUNK; "raise ... up to 512" for a text no length fits), gRPC's for an HTTP port, no suggestion for a typo
 // and "no input" for an empty --text.
 TEST_F(AttnctlTest, MessagesSpeakAttnctlsLanguage) {
   std::string long_text;  // 2,348 tokens with [CLS] and [SEP], as in the finding
@@ -221,9 +221,11 @@ TEST_F(AttnctlTest, MessagesSpeakAttnctlsLanguage) {
                   "--truncation none"))
       << too_long.err;
   EXPECT_TRUE(Has(too_long.err,
-                  "this model reads at most 512 tokens (its position limit), so no "
-                  "--max-length fits"))
+                  "hint: no --max-length of this model fits the text: shorten or split it, "
+                  "embed all of it in windows with --long-text chunk"))
       << too_long.err;
+  EXPECT_FALSE(Has(too_long.err, "LONG_TEXT_CHUNK")) << too_long.err;
+  EXPECT_FALSE(Has(too_long.err, "TRUNCATION_")) << too_long.err;
   EXPECT_FALSE(Has(too_long.err, "tokenization.max_length")) << too_long.err;
   EXPECT_FALSE(Has(too_long.err, "up to 512")) << too_long.err;
 

@@ -1,7 +1,8 @@
 // attnserve --help against what the server serves (issue 31, finding 13: the help listed an old
 // set of RPCs and routes, and said the latest version of the model store is served):
-// * its gRPC section names every method of attnserve.v1.Encoder and attnserve.v1.Trainer, in the
-//   .proto's order (the descriptors compiled into this test);
+// * its gRPC section names every method of attnserve.v1.Encoder, attnserve.v1.Trainer and the
+//   Open Inference Protocol's inference.GRPCInferenceService, in the .proto's order (the
+//   descriptors compiled into this test);
 // * its HTTP routes are the README's route table, and the running server answers each of them
 //   (anything but 404 "unknown_route"), and its "no route" message names the same list;
 // * its flags are the README's flag table, and --model-store says what is served at start.
@@ -18,6 +19,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "inference/grpc_service.pb.h"
 #include "tests/integration/harness.h"
 
 namespace attn::integration {
@@ -88,9 +90,12 @@ std::set<std::string> ReadmeRoutes(const std::string& readme) {
 
 std::string Shown(const std::set<std::string>& items) { return absl::StrJoin(items, "; "); }
 
-TEST(HelpTest, ListsEveryRpcOfBothServices) {
+TEST(HelpTest, ListsEveryRpcOfEachService) {
   const std::string help = Help();
-  for (const std::string service : {"attnserve.v1.Encoder", "attnserve.v1.Trainer"}) {
+  // Links the protocol's generated code, which registers its descriptors in the generated pool.
+  ASSERT_NE(inference::ModelInferRequest::descriptor(), nullptr);
+  for (const std::string service :
+       {"attnserve.v1.Encoder", "attnserve.v1.Trainer", "inference.GRPCInferenceService"}) {
     const std::regex line("\n    " + std::regex_replace(service, std::regex(R"(\.)"), R"(\.)") +
                           R"(( \([^)]*\))?: ([^\n]*)\n)");
     std::smatch match;
@@ -112,15 +117,21 @@ TEST(HelpTest, ListsTheRoutesTheReadmeDocumentsAndTheServerAnswers) {
   for (const std::string& route : help) {
     const std::string method = route.substr(0, route.find(' '));
     std::string path = route.substr(route.find(' ') + 1);
-    path = std::regex_replace(path, std::regex("NAME$"), model);
+    // "/v2/models/NAME[/versions/V]/ready": the model's own route, without a version.
+    path = std::regex_replace(path, std::regex(R"(\[/versions/V\])"), "");
+    path = std::regex_replace(path, std::regex("NAME"), model);
     HttpResponse response;
     std::string error;
     ASSERT_TRUE(HttpRequest(server.http_port(), method, path, {}, method == "POST" ? "{}" : "",
                             &response, &error))
         << route << ": " << error;
     const json body = json::parse(response.body, nullptr, false);
-    const bool unknown = response.status == 404 && body.is_object() && body.contains("error") &&
-                         body["error"].value("code", json()) == "unknown_route";
+    // The HTTP routes' unknown route: {"error": {"code": "unknown_route"}}; the Open Inference
+    // Protocol's (/v2/...): {"error": "no route ..."}.
+    const bool unknown =
+        response.status == 404 && body.is_object() && body.contains("error") &&
+        (body["error"].is_object() ? body["error"].value("code", json()) == "unknown_route"
+                                   : absl::StartsWith(body["error"].dump(), "\"no route"));
     EXPECT_FALSE(unknown) << route << " is listed but not served: " << response.body;
   }
   // The "no route" answer lists the same routes.

@@ -321,9 +321,14 @@ TEST_F(JobsTest, AKillDuringAJobMarksItFailedAtTheNextStartAndNothingOfItIsServe
   const pb::Job running = CreateOrFail(Spec(/*epochs=*/200));
   const pb::Job queued = CreateOrFail(Spec(/*epochs=*/1));
   EXPECT_EQ(queued.state(), pb::JOB_PENDING);
-  // Its record is rewritten every second while it runs.
+  // Its record is rewritten at a step's event when the last write is over a second old, so a
+  // step that ends more than a second after step 2 was seen leaves a record at step 2 or later
+  // (a loaded machine's steps can take seconds each: no fixed sleep is enough).
   WaitForJob(running.job_id(), [](const pb::Job& j) { return j.step() >= 2; });
   std::this_thread::sleep_for(std::chrono::milliseconds(1200));
+  const int64_t step_after_a_second = client_->GetJob(running.job_id())->step();
+  WaitForJob(running.job_id(),
+             [&](const pb::Job& j) { return j.step() > step_after_a_second; });
   server_->process().Signal(SIGKILL);
   int wait_status = 0;
   ASSERT_TRUE(server_->process().WaitExit(ScaledSeconds(10), &wait_status));

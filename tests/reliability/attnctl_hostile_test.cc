@@ -241,7 +241,7 @@ std::vector<Case> LineCases() {
            "\n",
        {},
        1,
-       {"line 5 of stdin: text has 602 tokens", "no --max-length fits 602 tokens"},
+       {"line 5 of stdin: text has 602 tokens", "no --max-length of this model fits the text"},
        {"inputs[", "tokenization.max_length"}},
   };
 }

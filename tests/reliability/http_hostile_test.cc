@@ -21,6 +21,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "nlohmann/json.hpp"
@@ -580,12 +581,13 @@ std::vector<HttpCase> AllCases() {
        {"version base has no classification head"},
        "Classify",
        "FAILED_PRECONDITION"});
+  // No field of attnserve's own RerankRequest: Cohere's shape (cohere_rerank.h), its terms.
   add({"rerank_documents_object",
        "/v1/rerank with documents: {\"a\": 1}",
        [=](int p) { return Post(p, "/v1/rerank", R"({"query": "q", "documents": {"a": 1}})"); },
        400,
        kBad,
-       {"attnserve.v1.RerankRequest"},
+       {"documents must be a list"},
        "Rerank",
        "INVALID_ARGUMENT"});
   add({"rerank_top_n_text",
@@ -606,6 +608,83 @@ std::vector<HttpCase> AllCases() {
        {"documents[1] is empty"},
        "Rerank",
        "INVALID_ARGUMENT"});
+  // -- Cohere's/Jina's rerank shape (cohere_rerank.h) on /v2/rerank, /rerank and /v1/rerank:
+  // path, body, message parts; every one a 400 counted as Rerank.
+  std::string words;  // 3,000 words: far more than the model's 256 tokens
+  for (int i = 0; i < 3000; ++i) words += "word ";
+  const std::string long_document = json{{"query", "q"}, {"documents", {words}}}.dump();
+  const std::vector<std::tuple<std::string, std::string, std::string, std::vector<std::string>>>
+      cohere = {
+          {"cohere_v2_broken_json", "/v2/rerank", R"({"query": "q",)", {"not valid JSON", "byte"}},
+          {"cohere_v2_nested_100000",
+           "/v2/rerank",
+           "{\"query\": " + std::string(100000, '[') + std::string(100000, ']') + "}",
+           {"nests deeper than 64"}},
+          {"cohere_unknown_field",
+           "/rerank",
+           R"({"query": "q", "documents": ["a"], "topk": 3})",
+           {"unknown field 'topk'", "top_n"}},
+          {"cohere_unknown_field_10kb",
+           "/v2/rerank",
+           "{\"" + std::string(10000, 'k') + "\": 1, \"query\": \"q\", \"documents\": [\"a\"]}",
+           {"unknown field"}},
+          {"cohere_query_number",
+           "/v2/rerank",
+           R"({"query": 5, "documents": ["a"]})",
+           {"query must be a string"}},
+          {"cohere_documents_string",
+           "/rerank",
+           R"({"query": "q", "documents": "a"})",
+           {"documents must be a list"}},
+          {"cohere_document_with_title",
+           "/v2/rerank",
+           R"({"query": "q", "documents": [{"text": "a", "title": "t"}]})",
+           {"documents[0] must be a string"}},
+          {"cohere_top_n_zero",
+           "/v2/rerank",
+           R"({"query": "q", "documents": ["a"], "top_n": 0})",
+           {"top_n must be a positive integer"}},
+          {"cohere_top_n_fraction",
+           "/rerank",
+           R"({"query": "q", "documents": ["a"], "top_n": 1.5})",
+           {"top_n must be a positive integer"}},
+          {"cohere_return_documents_text",
+           "/v2/rerank",
+           R"({"query": "q", "documents": ["a"], "return_documents": "yes"})",
+           {"return_documents must be true or false"}},
+          {"cohere_rank_fields_title",
+           "/v2/rerank",
+           R"({"query": "q", "documents": ["a"], "rank_fields": ["title"]})",
+           {"rank_fields"}},
+          {"cohere_max_chunks_per_doc",
+           "/v1/rerank",
+           R"({"query": "q", "documents": ["a"], "max_chunks_per_doc": 2})",
+           {"does not chunk"}},
+          {"cohere_max_tokens_per_doc_negative",
+           "/rerank",
+           R"({"query": "q", "documents": ["a"], "max_tokens_per_doc": -1})",
+           {"max_tokens_per_doc must be a positive integer"}},
+          {"cohere_3000_word_document_untruncated",
+           "/v2/rerank",
+           long_document,
+           {"documents[0]", "max_tokens_per_doc"}},
+      };
+  for (const auto& [name, path, body, parts] : cohere) {
+    add({name, "POST " + path + ": " + name.substr(7),
+         [path = path, body = body](int p) { return Post(p, path, body); }, 400, kBad, parts,
+         "Rerank", "INVALID_ARGUMENT"});
+  }
+  add({"cohere_unknown_model",
+       "/v2/rerank with model rerank-v3.5",
+       [=](int p) {
+         return Post(p, "/v2/rerank",
+                     R"({"model": "rerank-v3.5", "query": "q", "documents": ["a"]})");
+       },
+       404,
+       "not_found_error",
+       {"rerank-v3.5", "all-MiniLM-L6-v2"},
+       "Rerank",
+       "NOT_FOUND"});
   add({"attention_layer_out_of_range",
        "/v1/attention with layer 99 of 6",
        [=](int p) {

@@ -1,8 +1,8 @@
 // The inference fast path's kernels against naive double-precision loops: packed attention over
-// variable-length sequences (AVX-512, AVX2 and portable code), LayerNorm with the residual fused,
-// the int8 epilogues, and the prepared fp32 (view, packed) linear layers; the int8 linear
-// layers are tested in precision_encoder_test.cc; the int8 attention products (AVX-512 VNNI)
-// against the quantisation formulas done naively.
+// variable-length sequences (AVX-512, AVX2 and portable code; the bf16 products on AMX tiles and
+// AVX-512 BF16 pairs), LayerNorm with the residual fused, and the prepared fp32 (view, packed)
+// linear layers. The int8 row kernels and attention products are in int8_kernels_test.cc, the
+// int8 linear layers in precision_encoder_test.cc.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -229,93 +229,106 @@ TEST_P(KernelPathTest, PackedAttentionWithBf16ProductsRoundsTheProbabilities) {
   EXPECT_GT(rounding_effect, 1e-5) << "the probabilities were not rounded";
 }
 
-// int8_products on AVX-512 VNNI (engine/ops/vnni_attention.cc) against the documented
-// quantisation done naively in double: K per head and V per channel to s8 (127 levels), Q per row
-// to u8 around 128, the integer products exact, P = round(255 exp(s - max)) normalised by its own
-// sum. The scores must equal the reference to float rounding; the context may differ where
-// exp() in fp32 and in double round P to different levels (bound: 2 levels of max |V| per row).
-// It must also stay near the fp32 attention (the quantisation is fine enough) and differ from it
-// (the int8 kernel ran). d = 32 and 64 (MiniLM, MPNet), lengths past and below whole blocks.
-TEST(Int8AttentionTest, Avx512VnniProductsEqualTheQuantisedFormulas) {
-  ATTN_SKIP_UNLESS_CPU_HAS("Avx512Vnni", UseAvx512VnniKernels());
+// The bf16 attention kernels (AMX tiles, AVX-512 BF16 pairs) against their formula in double:
+// scores = Q K^T / sqrt(d) + bias with Q, K already bfloat16 values (the products exact, the
+// sums fp32), e = exp(scores - max), context = sum_j bfloat16(e_j) V_j / sum_j e_j. Lengths
+// straddle the 16-row and 32-key tiles, head_dim 32 and 64 (the AMX kernel's), one head
+// relative-position-biased as MPNet's.
+enum class Bf16AttentionKernel { kAmx, kAvx512Bf16 };
+
+class Bf16AttentionKernelTest : public ::testing::TestWithParam<Bf16AttentionKernel> {
+ protected:
+  void SetUp() override {
+    if (GetParam() == Bf16AttentionKernel::kAmx) {
+      ATTN_SKIP_UNLESS_CPU_HAS("AmxBf16", UseAmxBf16Kernels());
+    } else {
+      ATTN_SKIP_UNLESS_CPU_HAS("Avx512Bf16", UseAvx512Bf16Kernels());
+    }
+    SetAmxKernelsEnabledForTesting(GetParam() == Bf16AttentionKernel::kAmx);
+  }
+  void TearDown() override { SetAmxKernelsEnabledForTesting(true); }
+};
+
+TEST_P(Bf16AttentionKernelTest, MatchesTheRoundedFormulaInDouble) {
   for (const int64_t d : {int64_t{32}, int64_t{64}}) {
+    SCOPED_TRACE(d);
     const int64_t heads = 2, H = heads * d;
-    const std::vector<int64_t> lengths = {3, 21, 70};
+    const std::vector<int64_t> lengths = {1, 15, 16, 17, 31, 33, 100, 130};
     std::vector<int64_t> offsets = {0};
     for (int64_t T : lengths) offsets.push_back(offsets.back() + T);
     const int64_t M = offsets.back();
-    std::mt19937 rng(static_cast<unsigned>(d));
-    const Tensor qkv = RandomTensor({M, 3 * H}, rng, 1.5f);
-    Tensor context({M, H}), fp32_context({M, H});
-    std::vector<Tensor> scores;
-    PackedAttentionOutputs outputs;
-    for (int64_t T : lengths) {
-      scores.emplace_back(std::vector<int64_t>{heads, T, T});
-      outputs.scores.push_back(scores.back().data());
-    }
-    PackedAttentionShape shape{heads, d};
-    PackedAttentionForward(shape, qkv.data(), offsets, fp32_context.data(), nullptr);
-    shape.int8_products = true;
-    PackedAttentionForward(shape, qkv.data(), offsets, context.data(), &outputs);
-    double worst_excess = 0, worst_to_fp32 = 0, quantisation_effect = 0;
-    for (size_t b = 0; b < lengths.size(); ++b) {
-      const int64_t T = lengths[b];
-      const float* seq = qkv.data() + offsets[b] * 3 * H;
-      auto at = [&](int64_t j, int part, int64_t h, int64_t c) {
-        return double{seq[j * 3 * H + part * H + h * d + c]};
-      };
-      for (int64_t h = 0; h < heads; ++h) {
-        double k_max = 0;
-        std::vector<double> v_max(d, 0.0);
-        for (int64_t j = 0; j < T; ++j) {
-          for (int64_t c = 0; c < d; ++c) {
-            k_max = std::max(k_max, std::fabs(at(j, 1, h, c)));
-            v_max[c] = std::max(v_max[c], std::fabs(at(j, 2, h, c)));
-          }
-        }
-        auto kq = [&](int64_t j, int64_t c) {
-          return std::nearbyint(at(j, 1, h, c) * 127 / k_max);
-        };
-        auto vq = [&](int64_t j, int64_t c) {
-          return std::nearbyint(at(j, 2, h, c) * 127 / v_max[c]);
-        };
-        for (int64_t i = 0; i < T; ++i) {
-          double q_max = 0;
-          for (int64_t c = 0; c < d; ++c) q_max = std::max(q_max, std::fabs(at(i, 0, h, c)));
-          std::vector<double> s(T), level(T);
-          double max = -1e300, level_sum = 0;
-          for (int64_t j = 0; j < T; ++j) {
-            double dot = 0;  // an integer: (Qu - 128) · Kq
-            for (int64_t c = 0; c < d; ++c) {
-              dot += std::nearbyint(at(i, 0, h, c) * 127 / q_max) * kq(j, c);
+    std::mt19937 rng(static_cast<uint32_t>(d));
+    Tensor qkv = RandomTensor({M, 3 * H}, rng, 1.5f);
+    RoundFloatsToBFloat16(qkv.data(), qkv.numel(), qkv.data());
+    const Tensor table = RandomTensor({32, heads}, rng, 2.0f);
+    const RelativePositionBias bias = RelativePositionBiasForward(table, 130);
+    for (const bool biased : {false, true}) {
+      PackedAttentionShape shape{heads, d, /*bf16_products=*/true};
+      if (biased) shape.relative_bias = &bias;
+      std::vector<Tensor> probs, scores;
+      PackedAttentionOutputs outputs;
+      for (int64_t T : lengths) {
+        probs.emplace_back(std::vector<int64_t>{heads, T, T});
+        scores.emplace_back(std::vector<int64_t>{heads, T, T});
+        outputs.probs.push_back(probs.back().data());
+        outputs.scores.push_back(scores.back().data());
+      }
+      Tensor context({M, H});
+      PackedAttentionForward(shape, qkv.data(), offsets, context.data(), &outputs);
+      for (size_t b = 0; b < lengths.size(); ++b) {
+        const int64_t T = lengths[b];
+        const float* seq = qkv.data() + offsets[b] * 3 * H;
+        for (int64_t h = 0; h < heads; ++h) {
+          for (int64_t i = 0; i < T; ++i) {
+            std::vector<double> e(T);
+            double max = -1e300, sum = 0;
+            for (int64_t j = 0; j < T; ++j) {
+              double dot = 0;
+              for (int64_t c = 0; c < d; ++c) {
+                dot += double{seq[i * 3 * H + h * d + c]} * seq[j * 3 * H + H + h * d + c];
+              }
+              e[j] = dot / std::sqrt(double(d)) +
+                     (biased ? table.data()[RelativePositionBucket(j - i) * heads + h] : 0.0);
+              ASSERT_NEAR(scores[b].data()[(h * T + i) * T + j], e[j], 1e-5 * (1 + std::abs(e[j])))
+                  << "T " << T << " row " << i << " key " << j;
+              max = std::max(max, e[j]);
             }
-            s[j] = dot * (q_max / 127) * (k_max / 127) / std::sqrt(double(d));
-            ASSERT_NEAR(scores[b].data()[(h * T + i) * T + j], s[j], 1e-5 * (1 + std::fabs(s[j])));
-            max = std::max(max, s[j]);
-          }
-          for (int64_t j = 0; j < T; ++j)
-            level_sum += (level[j] = std::nearbyint(255 * std::exp(s[j] - max)));
-          for (int64_t c = 0; c < d; ++c) {
-            double expected = 0;
-            for (int64_t j = 0; j < T; ++j) expected += level[j] * vq(j, c);
-            expected *= (v_max[c] / 127) / level_sum;
-            const int64_t out = (offsets[b] + i) * H + h * d + c;
-            const double got = context.data()[out];
-            worst_excess = std::max(worst_excess,
-                                    std::fabs(got - expected) - (1e-5 + 2 * v_max[c] / level_sum));
-            worst_to_fp32 =
-                std::max(worst_to_fp32, std::fabs(got - fp32_context.data()[out]) / v_max[c]);
-            quantisation_effect =
-                std::max(quantisation_effect, std::fabs(got - fp32_context.data()[out]));
+            for (int64_t j = 0; j < T; ++j) sum += (e[j] = std::exp(e[j] - max));
+            for (int64_t j = 0; j < T; ++j) {
+              ASSERT_NEAR(probs[b].data()[(h * T + i) * T + j], e[j] / sum, 2e-6);
+            }
+            // The kernel's e_j is fp32 (within a few ulp of this one), so its bfloat16 rounding
+            // is that of e_j (1 - 1e-6) or of e_j (1 + 1e-6): equal except on a rounding edge,
+            // where either may be the kernel's.
+            auto bf16 = [](double v) {
+              return double{BFloat16BitsToFloat(FloatToBFloat16Bits(static_cast<float>(v)))};
+            };
+            for (int64_t c = 0; c < d; ++c) {
+              double expected = 0, edge = 0, magnitude = 0;
+              for (int64_t j = 0; j < T; ++j) {
+                const double v = seq[j * 3 * H + 2 * H + h * d + c];
+                const double low = bf16(e[j] * (1 - 1e-6)), high = bf16(e[j] * (1 + 1e-6));
+                expected += low * v;
+                edge += (high - low) * std::abs(v);
+                magnitude += high * std::abs(v);
+              }
+              ASSERT_NEAR(context.data()[(offsets[b] + i) * H + h * d + c], expected / sum,
+                          (edge + 1e-5 * magnitude + 1e-7) / sum)
+                  << "T " << T << " row " << i << " channel " << c;
+            }
           }
         }
       }
     }
-    EXPECT_LE(worst_excess, 0.0) << "d " << d;
-    EXPECT_LT(worst_to_fp32, 0.05) << "d " << d << ": int8 context far from fp32 (per max |V|)";
-    EXPECT_GT(quantisation_effect, 1e-4) << "d " << d << ": the int8 products did not run";
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(Kernels, Bf16AttentionKernelTest,
+                         ::testing::Values(Bf16AttentionKernel::kAmx,
+                                           Bf16AttentionKernel::kAvx512Bf16),
+                         [](const ::testing::TestParamInfo<Bf16AttentionKernel>& info) {
+                           return info.param == Bf16AttentionKernel::kAmx ? "Amx" : "Avx512Bf16";
+                         });
 
 TEST_P(KernelPathTest, AddLayerNormMatchesNaive) {
   for (const int64_t cols : {int64_t{384}, int64_t{37}}) {
@@ -358,72 +371,17 @@ TEST_P(KernelPathTest, AddLayerNormMatchesNaive) {
     EXPECT_LT(MaxAbsDiff(in_place.data(), expected), 2e-5);
     AddLayerNormRows(x.data(), nullptr, rows, cols, gamma.data(), beta.data(), eps, y.data());
     EXPECT_LT(MaxAbsDiff(y.data(), expected_plain), 2e-5);
-  }
-}
-
-// The int8 epilogues of the current kernel path on `cols` columns against double precision.
-void CheckInt8EpiloguesAgainstNaive(int64_t cols) {
-  const int64_t rows = 5;
-  std::mt19937 rng(9);
-  std::vector<int32_t> acc(rows * cols);
-  std::uniform_int_distribution<int32_t> acc_dist(-200000, 200000);
-  for (int32_t& a : acc) a = acc_dist(rng);
-  const Tensor row_scales = RandomTensor({rows}, rng, 1e-3f),
-               col_scales = RandomTensor({cols}, rng, 1e-2f);
-  const Tensor bias = RandomTensor({cols}, rng), residual = RandomTensor({rows, cols}, rng);
-  const Tensor gamma = RandomTensor({cols}, rng), beta = RandomTensor({cols}, rng);
-  const Int8Accumulators in{acc.data(), row_scales.data(), col_scales.data(), bias.data()};
-  auto value = [&](int64_t m, int64_t j) {
-    return static_cast<double>(acc[m * cols + j]) * row_scales.data()[m] * col_scales.data()[j] +
-           bias.data()[j];
-  };
-
-  // Dequantise + bias.
-  std::vector<double> expected(rows * cols);
-  for (int64_t m = 0; m < rows; ++m) {
-    for (int64_t j = 0; j < cols; ++j) expected[m * cols + j] = value(m, j);
-  }
-  Tensor y({rows, cols});
-  DequantizeRows(in, rows, cols, y.data());
-  EXPECT_LT(MaxAbsDiff(y.data(), expected), 1e-3);
-
-  // + GELU.
-  Tensor gelu_out({rows, cols});
-  DequantizeGeluRows(in, rows, cols, gelu_out.data());
-  for (int64_t m = 0; m < rows; ++m) {
-    for (int64_t j = 0; j < cols; ++j) {
-      const double v = value(m, j);
-      const double gelu = 0.5 * v * (1.0 + std::erf(v / std::sqrt(2.0)));
-      ASSERT_NEAR(gelu_out.data()[m * cols + j], gelu, 1e-5 * (1 + std::abs(gelu)))
-          << m << "," << j;
+    // With the bfloat16 copy (a bf16 matmul's input): each element y rounded to nearest even.
+    std::vector<uint16_t> y_bf16(rows * cols);
+    Tensor y_too({rows, cols});
+    AddLayerNormRows(x.data(), residual.data(), rows, cols, gamma.data(), beta.data(), eps,
+                     y_too.data(), y_bf16.data());
+    EXPECT_LT(MaxAbsDiff(y_too.data(), expected), 2e-5);
+    for (int64_t i = 0; i < rows * cols; ++i) {
+      ASSERT_EQ(y_bf16[i], FloatToBFloat16Bits(y_too.data()[i])) << i;
+      ASSERT_NEAR(BFloat16BitsToFloat(y_bf16[i]), expected[i], 2e-5 + std::abs(expected[i]) / 256)
+          << i;
     }
-  }
-
-  // + residual + LayerNorm (in place over the residual, as the encoder uses it).
-  Tensor out = residual;
-  DequantizeAddLayerNormRows(in, out.data(), rows, cols, gamma.data(), beta.data(), 1e-12f,
-                             out.data());
-  for (int64_t m = 0; m < rows; ++m) {
-    double mean = 0, var = 0;
-    for (int64_t j = 0; j < cols; ++j) mean += value(m, j) + residual.data()[m * cols + j];
-    mean /= cols;
-    for (int64_t j = 0; j < cols; ++j) {
-      const double v = value(m, j) + residual.data()[m * cols + j];
-      var += (v - mean) * (v - mean);
-    }
-    var /= cols;
-    for (int64_t j = 0; j < cols; ++j) {
-      const double v = value(m, j) + residual.data()[m * cols + j];
-      const double ln = (v - mean) / std::sqrt(var + 1e-12) * gamma.data()[j] + beta.data()[j];
-      ASSERT_NEAR(out.data()[m * cols + j], ln, 1e-4 * (1 + std::abs(ln)));
-    }
-  }
-}
-
-TEST_P(KernelPathTest, Int8EpiloguesMatchNaive) {
-  for (const int64_t cols : {int64_t{40}, int64_t{37}}) {  // 37: tails of 8 and 16 lanes
-    SCOPED_TRACE(cols);
-    CheckInt8EpiloguesAgainstNaive(cols);
   }
 }
 

@@ -1,7 +1,7 @@
 // The int8 and bf16 encoders (ModelOptions::precision) against the fp32 one on the real
 // all-MiniLM-L6-v2 weights: pooled-embedding cosine over a few hundred generated sentences and
-// the benchmark's 256-sentence cosine set, attention maps, the fast path's primitive reuse, and
-// the bf16 linear layer against a double-precision reference.
+// the benchmark's 256-sentence cosine set, attention maps and the fast path's primitive reuse
+// (the int8 and bf16 linear layers alone: prepared_linear_precision_test.cc).
 #include <gtest/gtest.h>
 #include <omp.h>
 
@@ -9,6 +9,7 @@
 #include <cctype>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <random>
 #include <string>
@@ -16,10 +17,7 @@
 #include <vector>
 
 #include "engine/dnnl_context.h"
-#include "engine/half.h"
 #include "engine/model.h"
-#include "engine/ops/cpu_kernels.h"
-#include "engine/ops/prepared_linear.h"
 #include "tests/test_model.h"
 #include "tests/test_policy.h"
 
@@ -283,6 +281,46 @@ TEST_F(Int8EncoderTest, ReportsItsPrecision) {
   EXPECT_FALSE(ParsePrecision("fp16", &parsed));
 }
 
+// A big batch runs the row-local part of every layer (output projection, FFN, LayerNorms, the
+// next QKV projection) in blocks of rows, one thread per block (encoder.cc, LayerRowTails); a
+// single short sequence in one pass whose every kernel is threaded. Each row depends on its own
+// row only, so the two give the same embeddings: 13 sequences of 120 tokens (1560 rows: int8
+// blocks of 128 and bf16 blocks of 256 rows, the last one partial) against each one alone.
+TEST_F(Int8EncoderTest, RowBlockedForwardEqualsSingleSequenceForwards) {
+  std::mt19937 rng(5);
+  std::uniform_int_distribution<int32_t> token(1000, 29000);
+  std::vector<SequenceInput> batch(13);
+  for (SequenceInput& seq : batch) {
+    seq.token_ids.push_back(fp32().tokenizer().cls_id());
+    for (int t = 0; t < 118; ++t) seq.token_ids.push_back(token(rng));
+    seq.token_ids.push_back(fp32().tokenizer().sep_id());
+  }
+  for (const Model* model : {&int8(), &bf16(), &fp32()}) {
+    SCOPED_TRACE(PrecisionName(model->precision()));
+    ForwardOptions options = model->DefaultForwardOptions();
+    options.hidden_layers = {3};
+    auto together = model->Forward(batch, options);
+    ASSERT_TRUE(together.ok()) << together.status();
+    const int64_t H = together->pooled.dim(1);
+    for (size_t b = 0; b < batch.size(); ++b) {
+      auto alone = model->Forward({batch[b]}, options);
+      ASSERT_TRUE(alone.ok()) << alone.status();
+      float worst = 0.0f;
+      for (int64_t j = 0; j < H; ++j) {
+        worst =
+            std::max(worst, std::abs(alone->pooled.data()[j] - together->pooled.data()[b * H + j]));
+      }
+      EXPECT_LE(worst, 2e-6f) << "sequence " << b;
+      const float* layer3 = together->HiddenState(3)->data() + b * 120 * H;
+      worst = 0.0f;
+      for (int64_t i = 0; i < 120 * H; ++i) {
+        worst = std::max(worst, std::abs(alone->HiddenState(3)->data()[i] - layer3[i]));
+      }
+      EXPECT_LE(worst, 1e-4f) << "sequence " << b << ", layer 3";
+    }
+  }
+}
+
 // bf16 rounds every matmul input to 8 significant bits; on all-MiniLM-L6-v2 the pooled cosine
 // to fp32 stays above 0.9995 (measured min on this set is printed).
 TEST_F(Int8EncoderTest, Bf16PooledEmbeddingsStayWithinCosine0999OfFp32) {
@@ -360,6 +398,30 @@ TEST_F(Int8EncoderTest, Bf16AttentionProbabilitiesStayClose) {
   EXPECT_LT(mean, 1e-3);
 }
 
+// Under bf16 the Q, K and V an AttentionMap returns are the bfloat16 values the products took
+// (the native kernels round them while packing, the others before: either way the same values).
+TEST_F(Int8EncoderTest, Bf16AttentionReturnsTheRoundedQueriesKeysAndValues) {
+  ForwardOptions options = bf16().DefaultForwardOptions();
+  options.attention_layers = {2};
+  options.attention_qkv = true;
+  auto result = bf16().Forward(Tokenize(MakeSentences(3)), options);
+  ASSERT_TRUE(result.ok()) << result.status();
+  const LayerAttention* layer = result->Attention(2);
+  ASSERT_NE(layer, nullptr);
+  int64_t checked = 0;
+  for (const SequenceAttention& seq : layer->sequences) {
+    for (const Tensor* t : {&seq.query, &seq.key, &seq.value}) {
+      ASSERT_GT(t->numel(), 0);
+      for (int64_t i = 0; i < t->numel(); ++i, ++checked) {
+        uint32_t bits;
+        std::memcpy(&bits, t->data() + i, 4);
+        ASSERT_EQ(bits & 0xFFFFu, 0u) << "element " << i << " = " << t->data()[i];
+      }
+    }
+  }
+  EXPECT_GT(checked, 0);
+}
+
 TEST_F(Int8EncoderTest, PackedFp32EqualsTheUnpackedReferencePath) {
   // Model::Forward runs on packed weights; EncoderForward on BertWeights reads them in place.
   const std::vector<SequenceInput> batch = Tokenize(MakeSentences(5));
@@ -415,144 +477,6 @@ TEST_F(Int8EncoderTest, WarmUpBuildsTheShortRequestPrimitivesAtLoad) {
       }
     });
     worker.join();
-  }
-}
-
-// PreparedLinear::Int8Outliers against double precision, on both kernel paths, for inputs
-// shaped like LayerNorm outputs (signed) and GELU outputs (>= -0.17): the accumulators are the
-// exact integer dot products of (q - zero point) and Wq (no 16-bit saturation with u8 inputs and
-// 8-bit weights) plus the outliers' products, and a few elements per row 30x the others are
-// split off instead of coarsening the row's scale.
-enum class Int8KernelPath { kAvx512, kAvx2, kPortable };
-
-class Int8OutliersTest : public ::testing::TestWithParam<Int8KernelPath> {
- protected:
-  void SetUp() override {
-    // CPU detection first: a variant would silently run another path on a CPU without its ISA.
-    SetAvx512KernelsEnabledForTesting(true);
-    SetAvx2KernelsEnabledForTesting(true);
-    if (GetParam() == Int8KernelPath::kAvx512) {
-      ATTN_SKIP_UNLESS_CPU_HAS("Avx512", UseAvx512Kernels());
-    }
-    if (GetParam() == Int8KernelPath::kAvx2) ATTN_SKIP_UNLESS_CPU_HAS("Avx2", UseAvx2Kernels());
-    SetAvx512KernelsEnabledForTesting(GetParam() == Int8KernelPath::kAvx512);
-    SetAvx2KernelsEnabledForTesting(GetParam() == Int8KernelPath::kAvx2);
-  }
-  void TearDown() override {
-    SetAvx512KernelsEnabledForTesting(true);
-    SetAvx2KernelsEnabledForTesting(true);
-  }
-};
-
-TEST_P(Int8OutliersTest, AccumulatorsAreExactAndOutliersAreSplitOff) {
-  const int64_t K = 201, N = 69;  // tails past whole 8- and 16-lane vectors
-  std::mt19937 rng(7);
-  std::normal_distribution<float> normal;
-  Tensor weight({N, K}), bias({N});
-  for (int64_t i = 0; i < weight.numel(); ++i) weight.data()[i] = 0.1f * normal(rng);
-  for (int64_t i = 0; i < N; ++i) bias.data()[i] = normal(rng);
-  const PreparedLinear linear = PreparedLinear::Int8Outliers(weight, bias);
-  ExecContext ctx;
-  for (const bool gelu_like : {false, true}) {
-    for (const int64_t rows : {int64_t{1}, int64_t{13}, int64_t{100}}) {
-      const int64_t mrows = MatmulRows(rows);
-      std::vector<float> x(rows * K);
-      for (float& v : x) v = gelu_like ? std::max(normal(rng), -0.17f) : normal(rng);
-      for (int64_t m = 0; m < rows; m += 3) {  // two outliers in every third row
-        x[m * K + (m * 7) % K] = 30.0f;
-        x[m * K + (m * 13 + 5) % K] = gelu_like ? 28.0f : -25.0f;
-      }
-      Int8Input input;
-      linear.QuantizeInput(x.data(), rows, &input);
-      std::vector<int32_t> acc(mrows * N);
-      linear.ForwardInt8(ctx, input, rows, acc.data());
-      for (int64_t m = 0; m < rows; ++m) {
-        const int count = input.outlier_counts[m];
-        EXPECT_EQ(count, m % 3 == 0 ? 2 : 0) << "row " << m;
-        const float xs = input.scales[m];
-        const int zero = input.zero_points[m];
-        for (int64_t n = 0; n < N; ++n) {
-          const float ws = linear.weight_scales()[n];
-          int64_t exact = 0;
-          double split = 0.0, reference = bias.data()[n];
-          for (int64_t k = 0; k < K; ++k) {
-            const int q = input.q[m * K + k];
-            ASSERT_LE(q, 255);
-            exact += int64_t{q - zero} * linear.quantized_weights()[n * K + k];
-            reference += double{x[m * K + k]} * weight.data()[n * K + k];
-          }
-          for (int i = 0; i < count; ++i) {
-            const int32_t col = input.outlier_cols[m * Int8Input::kMaxOutliers + i];
-            EXPECT_EQ(input.q[m * K + col], zero);
-            split += double{input.outlier_values[m * Int8Input::kMaxOutliers + i]} *
-                     weight.data()[n * K + col];
-          }
-          const double split_units = split / (double{xs} * ws);
-          ASSERT_LE(std::abs(acc[m * N + n] - (exact + split_units)),
-                    1.0 + 1e-5 * std::abs(split_units))
-              << "gelu_like " << gelu_like << " row " << m << " col " << n;
-          // Dequantised: each quantised element is off by at most half a step.
-          const double y = static_cast<double>(acc[m * N + n]) * xs * ws + linear.bias()[n];
-          double bound = 1e-3 + xs * ws;
-          for (int64_t k = 0; k < K; ++k) {
-            bound += std::fabs(x[m * K + k]) * ws / 2 +
-                     std::fabs(weight.data()[n * K + k]) * xs / 2 + xs * ws / 4;
-          }
-          ASSERT_LE(std::abs(y - reference), bound) << "gelu_like " << gelu_like << " row " << m;
-        }
-      }
-    }
-  }
-}
-
-INSTANTIATE_TEST_SUITE_P(Paths, Int8OutliersTest,
-                         ::testing::Values(Int8KernelPath::kAvx512, Int8KernelPath::kAvx2,
-                                           Int8KernelPath::kPortable),
-                         [](const ::testing::TestParamInfo<Int8KernelPath>& info) {
-                           return info.param == Int8KernelPath::kAvx512 ? "Avx512"
-                                  : info.param == Int8KernelPath::kAvx2 ? "Avx2"
-                                                                        : "Portable";
-                         });
-
-// PreparedLinear::Bf16 (native or emulated, whichever this CPU gets) against a double-precision
-// sum of the bf16-rounded products: a product of two bfloat16 values is exact in fp32, so the
-// only difference left is the order of the fp32 sums (well under K ulp of the sum of |terms|; a
-// missing rounding would be off by ~2^-9 of each term).
-TEST(Bf16LinearTest, EqualsTheRoundedProductsSummedInDouble) {
-  const int64_t K = 384, N = 96;
-  std::mt19937 rng(11);
-  std::normal_distribution<float> normal;
-  Tensor weight({N, K}), bias({N});
-  for (int64_t i = 0; i < weight.numel(); ++i) weight.data()[i] = 0.05f * normal(rng);
-  for (int64_t i = 0; i < N; ++i) bias.data()[i] = normal(rng);
-  const PreparedLinear linear = PreparedLinear::Bf16(weight, bias);
-  EXPECT_EQ(linear.precision(), Precision::kBf16);
-  std::printf("bf16 linear: %s\n", linear.native_bf16() ? "native oneDNN bf16 matmul"
-                                                        : "emulated (bf16-rounded fp32 matmul)");
-  ExecContext ctx;
-  auto bf16 = [](float v) { return BFloat16BitsToFloat(FloatToBFloat16Bits(v)); };
-  for (const bool gelu : {false, true}) {
-    for (const int64_t rows : {int64_t{1}, int64_t{13}, int64_t{100}}) {
-      const int64_t mrows = MatmulRows(rows);
-      std::vector<float> x(mrows * K, 0.0f), residual(mrows * N), gamma(N), beta(N);
-      for (int64_t i = 0; i < rows * K; ++i) x[i] = normal(rng);
-      std::vector<float> y(mrows * N);
-      linear.Apply(ctx, x.data(), rows, gelu ? LinearOutput::Gelu() : LinearOutput::Plain(),
-                   y.data());
-      for (int64_t m = 0; m < rows; ++m) {
-        for (int64_t n = 0; n < N; ++n) {
-          double sum = bias.data()[n], magnitude = std::fabs(bias.data()[n]);
-          for (int64_t k = 0; k < K; ++k) {
-            const double term = double{bf16(x[m * K + k])} * bf16(weight.data()[n * K + k]);
-            sum += term;
-            magnitude += std::fabs(term);
-          }
-          const double expected = gelu ? 0.5 * sum * (1.0 + std::erf(sum / std::sqrt(2.0))) : sum;
-          ASSERT_NEAR(y[m * N + n], expected, 1e-6 + 1e-5 * magnitude)
-              << "gelu " << gelu << " row " << m << " col " << n;
-        }
-      }
-    }
   }
 }
 

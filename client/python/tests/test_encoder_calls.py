@@ -247,3 +247,40 @@ def test_explain_attributions_add_up_to_the_similarity(client):
         assert top[0][2] == pytest.approx(float(result.pair_matrix.max()))
     with pytest.raises(ValueError, match="method 'shap'"):
         client.explain("a", "b", method="shap")
+
+
+def test_long_text_chunk_embeds_all_of_a_long_text(client):
+    # Reference, from the README's rule and independent of the server's chunking code: the
+    # text's ids without [CLS]/[SEP], windows of W = max_length - 2 ids at stride W - overlap
+    # (the last the first to reach the end), each encoded alone as [CLS] window [SEP] with
+    # normalize off, their mean weighted by window length + 2, then L2-normalised.
+    # WordPiece starts afresh at every space: the text's ids are its sentences' ids in a row.
+    sentences = [f"sentence {i} says the river floods the town every spring." for i in range(60)]
+    text = " ".join(sentences)
+    ids = [t.id for tokens in client.tokenize(sentences) for t in tokens if not t.special]
+    max_length, overlap = 64, 16
+    width, stride = max_length - 2, max_length - 2 - overlap
+    starts = [0]
+    while starts[-1] + width < len(ids):
+        starts.append(starts[-1] + stride)
+    spans = [(s, min(s + width, len(ids))) for s in starts]
+    cls, sep = 101, 102
+    windows = [np.array([cls] + ids[a:b] + [sep], dtype=np.int64) for a, b in spans]
+    pooled = client.encode(windows, normalize=False).astype(np.float64)
+    weights = np.array([b - a + 2 for a, b in spans], dtype=np.float64)
+    expected = (pooled * weights[:, None]).sum(0) / weights.sum()
+    expected /= np.linalg.norm(expected)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # nothing is cut: no TruncationWarning
+        vector = client.encode(text, max_length=max_length, long_text="chunk",
+                               chunk_overlap=overlap)
+    np.testing.assert_allclose(vector[0], expected, atol=1e-5)
+    full = client.encode_full(["short", text], max_length=max_length, long_text="chunk",
+                              chunk_overlap=overlap)
+    assert [i.chunks for i in full.inputs] == [1, len(spans)]
+    assert len(spans) > 3 and not full.inputs[1].truncated
+    with pytest.raises(ValueError, match="long_text 'all'"):
+        client.encode(text, long_text="all")
+    with pytest.raises(attnserve.InvalidArgument, match="chunk_overlap"):
+        client.encode(text, max_length=max_length, long_text="chunk", chunk_overlap=62)

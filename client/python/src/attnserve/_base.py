@@ -2,6 +2,7 @@
 package's exceptions with advice for the cases a client can fix itself."""
 from __future__ import annotations
 
+import json
 import os
 from typing import Any, Callable, List, Optional, Tuple, Union
 
@@ -46,10 +47,36 @@ def channel_credentials(tls: TlsOption) -> Optional[grpc.ChannelCredentials]:
     return grpc.ssl_channel_credentials(root_certificates=tls)
 
 
+# gRPC's retry policy for the calls that only read (every Encoder call, the Open Inference
+# Protocol's, the Trainer's queries): a call answered UNAVAILABLE (a replica that died or is
+# draining behind a load balancer, a refused connection) is sent again, up to 5 attempts in
+# about 1.5 s. Calls that change state (FineTune, Promote, Rollback, ...) are never retried.
+# attnctl and the C++ client carry the same policy (client/client.cc).
+_READ_ONLY_TRAINER_CALLS = ("ListVersions", "CompareVersions", "Neighbors", "GetTrainingReport",
+                            "Evaluate", "GetJob", "ListJobs", "WatchJob")
+RETRY_SERVICE_CONFIG = json.dumps({
+    "methodConfig": [{
+        "name": [{"service": "attnserve.v1.Encoder"},
+                 {"service": "inference.GRPCInferenceService"}] +
+                [{"service": "attnserve.v1.Trainer", "method": m}
+                 for m in _READ_ONLY_TRAINER_CALLS],
+        "retryPolicy": {
+            "maxAttempts": 5,
+            "initialBackoff": "0.1s",
+            "maxBackoff": "1s",
+            "backoffMultiplier": 2,
+            "retryableStatusCodes": ["UNAVAILABLE"],
+        },
+    }]
+})
+
+
 def channel_options(tls_server_name: Optional[str]) -> List[Tuple[str, Any]]:
     # Responses with attention maps or hidden states of long batches are large.
     options: List[Tuple[str, Any]] = [("grpc.max_receive_message_length", 256 << 20),
-                                      ("grpc.max_send_message_length", 64 << 20)]
+                                      ("grpc.max_send_message_length", 64 << 20),
+                                      ("grpc.enable_retries", 1),
+                                      ("grpc.service_config", RETRY_SERVICE_CONFIG)]
     if tls_server_name:
         options.append(("grpc.ssl_target_name_override", tls_server_name))
     return options

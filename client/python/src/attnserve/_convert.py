@@ -39,6 +39,7 @@ _TRUNCATION = {
     "none": pb.TRUNCATION_NONE,
 }
 _DTYPES = {"float32": pb.FLOAT32, "float16": pb.FLOAT16, "bfloat16": pb.BFLOAT16}
+_LONG_TEXT = {"chunk": pb.LONG_TEXT_CHUNK}
 RERANK_METHODS = {
     "auto": pb.RERANK_METHOD_UNSPECIFIED,
     "cosine": pb.RERANK_COSINE,
@@ -123,6 +124,8 @@ class EncodedInput:
     # (L, T, hidden) for hidden_layers=, with the layer of each row in hidden_layers.
     hidden_states: Optional[np.ndarray] = None
     hidden_layers: List[int] = dataclasses.field(default_factory=list)
+    # Windows the input was embedded in: 1 unless long_text="chunk" split it.
+    chunks: int = 1
 
     @property
     def labels(self) -> List[str]:
@@ -263,6 +266,10 @@ def tokenization(max_length: int, truncation: Optional[str]) -> pb.TokenizationO
     return options
 
 
+def long_text(name: str) -> "pb.LongText":
+    return lookup(_LONG_TEXT, name, "long_text")
+
+
 def pooling(name: str) -> "pb.Pooling":
     return lookup(_POOLING, name, "pooling")
 
@@ -339,6 +346,7 @@ def encoded_input(result: pb.EncodeResult, sparse: bool) -> EncodedInput:
     return EncodedInput(
         tokens=tokens(result.tokens), embedding=np.asarray(result.embedding, dtype=np.float32),
         truncated=result.truncated, untruncated_length=result.untruncated_length,
+        chunks=result.chunks or 1,
         sparse=sparse_vector(result.sparse) if sparse else None,
         token_embeddings=optional_tensor(result, "token_embeddings"),
         static_embeddings=optional_tensor(result, "static_embeddings"),

@@ -62,13 +62,21 @@ class EncoderCalls(Connection):
 
     def _encode_responses(self, texts: Texts, **fields: Any) -> List[pb.EncodeResponse]:
         inputs = _convert.make_inputs(texts)
-        # The place for a long-document option (chunking) once EncodeRequest has one.
         return [self._call(self._encoder.Encode, pb.EncodeRequest(inputs=part, **fields))
                 for part in _convert.chunks(inputs, self._batch_size(len(inputs)))]
 
     def _encode_calls(self, texts: Texts, **fields: Any) -> List[pb.EncodeResult]:
         return [r for response in self._encode_responses(texts, **fields)
                 for r in response.results]
+
+    @staticmethod
+    def _long_text(long_text: Optional[str], chunk_overlap: Optional[int]) -> dict:
+        fields: dict = {}
+        if long_text is not None:
+            fields["long_text"] = _convert.long_text(long_text)
+        if chunk_overlap is not None:
+            fields["chunk_overlap"] = chunk_overlap
+        return fields
 
     @staticmethod
     def _pooled(pooling: str, normalize: Optional[bool], dimensions: Optional[int]) -> dict:
@@ -109,7 +117,8 @@ class EncoderCalls(Connection):
     def encode(self, texts: Texts, *, pooling: str = "default", normalize: Optional[bool] = None,
                dimensions: Optional[int] = None, max_length: int = 0,
                truncation: Optional[str] = None, model_version: str = "",
-               model: Optional[str] = None) -> np.ndarray:
+               model: Optional[str] = None, long_text: Optional[str] = None,
+               chunk_overlap: Optional[int] = None) -> np.ndarray:
         """Pooled sentence embeddings, float32 (n, d): one row per input.
 
         texts: a str, a (first, second) pair, TokenIds or a 1-D integer array of token ids, or a
@@ -119,13 +128,16 @@ class EncoderCalls(Connection):
         "right" (default), "left", "none" (too-long inputs are an error). Lists longer than
         the server's per-request limit are sent in several calls. An input longer than
         max_length (0 = the model's default) is cut to it: with truncation unset, a
-        TruncationWarning says which. encode_full() returns the tokens, truncation and the other
-        outputs too.
+        TruncationWarning says which. long_text="chunk" embeds all of a long text instead: in
+        windows of max_length tokens that share chunk_overlap tokens (None = the server's
+        default, max_length // 8), pooled each, averaged weighted by window length (README "Long
+        documents"). encode_full() returns the tokens, truncation, windows and the other outputs.
         """
         fields = self._pooled(pooling, normalize, dimensions)
         results = self._encode_calls(
             texts, tokenization=_convert.tokenization(max_length, truncation),
-            model_version=model_version, model=self._model(model), **fields)
+            model_version=model_version, model=self._model(model), **fields,
+            **self._long_text(long_text, chunk_overlap))
         if truncation is None:
             _warn_truncated(results)
         return _convert.embeddings(results)
@@ -136,7 +148,8 @@ class EncoderCalls(Connection):
                     static_embeddings: bool = False, hidden_layers: Sequence[int] = (),
                     dtype: str = "float32", max_length: int = 0,
                     truncation: Optional[str] = None, model_version: str = "",
-                    model: Optional[str] = None) -> Encoding:
+                    model: Optional[str] = None, long_text: Optional[str] = None,
+                    chunk_overlap: Optional[int] = None) -> Encoding:
         """Every Encode output in one call: Encoding(embeddings (n, d), inputs, model_version,
         timings), inputs[i] with its tokens, whether it was truncated and its untruncated
         length, and as asked: its BM42 sparse vector, the last layer's token embeddings
@@ -150,7 +163,8 @@ class EncoderCalls(Connection):
             model_version=model_version, model=self._model(model), sparse=sparse,
             return_token_embeddings=token_embeddings,
             return_static_embeddings=static_embeddings, hidden_layers=list(hidden_layers),
-            output_dtype=_convert.dtype(dtype), **self._pooled(pooling, normalize, dimensions))
+            output_dtype=_convert.dtype(dtype), **self._pooled(pooling, normalize, dimensions),
+            **self._long_text(long_text, chunk_overlap))
         results = [r for response in responses for r in response.results]
         return Encoding(embeddings=_convert.embeddings(results),
                         inputs=[_convert.encoded_input(r, sparse) for r in results],
