@@ -61,7 +61,9 @@ endfunction()
 # former executable name, so per-file target_link_libraries, target_compile_definitions and
 # add_dependencies keep working), linked into `binary`, which is created by the first call with
 # the ctest label `label`. ctest names do not change: one ctest test per gtest case (Suite.Case),
-# each run alone as before.
+# each run alone as before. A test suite name must be unique within its binary: two files that
+# each define a fixture `FooTest` (even in anonymous namespaces) fail the build at test discovery
+# ("Attempted redefinition of test suite FooTest").
 function(attn_grouped_test binary name label)
   if(NOT TARGET ${binary})
     add_executable(${binary})

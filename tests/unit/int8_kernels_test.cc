@@ -29,7 +29,7 @@ enum class KernelPath { kAvx512, kAvx2, kPortable };
 
 // Runs each test body with the AVX-512 kernels, the AVX2 ones (each when the CPU has them; ops
 // without an AVX2 kernel run their portable loops there) and the portable loops.
-class KernelPathTest : public ::testing::TestWithParam<KernelPath> {
+class Int8KernelPathTest : public ::testing::TestWithParam<KernelPath> {
  protected:
   void SetUp() override {
     if (GetParam() == KernelPath::kAvx512) ATTN_SKIP_UNLESS_CPU_HAS("Avx512", UseAvx512Kernels());
@@ -202,7 +202,7 @@ void ExpectQuantizes(const float* x, int64_t rows, int64_t K, const QuantizedBuf
   }
 }
 
-TEST_P(KernelPathTest, CorrectedInt8EpiloguesMatchNaiveAndQuantiseTheNextInput) {
+TEST_P(Int8KernelPathTest, CorrectedInt8EpiloguesMatchNaiveAndQuantiseTheNextInput) {
   for (const int64_t cols : {int64_t{64}, int64_t{37}}) {  // 37: tails of 8 and 16 lanes
     SCOPED_TRACE(cols);
     std::mt19937 rng(static_cast<uint32_t>(cols));
@@ -271,14 +271,14 @@ TEST_P(KernelPathTest, CorrectedInt8EpiloguesMatchNaiveAndQuantiseTheNextInput) 
   }
 }
 
-TEST_P(KernelPathTest, Int8EpiloguesMatchNaive) {
+TEST_P(Int8KernelPathTest, Int8EpiloguesMatchNaive) {
   for (const int64_t cols : {int64_t{40}, int64_t{37}}) {  // 37: tails of 8 and 16 lanes
     SCOPED_TRACE(cols);
     CheckInt8EpiloguesAgainstNaive(cols);
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Paths, KernelPathTest,
+INSTANTIATE_TEST_SUITE_P(Paths, Int8KernelPathTest,
                          ::testing::Values(KernelPath::kAvx512, KernelPath::kAvx2,
                                            KernelPath::kPortable),
                          [](const ::testing::TestParamInfo<KernelPath>& info) {
