@@ -18,8 +18,10 @@
 namespace attn {
 namespace avx512 {
 
-// Lanes [0, n) set, for the tail of a row whose length is not a multiple of 16 (n in [0, 16]).
+// Lanes [0, n) set, for the tail of a row whose length is not a multiple of 16: none for n <= 0
+// (a zero-padded stretch past the row's end, as ToBf16Row's), all for n >= 16.
 ATTN_AVX512 inline __mmask16 TailMask(int64_t n) {
+  if (n <= 0) return 0;
   return n >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << n) - 1u);
 }
 

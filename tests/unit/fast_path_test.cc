@@ -18,6 +18,7 @@
 #include "engine/ops/prepared_linear.h"
 #include "engine/ops/relative_position_bias.h"
 #include "engine/tensor.h"
+#include "tests/kernel_path_test.h"
 #include "tests/test_policy.h"
 #include "tests/test_util.h"
 
@@ -27,23 +28,8 @@ namespace {
 using testing::MaxAbsDiff;
 using testing::RandomTensor;
 
-enum class KernelPath { kAvx512, kAvx2, kPortable };
-
-// Runs each test body with the AVX-512 kernels, the AVX2 ones (each when the CPU has them; ops
-// without an AVX2 kernel run their portable loops there) and the portable loops.
-class KernelPathTest : public ::testing::TestWithParam<KernelPath> {
- protected:
-  void SetUp() override {
-    if (GetParam() == KernelPath::kAvx512) ATTN_SKIP_UNLESS_CPU_HAS("Avx512", UseAvx512Kernels());
-    if (GetParam() == KernelPath::kAvx2) ATTN_SKIP_UNLESS_CPU_HAS("Avx2", UseAvx2Kernels());
-    SetAvx512KernelsEnabledForTesting(GetParam() == KernelPath::kAvx512);
-    SetAvx2KernelsEnabledForTesting(GetParam() == KernelPath::kAvx2);
-  }
-  void TearDown() override {
-    SetAvx512KernelsEnabledForTesting(true);
-    SetAvx2KernelsEnabledForTesting(true);
-  }
-};
+using testing::KernelPath;
+using testing::KernelPathTest;
 
 TEST_P(KernelPathTest, PackedAttentionMatchesNaivePerSequence) {
   // Lengths straddle the kernels' 8-row and 16/32-column blocks; head_dim 24 and 40 exercise
@@ -385,14 +371,7 @@ TEST_P(KernelPathTest, AddLayerNormMatchesNaive) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Paths, KernelPathTest,
-                         ::testing::Values(KernelPath::kAvx512, KernelPath::kAvx2,
-                                           KernelPath::kPortable),
-                         [](const ::testing::TestParamInfo<KernelPath>& info) {
-                           return info.param == KernelPath::kAvx512 ? "Avx512"
-                                  : info.param == KernelPath::kAvx2 ? "Avx2"
-                                                                    : "Portable";
-                         });
+ATTN_INSTANTIATE_KERNEL_PATHS(KernelPathTest);
 
 TEST(MatmulRowsTest, PadsAtMostAnEighthWithFewShapes) {
   std::set<int64_t> shapes;

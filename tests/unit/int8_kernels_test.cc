@@ -16,6 +16,7 @@
 #include "engine/ops/cpu_kernels.h"
 #include "engine/ops/fused_attention.h"
 #include "engine/tensor.h"
+#include "tests/kernel_path_test.h"
 #include "tests/test_policy.h"
 #include "tests/test_util.h"
 
@@ -25,23 +26,10 @@ namespace {
 using testing::MaxAbsDiff;
 using testing::RandomTensor;
 
-enum class KernelPath { kAvx512, kAvx2, kPortable };
 
-// Runs each test body with the AVX-512 kernels, the AVX2 ones (each when the CPU has them; ops
-// without an AVX2 kernel run their portable loops there) and the portable loops.
-class Int8KernelPathTest : public ::testing::TestWithParam<KernelPath> {
- protected:
-  void SetUp() override {
-    if (GetParam() == KernelPath::kAvx512) ATTN_SKIP_UNLESS_CPU_HAS("Avx512", UseAvx512Kernels());
-    if (GetParam() == KernelPath::kAvx2) ATTN_SKIP_UNLESS_CPU_HAS("Avx2", UseAvx2Kernels());
-    SetAvx512KernelsEnabledForTesting(GetParam() == KernelPath::kAvx512);
-    SetAvx2KernelsEnabledForTesting(GetParam() == KernelPath::kAvx2);
-  }
-  void TearDown() override {
-    SetAvx512KernelsEnabledForTesting(true);
-    SetAvx2KernelsEnabledForTesting(true);
-  }
-};
+// Its own fixture class: this file shares a test binary with fast_path_test.cc, and gtest
+// allows one instantiation of a suite per binary.
+class Int8KernelPathTest : public testing::KernelPathTest {};
 
 // The int8 epilogues of the current kernel path on `cols` columns against double precision.
 void CheckInt8EpiloguesAgainstNaive(int64_t cols) {
@@ -278,14 +266,7 @@ TEST_P(Int8KernelPathTest, Int8EpiloguesMatchNaive) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Paths, Int8KernelPathTest,
-                         ::testing::Values(KernelPath::kAvx512, KernelPath::kAvx2,
-                                           KernelPath::kPortable),
-                         [](const ::testing::TestParamInfo<KernelPath>& info) {
-                           return info.param == KernelPath::kAvx512 ? "Avx512"
-                                  : info.param == KernelPath::kAvx2 ? "Avx2"
-                                                                    : "Portable";
-                         });
+ATTN_INSTANTIATE_KERNEL_PATHS(Int8KernelPathTest);
 
 // int8_products on AVX-512 VNNI (engine/ops/vnni_attention.cc) against the documented
 // quantisation done naively in double: K per head and V per channel to s8 (127 levels), Q per row
