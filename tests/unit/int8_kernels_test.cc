@@ -26,7 +26,6 @@ namespace {
 using testing::MaxAbsDiff;
 using testing::RandomTensor;
 
-
 // Its own fixture class: this file shares a test binary with fast_path_test.cc, and gtest
 // allows one instantiation of a suite per binary.
 class Int8KernelPathTest : public testing::KernelPathTest {};
