@@ -32,10 +32,19 @@ RUN if [ -n "${EXTRA_CA_CERTS}" ]; then \
 COPY . .
 # Only the two shipped binaries; the tests need the real model at its checkout path and run on
 # the host (scripts/test.sh).
-RUN cmake -S . -B /build -G Ninja -DCMAKE_BUILD_TYPE=Release -DATTN_INTEGRATION_TESTS=OFF \
-      -DATTN_DEFAULT_MODEL_DIR="${MODEL_DIR}" \
- && cmake --build /build -j"${BUILD_JOBS}" --target attnserve attnctl \
- && strip /build/server/attnserve /build/client/attnctl
+# CCACHE_DIR (optional): a compiler cache mounted into this stage, e.g.
+#   podman build --volume "$(ccache --get-config cache_dir):/ccache" --build-arg CCACHE_DIR=/ccache .
+# deploy/test.sh gives it the host's cache, which scripts/setup.sh's release build filled with
+# these very objects (same compiler, flags and paths relative to the checkout), so CI compiles
+# the server once, not twice. Unset (plain `docker build .`), nothing is cached.
+ARG CCACHE_DIR=""
+RUN launcher="" \
+ && if [ -n "${CCACHE_DIR}" ]; then launcher="-DCMAKE_CXX_COMPILER_LAUNCHER=ccache"; fi \
+ && cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DATTN_INTEGRATION_TESTS=OFF \
+      -DATTN_DEFAULT_MODEL_DIR="${MODEL_DIR}" ${launcher} \
+ && CCACHE_BASEDIR=/src cmake --build build -j"${BUILD_JOBS}" --target attnserve attnctl \
+ && if [ -n "${CCACHE_DIR}" ]; then ccache --show-stats; fi \
+ && strip build/server/attnserve build/client/attnctl
 
 # --- runtime stage: shared libraries, two binaries, the model ---------------------------------
 FROM ${DEBIAN_IMAGE}
@@ -50,7 +59,7 @@ RUN apt-get update \
  && useradd --system --uid 10001 --gid attnserve --home-dir /var/lib/attnserve \
       --shell /usr/sbin/nologin attnserve \
  && install -d -o attnserve -g attnserve -m 0750 /var/lib/attnserve /var/lib/attnserve/store
-COPY --from=build /build/server/attnserve /build/client/attnctl /usr/local/bin/
+COPY --from=build /src/build/server/attnserve /src/build/client/attnctl /usr/local/bin/
 COPY --from=build ${MODEL_DIR} ${MODEL_DIR}
 COPY deploy/docker/entrypoint.sh /usr/local/bin/attnserve-entrypoint
 # Fails the build if a shared library is missing from the list above.

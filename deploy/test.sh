@@ -116,10 +116,12 @@ fi
 "$ROOT/scripts/setup.sh" --no-build > "$WORK/setup.log" 2>&1 || die "scripts/setup.sh (see setup.log)"
 if [[ ! -f "$BUILD_DIR/build.ninja" ]]; then
   cmake -S "$ROOT" -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release \
-    -DATTN_DEFAULT_MODEL_DIR="$ROOT/models/all-MiniLM-L6-v2" >> "$WORK/setup.log" 2>&1 ||
-    die "cmake configure $BUILD_DIR (see setup.log)"
+    -DATTN_DEFAULT_MODEL_DIR="$ROOT/models/all-MiniLM-L6-v2" -DCMAKE_CXX_COMPILER_LAUNCHER=ccache \
+    >> "$WORK/setup.log" 2>&1 || die "cmake configure $BUILD_DIR (see setup.log)"
 fi
-cmake --build "$BUILD_DIR" -j2 --target attnserve attnctl >> "$WORK/setup.log" 2>&1 ||
+# (The compiler cache's settings of scripts/setup.sh, which the image build below relies on.)
+CCACHE_BASEDIR="${CCACHE_BASEDIR:-$ROOT}" env -u LANG -u LC_ALL -u LC_CTYPE -u LC_MESSAGES \
+  cmake --build "$BUILD_DIR" -j2 --target attnserve attnctl >> "$WORK/setup.log" 2>&1 ||
   die "building attnserve and attnctl in $BUILD_DIR (see setup.log)"
 ATTNCTL="$BUILD_DIR/client/attnctl"
 ATTNSERVE="$BUILD_DIR/server/attnserve"
@@ -160,13 +162,35 @@ extra_ca=""
 if compgen -G "/usr/local/share/ca-certificates/*.crt" > /dev/null; then
   extra_ca="$(cat /usr/local/share/ca-certificates/*.crt)"
 fi
-log "building $IMAGE (Dockerfile; a release build of attnserve + attnctl on 2 cores)"
+# The Dockerfile's from-source build, given the host's compiler cache (Dockerfile, CCACHE_DIR):
+# scripts/setup.sh's release build compiled the same sources with the same flags, so the image
+# build finds its objects there instead of compiling the server a second time. podman itself
+# builds it (a build-time bind mount is not in the Docker API); the Dockerfile is the one
+# `docker build .` runs.
+cache_dir="$(ccache --get-config cache_dir 2> /dev/null || true)"
+cache_args=()
+if [[ -n "$cache_dir" ]]; then
+  mkdir -p "$cache_dir"
+  cache_args=(--volume "$cache_dir:/ccache" --build-arg CCACHE_DIR=/ccache)
+fi
+# ccache_counts: "hits misses" of the cache so far (the image build's are the difference).
+ccache_counts() {
+  ccache --print-stats 2> /dev/null | awk '$1 ~ /^(direct|preprocessed)_cache_hit$/ { h += $2 }
+    $1 == "cache_miss" { m += $2 } END { print h + 0, m + 0 }'
+}
+read -r hits_before misses_before < <(ccache_counts)
+log "building $IMAGE (Dockerfile: a release build of attnserve + attnctl on 2 cores${cache_dir:+, compiler cache $cache_dir})"
 step_start=$SECONDS
-docker_cli build "${BUILD_FLAGS[@]}" --build-arg EXTRA_CA_CERTS="$extra_ca" -t "$IMAGE" . \
-  > "$WORK/build.log" 2>&1 || die "docker build (see build.log)"
+podman build --format docker --pull=never "${cache_args[@]}" --build-arg EXTRA_CA_CERTS="$extra_ca" \
+  -t "$IMAGE" . > "$WORK/build.log" 2>&1 || die "podman build (see build.log)"
 BUILD_SECONDS=$((SECONDS - step_start))
 IMAGE_MB=$(podman image inspect --format '{{.Size}}' "$IMAGE" | awk '{printf "%.0f", $1/1e6}')
-pass "image $IMAGE built in ${BUILD_SECONDS} s, ${IMAGE_MB} MB"
+read -r hits_after misses_after < <(ccache_counts)
+cache_note=""
+if [[ -n "$cache_dir" ]] && grep -q 'Building CXX' "$WORK/build.log"; then
+  cache_note=" (compiles found in the compiler cache: $((hits_after - hits_before)) of $((hits_after - hits_before + misses_after - misses_before)))"
+fi
+pass "image $IMAGE built in ${BUILD_SECONDS} s, ${IMAGE_MB} MB$cache_note"
 step_start=$SECONDS
 docker_cli build "${BUILD_FLAGS[@]}" -t "$PROMETHEUS_IMAGE" deploy/prometheus \
   > "$WORK/build-prometheus.log" 2>&1 || die "docker build deploy/prometheus"

@@ -98,7 +98,7 @@ asan_targets() {
   skipped=$(printf '|%s' "${ASAN_SKIPPED[@]}")
   ninja -C "$ASAN_BUILD" -t targets all | sed -n 's/: CXX_EXECUTABLE_LINKER.*//p' |
     grep -v '_tests\.cmake$' |
-    grep -Ev '^(bench|tests/reliability)/|^tests/(golden|grad)_parity_test$|^engine/attn-embed$' |
+    grep -Ev '^(bench|tests/reliability)/|^tests/golden_tests$|^engine/attn-embed$' |
     grep -Ev "^tests/integration/(${skipped:1})\$"
 }
 

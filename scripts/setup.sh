@@ -55,7 +55,7 @@ log() { printf '\033[1m[setup]\033[0m %s\n' "$*"; }
 # --- 1. Debian packages ------------------------------------------------------------------
 PACKAGES=(
   # toolchain
-  build-essential cmake ninja-build pkg-config git ca-certificates
+  build-essential cmake ninja-build pkg-config git ca-certificates ccache
   # engine
   libdnnl-dev ocl-icd-opencl-dev libutf8proc-dev nlohmann-json3-dev libabsl-dev
   # engine: Snowball English stemmer for BM42 sparse vectors (engine/explain/sparse_bm42.h)
@@ -272,9 +272,14 @@ if ((DO_BUILD)); then
   if [[ ! -f "$BUILD_DIR/build.ninja" ]]; then
     log "configuring $BUILD_DIR ($BUILD_TYPE)"
     cmake -S "$ROOT" -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE="$BUILD_TYPE" \
-      -DATTN_DEFAULT_MODEL_DIR="$MODEL_DIR" -DATTN_TEST_VENV="$TEST_VENV"
+      -DATTN_DEFAULT_MODEL_DIR="$MODEL_DIR" -DATTN_TEST_VENV="$TEST_VENV" \
+      -DCMAKE_CXX_COMPILER_LAUNCHER=ccache
   fi
   log "building (ninja -j2)"
-  cmake --build "$BUILD_DIR" -j2
+  # Through ccache, with paths under the checkout hashed relative to it and no locale variables
+  # (ccache hashes them), so that the container image's build of the same sources in /src
+  # (Dockerfile, CCACHE_DIR; deploy/test.sh) finds these objects instead of compiling them again.
+  CCACHE_BASEDIR="${CCACHE_BASEDIR:-$ROOT}" env -u LANG -u LC_ALL -u LC_CTYPE -u LC_MESSAGES \
+    cmake --build "$BUILD_DIR" -j2
 fi
 log "done"

@@ -26,8 +26,9 @@ namespace {
 using testing::MaxAbsDiff;
 using testing::RandomTensor;
 
-using testing::KernelPath;
-using testing::KernelPathTest;
+// Its own fixture class: this file shares a test binary with fast_path_test.cc, and gtest
+// allows one instantiation of a suite per binary.
+class Int8KernelPathTest : public testing::KernelPathTest {};
 
 // The int8 epilogues of the current kernel path on `cols` columns against double precision.
 void CheckInt8EpiloguesAgainstNaive(int64_t cols) {
@@ -188,7 +189,7 @@ void ExpectQuantizes(const float* x, int64_t rows, int64_t K, const QuantizedBuf
   }
 }
 
-TEST_P(KernelPathTest, CorrectedInt8EpiloguesMatchNaiveAndQuantiseTheNextInput) {
+TEST_P(Int8KernelPathTest, CorrectedInt8EpiloguesMatchNaiveAndQuantiseTheNextInput) {
   for (const int64_t cols : {int64_t{64}, int64_t{37}}) {  // 37: tails of 8 and 16 lanes
     SCOPED_TRACE(cols);
     std::mt19937 rng(static_cast<uint32_t>(cols));
@@ -257,14 +258,14 @@ TEST_P(KernelPathTest, CorrectedInt8EpiloguesMatchNaiveAndQuantiseTheNextInput) 
   }
 }
 
-TEST_P(KernelPathTest, Int8EpiloguesMatchNaive) {
+TEST_P(Int8KernelPathTest, Int8EpiloguesMatchNaive) {
   for (const int64_t cols : {int64_t{40}, int64_t{37}}) {  // 37: tails of 8 and 16 lanes
     SCOPED_TRACE(cols);
     CheckInt8EpiloguesAgainstNaive(cols);
   }
 }
 
-ATTN_INSTANTIATE_KERNEL_PATHS(KernelPathTest);
+ATTN_INSTANTIATE_KERNEL_PATHS(Int8KernelPathTest);
 
 // int8_products on AVX-512 VNNI (engine/ops/vnni_attention.cc) against the documented
 // quantisation done naively in double: K per head and V per channel to s8 (127 levels), Q per row
