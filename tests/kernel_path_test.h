@@ -17,6 +17,10 @@ enum class KernelPath { kAvx512, kAvx2, kPortable };
 class KernelPathTest : public ::testing::TestWithParam<KernelPath> {
  protected:
   void SetUp() override {
+    // CPU detection first, with every family on: a variant would silently run another path on a
+    // CPU without its ISA.
+    SetAvx512KernelsEnabledForTesting(true);
+    SetAvx2KernelsEnabledForTesting(true);
     if (GetParam() == KernelPath::kAvx512) ATTN_SKIP_UNLESS_CPU_HAS("Avx512", UseAvx512Kernels());
     if (GetParam() == KernelPath::kAvx2) ATTN_SKIP_UNLESS_CPU_HAS("Avx2", UseAvx2Kernels());
     SetAvx512KernelsEnabledForTesting(GetParam() == KernelPath::kAvx512);

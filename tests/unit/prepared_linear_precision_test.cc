@@ -16,6 +16,7 @@
 #include "engine/ops/prepared_linear.h"
 #include "engine/precision.h"
 #include "engine/tensor.h"
+#include "tests/kernel_path_test.h"
 #include "tests/test_policy.h"
 
 namespace attn {
@@ -26,26 +27,7 @@ namespace {
 // exact integer dot products of (q - zero point) and Wq (no 16-bit saturation with u8 inputs and
 // 8-bit weights) plus the outliers' products, and a few elements per row 30x the others are
 // split off instead of coarsening the row's scale.
-enum class Int8KernelPath { kAvx512, kAvx2, kPortable };
-
-class Int8OutliersTest : public ::testing::TestWithParam<Int8KernelPath> {
- protected:
-  void SetUp() override {
-    // CPU detection first: a variant would silently run another path on a CPU without its ISA.
-    SetAvx512KernelsEnabledForTesting(true);
-    SetAvx2KernelsEnabledForTesting(true);
-    if (GetParam() == Int8KernelPath::kAvx512) {
-      ATTN_SKIP_UNLESS_CPU_HAS("Avx512", UseAvx512Kernels());
-    }
-    if (GetParam() == Int8KernelPath::kAvx2) ATTN_SKIP_UNLESS_CPU_HAS("Avx2", UseAvx2Kernels());
-    SetAvx512KernelsEnabledForTesting(GetParam() == Int8KernelPath::kAvx512);
-    SetAvx2KernelsEnabledForTesting(GetParam() == Int8KernelPath::kAvx2);
-  }
-  void TearDown() override {
-    SetAvx512KernelsEnabledForTesting(true);
-    SetAvx2KernelsEnabledForTesting(true);
-  }
-};
+class Int8OutliersTest : public testing::KernelPathTest {};
 
 TEST_P(Int8OutliersTest, AccumulatorsAreExactAndOutliersAreSplitOff) {
   const int64_t K = 201, N = 69;  // tails past whole 8- and 16-lane vectors
@@ -113,14 +95,7 @@ TEST_P(Int8OutliersTest, AccumulatorsAreExactAndOutliersAreSplitOff) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Paths, Int8OutliersTest,
-                         ::testing::Values(Int8KernelPath::kAvx512, Int8KernelPath::kAvx2,
-                                           Int8KernelPath::kPortable),
-                         [](const ::testing::TestParamInfo<Int8KernelPath>& info) {
-                           return info.param == Int8KernelPath::kAvx512 ? "Avx512"
-                                  : info.param == Int8KernelPath::kAvx2 ? "Avx2"
-                                                                        : "Portable";
-                         });
+ATTN_INSTANTIATE_KERNEL_PATHS(Int8OutliersTest);
 
 // PreparedLinear::Bf16 (native or emulated, whichever this CPU gets) against a double-precision
 // sum of the bf16-rounded products: a product of two bfloat16 values is exact in fp32, so the
