@@ -23,6 +23,22 @@ ctest_log="$BUILD_DIR/ctest-output.log"
 status=0
 ctest --output-on-failure -j2 "$@" 2>&1 | tee "$ctest_log" || status=$?
 
+# A test that fails here and passes when run again alone is reported as FLAKY and does not fail
+# the run: on a loaded shared machine a timing margin (a stream deadline, ctest's timeout) can
+# be missed by a correct build. A test that fails twice fails the run; both outputs are kept.
+if ((status != 0)) && grep -q '^The following tests FAILED:' "$ctest_log"; then
+  failed_first=$(sed -n '/^The following tests FAILED:/,/^$/p' "$ctest_log" |
+    grep -E '^\s+[0-9]+ - ' | sed -E 's/^\s+[0-9]+ - //; s/ \(.*//')
+  echo "test.sh: re-running the failed tests once, one at a time:" $failed_first
+  rerun_log="$BUILD_DIR/ctest-rerun.log"
+  rerun_status=0
+  ctest --output-on-failure --rerun-failed "$@" 2>&1 | tee "$rerun_log" || rerun_status=$?
+  if ((rerun_status == 0)); then
+    echo "test.sh: FLAKY (failed, then passed alone; first output in $ctest_log):" $failed_first
+    status=0
+  fi
+fi
+
 # ctest counts "Not Run" entries other than failures as passed; only ISA-gated skips and tests
 # disabled on purpose (DISABLED_ prefix) may be among them.
 unexpected=$(sed -n '/^The following tests did not run:/,/^$/p' "$ctest_log" |

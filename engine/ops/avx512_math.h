@@ -7,7 +7,9 @@
 // GCC 12 reports the "undefined" source operands inside its own AVX-512 intrinsics as
 // uninitialised (GCC bug 105593); the warnings are about the compiler's header, not this code.
 #pragma GCC diagnostic ignored "-Wuninitialized"
+#if !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 
 #include <cmath>
 #include <cstdint>

@@ -211,7 +211,9 @@ TEST(OipTest, ApiKeyCoversCallsNotProbes) {
   }
   grpc::ClientContext context;
   context.AddMetadata("authorization", "Bearer oip-test-key");
-  EXPECT_TRUE(oip->ModelMetadata(&context, request, &metadata).ok());
+  const grpc::Status with_key = oip->ModelMetadata(&context, request, &metadata);
+  ASSERT_TRUE(with_key.ok()) << with_key.error_code() << " " << with_key.error_message();
+  ASSERT_GT(metadata.outputs_size(), 0);
   EXPECT_EQ(metadata.outputs(0).name(), "EMBEDDING");
 }
 

@@ -221,7 +221,9 @@ std::vector<Case> LineCases() {
        {"libprotobuf"}},
       {"surrogate_in_text_flag",
        [] {
-         return WithKey({"encode", "--text", "a\xed\xa0\x80b"});
+         return WithKey({"encode", "--text",
+                         "a\xed\xa0\x80"
+                         "b"});
        },
        "",
        {},

@@ -736,8 +736,9 @@ TEST(FaultsTest, DiskFullDuringCommitFailsCleanlyAndTheServerKeepsServing) {
     ExpectUnchanged(*server, store, before);
     fs::remove(filler);
   }
-  for (const auto& [what, leave] : fill_levels) {
+  for (const auto& [what, leave_bytes] : fill_levels) {
     SCOPED_TRACE(what);
+    const int64_t leave = leave_bytes;  // a lambda captures a variable, not a binding (C++20)
     int64_t free_before = 0;
     const auto start = Clock::now();
     // Full during the job, after its start was checked: the commit fails.
@@ -938,7 +939,8 @@ TEST(FaultsTest, CorruptedCheckpointsAreSkippedWithAReasonAndNeverServed) {
     // NOT_FOUND nor INVALID_ARGUMENT, which would deny it exists or blame the request.
     if (std::find(names.begin(), names.end(), name) != names.end()) {
       ++listed_bad;
-      auto expect_broken_version = [&name](const grpc::Status& status, const char* call) {
+      // (captures a copy: a lambda cannot capture a structured binding before C++20)
+      auto expect_broken_version = [name = name](const grpc::Status& status, const char* call) {
         EXPECT_TRUE(status.error_code() == grpc::StatusCode::FAILED_PRECONDITION ||
                     status.error_code() == grpc::StatusCode::DATA_LOSS)
             << call << " " << name << ": " << StatusString(status);

@@ -285,7 +285,7 @@ std::vector<HttpCase> AllCases() {
                                                         {"dimensions_2_pow_40", "1099511627776"}}) {
     add({name,
          "dimensions: " + value,
-         [=](int p) {
+         [=, value = value](int p) {  // (a structured binding is captured by name: C++20)
            return Post(p, embeddings, R"({"input": "a", "dimensions": )" + value + "}");
          },
          400,

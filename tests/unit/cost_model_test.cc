@@ -32,7 +32,13 @@
 #include "server/metrics.h"
 #include "server/proto_convert.h"
 
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+// GCC says __SANITIZE_*__; clang 14 only answers __has_feature.
+#if defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+#define ATTN_SANITIZER_MALLOC 1
+#endif
+#endif
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__) || defined(ATTN_SANITIZER_MALLOC)
 #define ATTN_COUNTING_MALLOC 0  // the sanitizers own malloc
 #else
 #define ATTN_COUNTING_MALLOC 1

@@ -573,7 +573,10 @@ std::vector<double> NaiveSegmentProduct(const std::vector<double>& hidden, int64
         for (int64_t j = 0; j < h; ++j) mean[j] += hidden[t * h + j];
       }
       double norm = 0;
-      for (double& v : mean) norm += (v /= count) * v;
+      for (double& v : mean) {
+        v /= count;
+        norm += v * v;
+      }
       for (int64_t j = 0; j < h; ++j) feature[b * h + j] *= mean[j] / std::sqrt(norm);
     }
   }

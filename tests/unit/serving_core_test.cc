@@ -378,7 +378,10 @@ class ClassifyRerankCoreTest : public ServingCoreTest {
     }
     for (int s = 0; s < 2; ++s) {
       double norm = 0;
-      for (double& v : segment[s]) norm += (v /= count[s]) * v;
+      for (double& v : segment[s]) {
+        v /= count[s];
+        norm += v * v;
+      }
       for (double& v : segment[s]) v /= std::sqrt(norm);
     }
     std::vector<float> feature(h);
