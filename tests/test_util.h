@@ -1,16 +1,47 @@
-// Helpers the engine's unit tests share: random inputs, the max-abs comparison and the naive
-// double-precision attention every attention kernel is checked against.
+// Helpers the tests share: random inputs, the max-abs comparison and the naive
+// double-precision attention every attention kernel is checked against (the engine's unit
+// tests); the all-mpnet-base-v2 model's directory and reading and writing a file (any test).
+// Header-only, so any test target can include it without linking anything more.
 #pragma once
+
+#include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
+#include <fstream>
+#include <iterator>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "engine/tensor.h"
 
 namespace attn::testing {
+
+// The all-mpnet-base-v2 model's directory: $ATTN_TEST_MPNET_MODEL_DIR, else the configured one
+// (a compile definition of the test targets, tests/CMakeLists.txt). The MiniLM model's is
+// TestModelDir (tests/test_model.h, tests/integration/harness.h).
+#ifdef ATTN_TEST_MPNET_MODEL_DIR
+inline std::string MpnetModelDir() {
+  const char* env = std::getenv("ATTN_TEST_MPNET_MODEL_DIR");
+  return env != nullptr && *env != '\0' ? env : ATTN_TEST_MPNET_MODEL_DIR;
+}
+#endif
+
+// The file's bytes; "" when it cannot be read.
+inline std::string ReadText(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+// Writes `contents` to `path` (replacing it); the test fails when the write does not succeed.
+inline void WriteFile(const std::string& path, const std::string& contents) {
+  std::ofstream out(path, std::ios::binary);
+  out << contents;
+  ASSERT_TRUE(out.good()) << path;
+}
 
 // Normal(0, scale) values.
 inline std::vector<float> RandomVector(int64_t n, std::mt19937& rng, float scale = 1.0f) {

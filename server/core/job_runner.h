@@ -21,6 +21,10 @@
 // Bounds: --max-queued-jobs pending jobs (uploads in progress included), --max-job-dataset-bytes
 // per dataset, kMaxChunkBytes per chunk, at most kMaxJobEvents events (kMaxJobEventBytes) per
 // job, and the last kMaxEndedJobs ended jobs kept (older ones are deleted from the store).
+//
+// The code: job_runner.cc runs the jobs (the runner thread, each run's steps, cancelling),
+// job_store.cc keeps them in the store (start-up, records, events, the views), job_upload.cc
+// takes CreateJob's upload; job_runner_internal.h is what the three share.
 #pragma once
 
 #include <atomic>
@@ -167,7 +171,9 @@ class JobRunner {
   absl::StatusOr<JobView> Enqueue(JobUpload* upload);
 
   void Loop();
+  // Runs job `id` (the runner thread's, after Loop marked it running) and records how it ended.
   void Run(const std::string& id);
+  class Execution;  // one Run's steps (job_runner.cc)
 
   const JobRunnerOptions options_;
   FineTuning* const fine_tuning_;

@@ -22,6 +22,7 @@
 #include "engine/safetensors.h"
 #include "engine/training/encoder_training.h"
 #include "tests/golden/golden_json.h"
+#include "tests/test_util.h"
 
 namespace attn {
 namespace {
@@ -30,10 +31,7 @@ constexpr double kLossTolerance = 1e-5;
 constexpr double kGradTolerance = 1e-3;
 constexpr double kZeroGradTolerance = 1e-6;  // x the largest stored gradient
 
-std::string MpnetModelDir() {
-  const char* env = std::getenv("ATTN_TEST_MPNET_MODEL_DIR");
-  return env != nullptr && *env != '\0' ? env : ATTN_TEST_MPNET_MODEL_DIR;
-}
+using testing::MpnetModelDir;
 
 TEST(MpnetGradParityTest, GradientsMatchTorchAutograd) {
   ModelOptions options;

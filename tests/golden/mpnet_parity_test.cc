@@ -23,6 +23,7 @@
 #include "engine/safetensors.h"
 #include "nlohmann/json.hpp"
 #include "tests/golden/golden_json.h"
+#include "tests/test_util.h"
 
 namespace attn {
 namespace {
@@ -33,10 +34,7 @@ constexpr double kScoresTolerance = 1e-4;
 constexpr double kPooledMaxAbs = 1e-5;
 constexpr double kPooledMinCosine = 0.99999;
 
-std::string MpnetModelDir() {
-  const char* env = std::getenv("ATTN_TEST_MPNET_MODEL_DIR");
-  return env != nullptr && *env != '\0' ? env : ATTN_TEST_MPNET_MODEL_DIR;
-}
+using testing::MpnetModelDir;
 
 // Cosine of a pooled row (golden.numel() floats) to a golden embedding.
 double Cosine(const float* ours, const Tensor& golden) {

@@ -17,6 +17,7 @@
 
 #include "engine/safetensors.h"
 #include "tests/integration/harness.h"
+#include "tests/test_util.h"
 
 namespace attn::integration {
 
@@ -28,10 +29,7 @@ namespace {
 constexpr double kPooledMaxAbs = 1e-5;
 constexpr double kScoresMaxAbs = 1e-4;
 
-std::string MpnetModelDir() {
-  const char* env = std::getenv("ATTN_TEST_MPNET_MODEL_DIR");
-  return env != nullptr && *env != '\0' ? env : ATTN_TEST_MPNET_MODEL_DIR;
-}
+using testing::MpnetModelDir;
 
 nlohmann::json MpnetCases() {
   std::ifstream file(std::string(ATTN_GOLDEN_DIR) + "/mpnet_cases.json");

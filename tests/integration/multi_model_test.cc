@@ -13,6 +13,7 @@
 
 #include "attnserve/v1/trainer.grpc.pb.h"
 #include "tests/integration/harness.h"
+#include "tests/test_util.h"
 
 namespace attn::integration {
 
@@ -23,10 +24,7 @@ namespace {
 
 constexpr char kToken[] = "multi-model-token";
 
-std::string MpnetModelDir() {
-  const char* env = std::getenv("ATTN_TEST_MPNET_MODEL_DIR");
-  return env != nullptr && *env != '\0' ? env : ATTN_TEST_MPNET_MODEL_DIR;
-}
+using testing::MpnetModelDir;
 
 const std::vector<std::string>& ProbeTexts() {
   static const std::vector<std::string> texts = {"the cat sits on the mat",

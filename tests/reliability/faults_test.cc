@@ -43,6 +43,7 @@
 #include "engine/serving_state.h"
 #include "nlohmann/json.hpp"
 #include "tests/integration/harness.h"
+#include "tests/test_util.h"
 
 namespace attn::integration {
 
@@ -63,10 +64,7 @@ double SecondsSince(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
-std::string ReadText(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
+using testing::ReadText;
 
 void WriteText(const std::string& path, const std::string& text) {
   std::ofstream out(path, std::ios::binary | std::ios::trunc);

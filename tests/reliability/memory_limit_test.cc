@@ -31,6 +31,7 @@
 
 #include "tests/integration/harness.h"
 #include "tests/reliability/reliability_util.h"
+#include "tests/test_util.h"
 
 namespace attn::integration {
 
@@ -43,12 +44,7 @@ using Clock = std::chrono::steady_clock;
 
 constexpr int64_t kLimitBytes = 2ll << 30;
 
-std::string ReadText(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
+using testing::ReadText;
 
 bool WriteText(const std::string& path, const std::string& text) {
   std::ofstream out(path);

@@ -9,6 +9,7 @@
 
 #include "absl/strings/match.h"
 #include "nlohmann/json.hpp"
+#include "tests/test_util.h"
 
 namespace attn {
 namespace {
@@ -38,16 +39,12 @@ void ExpectConfigRejected(const Json& config, const std::string& substring) {
 }
 
 std::string MakeTempDir() {
-  std::string tmpl = testing::TempDir() + "/model_config_test_XXXXXX";
+  std::string tmpl = ::testing::TempDir() + "/model_config_test_XXXXXX";
   EXPECT_NE(mkdtemp(tmpl.data()), nullptr);
   return tmpl;
 }
 
-void WriteFile(const std::string& path, const std::string& text) {
-  std::ofstream out(path);
-  out << text;
-  ASSERT_TRUE(out.good()) << path;
-}
+using testing::WriteFile;
 
 TEST(BertConfigTest, LoadsAllMiniLmL6V2) {
   auto config = LoadBertConfig(kModelDir + "/config.json");

@@ -25,6 +25,7 @@
 #include "engine/weights.h"
 #include "nlohmann/json.hpp"
 #include "tests/test_model.h"
+#include "tests/test_util.h"
 
 namespace attn {
 namespace {
@@ -48,10 +49,7 @@ void WriteText(const std::string& path, const std::string& text) {
   ASSERT_TRUE(out.good()) << path;
 }
 
-std::string ReadText(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
+using testing::ReadText;
 
 bool SameValues(const Tensor& a, const Tensor& b) {
   return a.shape() == b.shape() && std::memcmp(a.data(), b.data(), sizeof(float) * a.numel()) == 0;

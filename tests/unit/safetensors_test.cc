@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "tests/test_util.h"
 
 namespace attn {
 namespace {
@@ -36,17 +37,13 @@ std::string BytesOf(const std::vector<T>& values) {
 }
 
 std::string MakeTempDir() {
-  std::string tmpl = testing::TempDir() + "/safetensors_test_XXXXXX";
+  std::string tmpl = ::testing::TempDir() + "/safetensors_test_XXXXXX";
   char* dir = mkdtemp(tmpl.data());
   EXPECT_NE(dir, nullptr);
   return tmpl;
 }
 
-void WriteFile(const std::string& path, const std::string& bytes) {
-  std::ofstream out(path, std::ios::binary);
-  out << bytes;
-  ASSERT_TRUE(out.good()) << path;
-}
+using testing::WriteFile;
 
 // Asserts the status code and that the message contains `substring`.
 template <typename T>
