@@ -21,7 +21,7 @@ class EncoderService final : public attnserve::v1::Encoder::CallbackService {
                  std::optional<std::string> api_key = std::nullopt);
 
  private:
-  // Encode and AttentionMap: the core answers on the batcher thread.
+  // Encode, AttentionMap, Explain, Classify and Rerank: the core answers on the batcher thread.
   template <typename CoreRequest, typename CoreResponse>
   using EngineCall = void (core::ServingCore::*)(const CoreRequest&, const core::CallControl&,
                                                  core::ServingCore::Done<CoreResponse>);

@@ -34,8 +34,8 @@ struct ServerOptions {
   int max_inputs_per_request = 256;
   int max_explain_documents = 16;          // documents of one Explain call
   int64_t max_message_bytes = 64ll << 20;  // request and response size limit
-  // Estimated working memory of one Encode/AttentionMap call (server/cost_model.h); beyond it
-  // the call is refused before any work.
+  // Estimated working memory of one Encode/AttentionMap call (server/core/cost_model.h);
+  // beyond it the call is refused before any work.
   int64_t max_request_memory_bytes = 512ll << 20;
   // Working memory of all admitted calls together; 0 = half the cgroup memory limit (or of
   // physical memory when there is none). The engine workspace is taken off it once.
@@ -43,7 +43,7 @@ struct ServerOptions {
   int threads = 0;                         // OpenMP threads for the engine; 0 = all cores
   Precision precision = Precision::kFp32;  // fp32, int8 or bf16 (see --precision)
   bool allow_slow_precision = false;       // serve bf16 where the CPU only emulates it
-  double drain_timeout_s = 30.0;   // SIGTERM: how long in-flight requests may take to finish
+  double drain_timeout_s = 30.0;  // SIGTERM: how long in-flight requests may take to finish
   // SIGTERM: how long to keep serving while health says NOT_SERVING, before the drain, so a load
   // balancer's health checks take the replica out first (0 = drain at once).
   double shutdown_delay_s = 0;

@@ -13,7 +13,7 @@
 // (a 512-token AttentionMap with every map is few tokens but costly), and costly ones keep going.
 // Requests are merged only when they keep the same extra outputs (hidden layers, static
 // embeddings, attention parts), so a batch never keeps more for a request than its own cost
-// estimate (server/cost_model.h) counted.
+// estimate (server/core/cost_model.h) counted.
 // Task jobs (Explain: many forwards and backwards of their own) queue like the others but run
 // alone, on the same thread; at each of the task's yield points the batcher first checks that the
 // task is still wanted, then runs the forward batches queued meanwhile, so a long task delays an

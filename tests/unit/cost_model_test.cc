@@ -1,5 +1,5 @@
-// The cost model (server/cost_model.h) against what serving a request really takes, on a sweep
-// of Encode and AttentionMap shapes with the real model.
+// The cost model (server/core/cost_model.h) against what serving a request really takes, on a
+// sweep of Encode and AttentionMap shapes with the real model.
 //
 // Each request goes the server's way: PrepareEncode/PrepareAttention, the Batcher (the engine
 // forward), the server's response builders, and gRPC's serialisation into a ByteBuffer.
